@@ -49,7 +49,7 @@ def notebooks():
 def test_notebook(nb, flags=''):
     t = time.time()
     cmd = [str(BIN/'nbdev-test'), '--path', str(nb)] + (['--flags', flags] if flags else [])
-    r = run(cmd, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+    r = run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     return nb, r.returncode == 0, time.time() - t, r.stdout + r.stderr
 
 def have_chromium(): return shutil.which('chromium') is not None or Path('/usr/bin/chromium').exists()

@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""GPU benchmark of the SD3 backend: an SD3.5-Medium-sized pipeline with random weights, no downloads.
+
+The transformer is diffusers' `SD3Transformer2DModel` with SD3.5 Medium's released config (24 MMDiT-X blocks, 2.5 B
+parameters), the VAE has SD3.5's config, the two CLIP text encoders have SD3.5's output widths (one layer each: they
+run once per prompt and are cached) and T5 is absent (`text_encoder_3=None`: the pipeline feeds 256 zero tokens, so
+the transformer sees SD3.5's 77 + 256 text tokens). Weights are random: the numbers are costs, not image quality.
+
+Measured, at 512 px in bf16 (`--dtype`), K = 10 (`--K`):
+- forward: FLOPs of one guided transformer evaluation (torch's FlopCounterMode), achieved TFLOP/s and the fraction
+  of `--peak` (790 TFLOP/s bf16 dense by default), peak memory;
+- rollout: P x G trajectories with the flow SDE and CFG, decoded and scored (a pixel reward: reward models are not
+  part of the cost), images/s, peak memory;
+- lookahead: step values with 'tweedie', 'ode:5', 'ode:rest': NFE, batched calls, seconds;
+- train: one full GRPO step (rollout, step values, credit, PPO update with LoRA r=32 and gradient checkpointing) of
+  each method, with the trainer's own phase timings; DenseGRPO's one-off calibration is not included.
+
+    python benchmarks/gpu_bench.py --out bench.json   # one H200: a few minutes (budget --budget-s, default 450 s)
+    python benchmarks/gpu_bench.py --tiny             # the tiny random pipeline on the CPU in seconds (tests run it)
+"""
+from __future__ import annotations
+import argparse, json, math, sys, tempfile, time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
+
+from torch.utils.flop_counter import FlopCounterMode
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+from flowgrpo_nb.sd3 import SD3Policy, char_tokenizer, tiny_sd3_pipeline
+
+# stabilityai/stable-diffusion-3.5-medium: transformer/config.json and vae/config.json
+SD35_MEDIUM_TRANSFORMER = dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24,
+                               attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
+                               caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384,
+                               dual_attention_layers=tuple(range(13)), qk_norm='rms_norm')
+SD35_VAE = dict(in_channels=3, out_channels=3, down_block_types=('DownEncoderBlock2D',) * 4,
+                up_block_types=('UpDecoderBlock2D',) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+                latent_channels=16, norm_num_groups=32, act_fn='silu', scaling_factor=1.5305, shift_factor=0.0609,
+                use_quant_conv=False, use_post_quant_conv=False, sample_size=1024)
+METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
+PROMPTS = ['a photo of a red apple and a green cup', 'three dogs on a beach', 'a sign that says "open"',
+           'a cat left of a teddy bear', 'a blue car', 'two birds above a tree', 'a yellow umbrella', 'a bench']
+
+
+def sd35_sized_pipeline(device, dtype) -> StableDiffusion3Pipeline:
+    "SD3.5-Medium-sized pipeline with random weights (one-layer CLIPs of SD3.5's widths, no T5)."
+    tok = char_tokenizer(77)
+    n = len(tok.get_vocab())
+    def clip(width):
+        return CLIPTextModelWithProjection(CLIPTextConfig(
+            vocab_size=n, bos_token_id=n - 2, eos_token_id=n - 1, pad_token_id=n - 1, max_position_embeddings=77,
+            hidden_size=width, intermediate_size=4 * width, num_attention_heads=width // 64, num_hidden_layers=1,
+            projection_dim=width))
+    torch.manual_seed(0)
+    with torch.device(device):
+        transformer, vae = SD3Transformer2DModel(**SD35_MEDIUM_TRANSFORMER), AutoencoderKL(**SD35_VAE)
+        te, te2 = clip(768), clip(1280)
+    pipe = StableDiffusion3Pipeline(transformer=transformer.to(dtype), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+                                    vae=vae, text_encoder=te.to(dtype), tokenizer=tok, text_encoder_2=te2.to(dtype),
+                                    tokenizer_2=tok, text_encoder_3=None, tokenizer_3=None)
+    return pipe  # VAE in fp32, as SD3Policy.from_pretrained keeps it
+
+
+def pixel_reward(images, prompts):
+    "A cost-free reward (mean brightness): the benchmark measures the policy, not a reward model."
+    return images.mean((1, 2, 3))
+
+
+def sync(device):
+    if torch.device(device).type == 'cuda': torch.cuda.synchronize()
+
+
+def timed(fn, device, reps=1):
+    sync(device); t0 = time.perf_counter()
+    for _ in range(reps): out = fn()
+    sync(device)
+    return out, (time.perf_counter() - t0) / reps
+
+
+class Memory:
+    "Peak allocated memory of a stage (CUDA only)."
+    def __init__(self, device): self.cuda = torch.device(device).type == 'cuda'
+    def __enter__(self):
+        if self.cuda: torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+        return self
+    def __exit__(self, *a): self.gib = torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None
+
+
+def bench_forward(policy, args, cond):
+    "FLOPs, time and TFLOP/s of one guided (CFG) transformer evaluation of `args.batch` samples."
+    B, dev = args.batch, args.device
+    x, t = policy.noise(B), torch.full((B,), 0.7)
+    with torch.no_grad():
+        with FlopCounterMode(display=False) as fc: policy.velocity(x, t, cond, args.guidance)
+        flops = fc.get_total_flops()
+        timed(lambda: policy.velocity(x, t, cond, args.guidance), dev, 1)  # warm-up
+        with Memory(dev) as mem: _, sec = timed(lambda: policy.velocity(x, t, cond, args.guidance), dev, args.reps)
+    tflops = flops / sec / 1e12
+    return dict(samples=B, rows=2 * B, tflop_per_forward=flops / 1e12, tflop_per_nfe=flops / B / 1e12, seconds=sec,
+                tflops=tflops, fraction_of_peak=tflops / args.peak, peak_gib=mem.gib)
+
+
+def bench_rollout(policy, args, flop_per_nfe):
+    from flowgrpo_nb.rollout import RolloutConfig, rollout, step_values
+    prompts = PROMPTS[:args.prompts]
+    cfg = RolloutConfig(K=args.K, shift=policy.shift, guidance=args.guidance, group_size=args.group)
+    gen = lambda: torch.Generator(args.device).manual_seed(0)
+    with torch.no_grad():
+        with Memory(args.device) as mem:
+            ro, sec = timed(lambda: rollout(policy, prompts, cfg, pixel_reward, gen()), args.device)
+    res = dict(B=ro.B, K=ro.K, seconds=sec, images_per_s=ro.B / sec, nfe=ro.B * ro.K,
+               tflops=flop_per_nfe * ro.B * ro.K / sec / 1e12, peak_gib=mem.gib)
+    look = {}
+    for op in args.ops:
+        with Memory(args.device) as mem, policy.count_nfe('lookahead') as c:
+            sv, s = timed(lambda: step_values(policy, ro, op, pixel_reward), args.device)
+        look[op] = dict(seconds=s, nfe=c['nfe'], nfe_per_trajectory=c['nfe'] / ro.B, calls=c['calls'],
+                        seconds_per_trajectory=s / ro.B, relative_to_rollout=s / sec, peak_gib=mem.gib)
+    return res, look
+
+
+def bench_train(pipe, args, method, warmup=False):
+    "One GRPO step of `method` with the trainer of 06_train on a fresh LoRA adapter (after an untimed one if `warmup`)."
+    from flowgrpo_nb.train import GRPOConfig, GRPOTrainer, PRESETS
+    preset = {k: v for k, v in PRESETS[method].items() if k != 'calibrate'}
+    cfg = GRPOConfig(**{**preset, 'K': args.K, 'shift': float(pipe.scheduler.config.shift), 'guidance': args.guidance,
+                        'prompts_per_step': args.prompts, 'group_size': args.group, 'minibatch': args.minibatch,
+                        'lora_rank': args.lora_rank, 'lora_alpha': 2.0 * args.lora_rank, 'steps': 1, 'eval_every': 0,
+                        'save_every': 0, 'log_images': 0, 'log_with': 'none', 'calibrate': False})
+    if getattr(pipe.transformer, 'peft_config', None): pipe.transformer.unload_lora()  # the previous method's adapter
+    policy = SD3Policy(pipe, resolution=args.resolution, max_sequence_length=args.max_sequence_length,
+                       gradient_checkpointing=not args.tiny)
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = GRPOTrainer(cfg, run_dir, policy=policy, reward_fn=pixel_reward, prompts=PROMPTS[:args.prompts], progress=False)
+        if warmup: trainer.train_step()  # the first backward pass and optimizer step set up kernels and the allocator
+        with Memory(args.device) as mem: m, sec = timed(trainer.train_step, args.device)
+    keep = ('sec_rollout', 'sec_values', 'sec_credit', 'sec_update', 'nfe_rollout', 'nfe_lookahead', 'loss')
+    return dict(lookahead=cfg.lookahead, sampler=cfg.sampler, seconds=sec, peak_gib=mem.gib, **{k: m[k] for k in keep if k in m})
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--tiny', action='store_true', help='tiny random pipeline on the CPU (seconds)')
+    p.add_argument('--device', default=None, help="default: 'cuda' ('cpu' with --tiny)")
+    p.add_argument('--dtype', default=None, choices=('bf16', 'fp16', 'fp32'), help="default: bf16 (fp32 with --tiny)")
+    p.add_argument('--resolution', type=int, default=None, help='pixels (default 512; 32 with --tiny)')
+    p.add_argument('--K', type=int, default=None, help='steps (default 10; 4 with --tiny)')
+    p.add_argument('--prompts', type=int, default=2, help='P prompts per step')
+    p.add_argument('--group', type=int, default=4, help='G samples per prompt')
+    p.add_argument('--batch', type=int, default=8, help='samples per guided forward in the FLOP measurement')
+    p.add_argument('--minibatch', type=int, default=2, help='samples per backward pass in the training step')
+    p.add_argument('--lora-rank', type=int, default=32)
+    p.add_argument('--guidance', type=float, default=4.5)
+    p.add_argument('--max-sequence-length', type=int, default=None, help='T5 tokens (default 256; 8 with --tiny)')
+    p.add_argument('--ops', nargs='*', default=['tweedie', 'ode:5', 'ode:rest'])
+    p.add_argument('--methods', nargs='*', default=list(METHODS), choices=METHODS)
+    p.add_argument('--reps', type=int, default=None, help='timed forwards (default 5; 1 with --tiny)')
+    p.add_argument('--peak', type=float, default=790.0, help='dense bf16 peak TFLOP/s of the GPU')
+    p.add_argument('--budget-s', type=float, default=450.0, help='skip the remaining stages once this is spent')
+    p.add_argument('--out', default=None, help='write the results as JSON here')
+    a = p.parse_args(argv)
+    tiny = a.tiny
+    for name, big, small in (('device', 'cuda', 'cpu'), ('dtype', 'bf16', 'fp32'), ('resolution', 512, 32), ('K', 10, 4),
+                             ('max_sequence_length', 256, 8), ('reps', 5, 1)):
+        if getattr(a, name) is None: setattr(a, name, small if tiny else big)
+    if tiny: a.prompts, a.group, a.batch = min(a.prompts, 2), min(a.group, 2), min(a.batch, 2)
+    if a.group < 2: p.error(f'--group={a.group}: GRPO needs groups of >= 2 samples')
+    if a.prompts > len(PROMPTS): p.error(f'--prompts={a.prompts}: at most {len(PROMPTS)}')
+    a.torch_dtype = dict(bf16=torch.bfloat16, fp16=torch.float16, fp32=torch.float32)[a.dtype]
+    return a
+
+
+def main(argv=None) -> dict:
+    args, t_start = parse(argv), time.perf_counter()
+    if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available(): sys.exit('no CUDA device: run with --tiny on the CPU')
+    if args.device == 'cpu' and args.tiny: torch.set_num_threads(1)
+    left = lambda: args.budget_s - (time.perf_counter() - t_start)
+    skipped = lambda why: dict(skipped=why)
+    pipe, build_s = timed(lambda: tiny_sd3_pipeline(dtype=args.torch_dtype) if args.tiny
+                          else sd35_sized_pipeline(args.device, args.torch_dtype), args.device)
+    pipe.to(args.device)
+    n_params = sum(p.numel() for p in pipe.transformer.parameters())
+    policy = SD3Policy(pipe, resolution=args.resolution, max_sequence_length=args.max_sequence_length)
+    res = dict(config=dict(tiny=args.tiny, device=str(args.device), gpu=torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != 'cpu' else None,
+                           dtype=args.dtype, resolution=args.resolution, K=args.K, P=args.prompts, G=args.group,
+                           transformer_params=n_params, latent_shape=list(policy.latent_shape), peak_tflops=args.peak,
+                           torch=torch.__version__, build_seconds=build_s))
+    cond = policy.encode((PROMPTS * args.batch)[:args.batch])
+    res['forward'] = bench_forward(policy, args, cond)
+    try:
+        import flowgrpo_nb.rollout  # noqa: F401
+        res['rollout'], res['lookahead'] = (bench_rollout(policy, args, res['forward']['tflop_per_nfe'] * 1e12) if left() > 0
+                                            else (skipped('time budget spent'), {}))
+    except ImportError: res['rollout'], res['lookahead'] = skipped('flowgrpo_nb.rollout is not available'), {}
+    res['train'] = {}
+    try: import flowgrpo_nb.train  # noqa: F401
+    except ImportError: res['train'] = {m: skipped('flowgrpo_nb.train is not available') for m in args.methods}
+    for i, m in enumerate(args.methods):
+        if m in res['train']: continue
+        res['train'][m] = bench_train(pipe, args, m, warmup=i == 0) if left() > 0 else skipped('time budget spent')
+    res['total_seconds'] = time.perf_counter() - t_start
+    text = json.dumps(res, indent=1, default=str)
+    if args.out: Path(args.out).write_text(text)
+    print(text)
+    print(summary(res))
+    return res
+
+
+def summary(res:dict) -> str:
+    "A few lines for a human: the numbers the benchmark exists for."
+    f, r, gib = res['forward'], res['rollout'], lambda d: f"{d['peak_gib']:.1f} GiB" if d.get('peak_gib') is not None else 'n/a'
+    lines = [f"transformer {res['config']['transformer_params'] / 1e9:.2f} B params, {res['config']['dtype']}, "
+             f"{res['config']['resolution']} px: {f['tflop_per_nfe']:.2f} TFLOP per guided NFE, {f['tflops']:.1f} TFLOP/s "
+             f"= {100 * f['fraction_of_peak']:.1f}% of {res['config']['peak_tflops']:.0f}, peak {gib(f)}"]
+    if 'images_per_s' in r:
+        lines.append(f"rollout B={r['B']} K={r['K']}: {r['seconds']:.2f} s, {r['images_per_s']:.2f} images/s, peak {gib(r)}")
+    for op, d in res['lookahead'].items():
+        lines.append(f"lookahead {op}: {d['nfe_per_trajectory']:.0f} NFE/trajectory in {d['calls']} calls, {d['seconds']:.2f} s "
+                     f"({d['relative_to_rollout']:.2f}x the rollout)")
+    for m, d in res['train'].items():
+        lines.append(f"train step {m}: " + (d['skipped'] if 'skipped' in d else
+                     f"{d['seconds']:.2f} s (rollout {d['sec_rollout']:.2f}, values {d['sec_values']:.2f}, update "
+                     f"{d['sec_update']:.2f}), lookahead {d['nfe_lookahead']:.0f} NFE/trajectory, peak {gib(d)}"))
+    return '\n'.join(lines)
+
+
+if __name__ == '__main__': main()
