@@ -7,22 +7,24 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/cli.html.md"""
 # %% auto #0
 __all__ = ['COMMANDS', 'usage', 'main']
 
-# %% ../nbs/10_cli.ipynb #951461f3
-import sys
+# %% ../nbs/10_cli.ipynb #e56f4cda
+import sys, importlib, inspect
 from fastcore.script import anno_parser
-from fastcore.xtras import import_obj
 
-# %% ../nbs/10_cli.ipynb #c4fadbe5
+# %% ../nbs/10_cli.ipynb #596d6ea8
 COMMANDS = {
     'demo': 'flowgrpo_nb.flow.demo',
     'pretrain': 'flowgrpo_nb.tiny.pretrain_cli',
     'eval-tiny': 'flowgrpo_nb.tiny.evaluate_cli',
     'train': 'flowgrpo_nb.train.train_cli',
+    'compare': 'flowgrpo_nb.compare.compare_cli',
+    'train-score': 'flowgrpo_nb.score.train_score_cli',
 }
 
 def _command(name:str):
-    if name not in COMMANDS: raise SystemExit(f"flowgrpo: unknown command {name!r}; commands: {', '.join(COMMANDS)}")
-    return import_obj(COMMANDS[name])
+    if name not in COMMANDS: raise ValueError(f"flowgrpo: unknown command {name!r}; commands: {', '.join(COMMANDS)}")
+    mod, _, fn = COMMANDS[name].rpartition('.')
+    return getattr(importlib.import_module(mod), fn)
 
 def usage() -> str:
     "One line per command: its name and the first line of its docstring."
@@ -36,10 +38,13 @@ def main(argv:list[str]|None=None):
     "Run `flowgrpo COMMAND [options]`."
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ('-h', '--help', 'help'): return print(usage())
-    fn = _command(argv[0])
+    try: fn = _command(argv[0])
+    except ValueError as e: raise SystemExit(str(e))
     fn = getattr(fn, '__wrapped__', fn)
-    args = anno_parser(fn, prog=f'flowgrpo {argv[0]}').parse_args(argv[1:])
-    return fn(**vars(args))
+    kw = vars(anno_parser(fn, prog=f'flowgrpo {argv[0]}').parse_args(argv[1:]))
+    params = inspect.signature(fn).parameters  # anno_parser adds flags of its own (--pdb, --xtra)
+    try: return fn(**{k: v for k, v in kw.items() if k in params})
+    except ValueError as e: raise SystemExit(f'flowgrpo {argv[0]}: error: {e}')  # bad input: the message, not a traceback
 
-# %% ../nbs/10_cli.ipynb #fc28de00
+# %% ../nbs/10_cli.ipynb #051226fa
 if __name__ == '__main__': main()

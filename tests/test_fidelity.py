@@ -99,7 +99,7 @@ def test_compare_credit_exact_truth():
     assert len(rows) == 4 * 2 * 6
     for r in rows:
         if r['method'] in ('dense', 'stepwise') and r['quantity'] == 'reward':
-            assert math.isclose(r['pearson'], 1, abs_tol=1e-9) and r['sign_agree'] == 1.0
+            assert math.isclose(r['pearson'], 1, abs_tol=1e-9) and r['sign_agree'] == 1.0 and r['zero_credit'] == 0
         if r['step'] == 'all': assert r['n'] == 18 * 5
         else: assert r['n'] == 18
     sig = next(r for r in rows if r['step'] == 'all')['n_sig']
@@ -155,7 +155,7 @@ def test_fidelity_report_files(run_dir, tmp_path):
     d = json.loads((tmp_path/'fidelity.json').read_text())
     assert set(d) == {'base', 'finetuned'} and d['finetuned']['settings']['reward'] == 'partial'
     names = {p.name for p in tmp_path.iterdir()}
-    assert {'overall.html', 'correlation_finetuned.html', 'signs_base.html', 'scatter_finetuned.html'} <= names
+    assert {'overall_advantage.html', 'correlation_reward_finetuned.html', 'signs_base.html', 'scatter_advantage_finetuned.html'} <= names
 
 @pytest.mark.parametrize('kw,msg', [(dict(split='x'), "split='x'"), (dict(M=1), 'M=1'), (dict(group=1), 'group=1'),
                                     (dict(prompts=0), 'prompts=0'), (dict(run='/nonexistent'), 'not a trainer run')])
@@ -166,3 +166,13 @@ def test_cli_flags():
     fn = getattr(fidelity_cli, '__wrapped__', fidelity_cli)
     a = anno_parser(fn).parse_args(['--run', 'r', '-m', '4', '--no-base', '--n-boot', '10'])  # one-letter names: -k, -m
     assert (a.run, a.M, a.no_base, a.n_boot, a.K) == ('r', 4, True, 10, 10)
+
+def test_compare_credit_zero_credit_is_not_a_sign():
+    truth = torch.tensor([[0.5, 0.0], [-0.5, 0.0], [0.5, 0.0], [0.2, 0.0]])
+    se = torch.full_like(truth, 0.1)  # the last row is not significant
+    q = torch.tensor([[0.3, 0.0], [0.0, 0.0], [-0.1, 0.0], [0.0, 0.0]])
+    cr = {'dense': compute_credit(torch.zeros(4, 3), torch.tensor([0, 0, 1, 1]), torch.tensor([True, False]))}
+    cr['dense'].rewards, cr['dense'].advantages = q, q
+    r = compare_credit(truth, se, cr, torch.tensor([True, False]), n_boot=10)[0]
+    assert (r['step'], r['n_sig']) == (0, 3)
+    assert math.isclose(r['zero_credit'], 1 / 3) and r['sign_agree'] == 0.5  # one right, one wrong, one not pushed

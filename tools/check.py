@@ -77,10 +77,11 @@ def main():
     for nb, out in bad: print(f'\n--- {nb.relative_to(ROOT)} ---\n{out[-6000:]}', flush=True)
     if bad: finish('nbdev-test failed in ' + ', '.join(str(nb.relative_to(ROOT)) for nb, _ in bad))
     stage('pytest tests/')
-    cmd = [str(BIN/'python'), '-m', 'pytest', 'tests', '-q', '-p', 'no:cacheprovider', '-rf']
+    workers = os.environ.get('FLOWGRPO_TEST_WORKERS', '2')
+    cmd = [str(BIN/'python'), '-m', 'pytest', 'tests', '-q', '-p', 'no:cacheprovider', '-rfE', '-n', workers, '--dist', 'loadfile']
     skip = (['slow'] if fast else []) + ([] if have_chromium() else ['chrome'])
     if skip: cmd += ['-m', ' and '.join(f'not {m}' for m in skip)]
-    r = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+    r = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     print(r.stdout[-20000:], r.stderr[-5000:], flush=True)
     counts = {k: int(n) for n, k in re.findall(r'(\d+) (passed|failed|error|errors)', r.stdout.splitlines()[-1] if r.stdout.strip() else '')}
     passed += counts.get('passed', 0)

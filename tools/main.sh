@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/env.sh
-exec .venv/bin/python -m flowgrpo_nb.main "$@"
+exec .venv/bin/flowgrpo compare "$@"
