@@ -1,7 +1,7 @@
 """Benchmark of the app (not a test): one comparison of base + 4 fine-tuned models at 10 steps, and 20 concurrent
 requests to the launched app through gradio_client.
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/app_bench.py [--threads 2] [--reps 5] [--concurrent 20]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/app_bench.py [--threads 1] [--reps 5] [--concurrent 20]
 
 Targets (issue 8): a comparison answers in under 2 s on 2 CPU cores; all 20 concurrent requests are answered.
 The fine-tuned models are `app.fake_runs` (random LoRA checkpoints of the smoke shape): the cost does not depend
@@ -14,7 +14,7 @@ from flowgrpo_nb.app import ModelBank, fake_runs, generate_all, make_app
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('--threads', type=int, default=2)
+    ap.add_argument('--threads', type=int, default=1)  # 2 threads on busy shared cores: 20-50x slower
     ap.add_argument('--reps', type=int, default=5)
     ap.add_argument('--concurrent', type=int, default=20)
     ap.add_argument('--steps', type=int, default=10)

@@ -7,11 +7,11 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/cli.html.md"""
 # %% auto #0
 __all__ = ['COMMANDS', 'usage', 'main']
 
-# %% ../nbs/10_cli.ipynb #e56f4cda
+# %% ../nbs/10_cli.ipynb #62582c56
 import sys, importlib, inspect
 from fastcore.script import anno_parser
 
-# %% ../nbs/10_cli.ipynb #596d6ea8
+# %% ../nbs/10_cli.ipynb #2ff6addb
 COMMANDS = {
     'demo': 'flowgrpo_nb.flow.demo',
     'pretrain': 'flowgrpo_nb.tiny.pretrain_cli',
@@ -19,6 +19,8 @@ COMMANDS = {
     'train': 'flowgrpo_nb.train.train_cli',
     'compare': 'flowgrpo_nb.compare.compare_cli',
     'train-score': 'flowgrpo_nb.score.train_score_cli',
+    'app': 'flowgrpo_nb.app.app_cli',
+    'fidelity': 'flowgrpo_nb.fidelity.fidelity_cli',
 }
 
 def _command(name:str):
@@ -46,5 +48,5 @@ def main(argv:list[str]|None=None):
     try: return fn(**{k: v for k, v in kw.items() if k in params})
     except ValueError as e: raise SystemExit(f'flowgrpo {argv[0]}: error: {e}')  # bad input: the message, not a traceback
 
-# %% ../nbs/10_cli.ipynb #051226fa
+# %% ../nbs/10_cli.ipynb #b2f9b98d
 if __name__ == '__main__': main()

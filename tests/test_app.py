@@ -161,3 +161,9 @@ def test_browser_generate(served, bank, tmp_path):
         page.screenshot(path=str(tmp_path/'app.png'), full_page=True)
         browser.close()
     assert imgs == n, (imgs, n)
+
+def test_cli_flags():
+    from fastcore.script import anno_parser
+    from flowgrpo_nb.app import app_cli
+    a = anno_parser(app_cli).parse_args(['--runs', 'runs/compare', '--port', '7861'])
+    assert (a.runs, a.host, a.port, a.threads, a.share) == ('runs/compare', '127.0.0.1', 7861, 1, False)

@@ -48,7 +48,7 @@ def notebooks():
 
 def test_notebook(nb, flags=''):
     t = time.time()
-    cmd = [str(BIN/'nbdev-test'), '--path', str(nb)] + (['--flags', flags] if flags else [])
+    cmd = [str(BIN/'nbdev-test'), str(nb)] + (['--flags', flags] if flags else [])
     r = run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     return nb, r.returncode == 0, time.time() - t, r.stdout + r.stderr
 
