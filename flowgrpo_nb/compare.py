@@ -9,7 +9,7 @@ __all__ = ['BUDGETS', 'TASKS', 'FINAL_SEED', 'COLORS', 'CompareConfig', 'load_ru
            'findings', 'build_report', 'fig_curves', 'fig_categories', 'fig_costs', 'report_figures', 'write_report',
            'compare_cli']
 
-# %% ../nbs/06b_compare.ipynb #60c9c8a4
+# %% ../nbs/06b_compare.ipynb #6286c3db
 import json, math, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
@@ -23,7 +23,7 @@ from .world import CATEGORIES
 from .policy import TinyPolicy
 from .train import METHODS, GRPOTrainer, preset_config, evaluate, list_checkpoints, read_checkpoint
 
-# %% ../nbs/06b_compare.ipynb #b2b4a9eb
+# %% ../nbs/06b_compare.ipynb #38fe23da
 BUDGETS = {
     'smoke':   dict(steps=2, eval_every=0, eval_images=24, final_images=48, train=dict(K=4, prompts_per_step=2, group_size=4,
                     minibatch=8, calib_iters=1, calib_samples=4, lora_rank=4)),
@@ -55,7 +55,7 @@ class CompareConfig:
                                         'eval_images': b['eval_images'], 'save_every': b['steps'], 'seed': seed,
                                         'reward': TASKS[self.task], **self.overrides})
 
-# %% ../nbs/06b_compare.ipynb #684389d9
+# %% ../nbs/06b_compare.ipynb #4e1c72b0
 def load_run_policy(run_dir:str|Path, policy=None) -> TinyPolicy:
     "The policy of a trainer run folder: base model + the newest checkpoint's LoRA adapter."
     run_dir = Path(run_dir)
@@ -70,7 +70,7 @@ def load_run_policy(run_dir:str|Path, policy=None) -> TinyPolicy:
     policy.load_lora_state_dict(read_checkpoint(ckpts[-1])['lora.safetensors'])
     return policy
 
-# %% ../nbs/06b_compare.ipynb #72eac061
+# %% ../nbs/06b_compare.ipynb #7630a229
 FINAL_SEED = 20251  # noise of the final held-out evaluation: the same for every model
 
 def _final_eval(policy, n, path:Path, score_fn) -> dict:
@@ -114,7 +114,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     write_report(report, out)
     return report
 
-# %% ../nbs/06b_compare.ipynb #f2c8721e
+# %% ../nbs/06b_compare.ipynb #47f405e4
 def _metrics(run_dir:Path) -> list[dict]: return [json.loads(l) for l in (run_dir/'metrics.jsonl').read_text().splitlines() if l]
 
 def reach(curve:list[dict], target:float) -> dict:
@@ -147,9 +147,9 @@ def _agg(vals:list):
     if not vals: return None
     return dict(mean=float(np.mean(vals)), spread=float(np.std(vals)), n=len(vals))
 
-# %% ../nbs/06b_compare.ipynb #c4909f44
-def _verdict(d:float, se:float) -> str:
-    return 'within noise' if abs(d) < 2 * se else ('higher' if d > 0 else 'lower')
+# %% ../nbs/06b_compare.ipynb #ac07a3d1
+def _verdict(d:float, se:float, other:str) -> str:
+    return f'within noise of {other}' if abs(d) < 2 * se else (f'higher than {other}' if d > 0 else f'lower than {other}')
 
 def findings(report:dict) -> list[str]:
     "Plain statements of what the numbers show, including where dense credit does not beat Flow-GRPO."
@@ -158,12 +158,12 @@ def findings(report:dict) -> list[str]:
     for m, r in M.items():
         d, se = r['heldout_strict']['mean'] - base['strict'], math.hypot(r['heldout_se'], base['se'])
         out.append(f"{m}: held-out strict {r['heldout_strict']['mean']:.3f} vs base {base['strict']:.3f} "
-                   f"({d:+.3f} ± {se:.3f}: {_verdict(d, se)} than the base model).")
+                   f"({d:+.3f} ± {se:.3f}: {_verdict(d, se, 'the base model')}).")
     for m, r in M.items():
         if m == 'flow_grpo': continue
         d, se = r['heldout_strict']['mean'] - f['heldout_strict']['mean'], math.hypot(r['heldout_se'], f['heldout_se'])
         reach_s = r['steps_to_flow_grpo']
-        out.append(f"{m} vs flow_grpo: {d:+.3f} ± {se:.3f} ({_verdict(d, se)}); reached Flow-GRPO's final score in "
+        out.append(f"{m} vs flow_grpo: {d:+.3f} ± {se:.3f} ({_verdict(d, se, 'Flow-GRPO')}); reached Flow-GRPO's final score in "
                    f"{r['reached']} seeds" + (f", after {reach_s['mean']:.0f} steps" if reach_s else '') +
                    f"; a training step costs {r['step_time_ratio']['mean']:.2f}× Flow-GRPO's.")
     return out
@@ -204,7 +204,7 @@ def build_report(ccfg:CompareConfig, base:dict, runs:dict) -> dict:
     report['findings'] = findings(report)
     return report
 
-# %% ../nbs/06b_compare.ipynb #ec9e06e1
+# %% ../nbs/06b_compare.ipynb #fbae17c9
 COLORS = dict(base='#7f7f7f', flow_grpo='#1f77b4', stepwise='#2ca02c', dense='#d62728', turning_point='#9467bd')
 
 def fig_curves(report:dict, x:str='step') -> go.Figure:
@@ -244,7 +244,7 @@ def report_figures(report:dict) -> dict:
     return dict(curve_steps=fig_curves(report, 'step'), curve_seconds=fig_curves(report, 'seconds'),
                 categories=fig_categories(report), costs=fig_costs(report))
 
-# %% ../nbs/06b_compare.ipynb #21db920b
+# %% ../nbs/06b_compare.ipynb #8dc86d40
 def _table(report:dict) -> str:
     rows = [('base', report['base']['overall']['strict'], report['base']['overall']['se'], None, None)]
     rows += [(m, r['heldout_strict']['mean'], r['heldout_se'], r['steps_to_flow_grpo'], r['step_time_ratio'])
@@ -265,7 +265,7 @@ def write_report(report:dict, out:str|Path):
                                    + ''.join(parts) + '</body></html>')
     for name, f in figs.items(): write_png(f, out/'figures'/f'{name}.png')
 
-# %% ../nbs/06b_compare.ipynb #a0d175ee
+# %% ../nbs/06b_compare.ipynb #41a5e808
 @call_parse
 def compare_cli(out:str='runs/compare',   # run folder of the comparison
                 budget:str='default',     # smoke, default (~30 min on 2 CPU cores) or long

@@ -9,7 +9,7 @@ __all__ = ['REWARDS', 'MODELS', 'PRESETS', 'RESUMABLE_CHANGES', 'CKPT_PREFIX', '
            'step_prompts', 'step_generator', 'write_checkpoint', 'list_checkpoints', 'read_checkpoint',
            'balanced_prompts', 'evaluate', 'load_policy', 'default_reward', 'GRPOTrainer', 'ppo_loss', 'train_cli']
 
-# %% ../nbs/06_train.ipynb #4838a7c2
+# %% ../nbs/06_train.ipynb #9c212143
 import json, math, os, shutil, time, random, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, asdict, fields, replace
@@ -26,13 +26,13 @@ from .policy import Policy, TinyPolicy, LORA_TARGETS
 from .rollout import RolloutConfig, rollout, step_values, logprob_of
 from .credit import METHODS, CreditConfig, compute_credit, calibrate_exploration, Calibration
 
-# %% ../nbs/06_train.ipynb #ce041010
+# %% ../nbs/06_train.ipynb #a474bc98
 REWARDS = ('partial', 'strict', 'score')
 MODELS = ('tiny', 'sd3')
 
 def _fail(name, value, allowed): raise ValueError(f"GRPOConfig.{name}={value!r}: allowed {allowed}")
 
-# %% ../nbs/06_train.ipynb #1bb6463d
+# %% ../nbs/06_train.ipynb #0543b2cb
 @dataclass
 class GRPOConfig:
     "Every choice of a GRPO run (SPEC sections 2-5), with defaults scaled to the embedded tiny model."
@@ -134,7 +134,7 @@ class GRPOConfig:
     @classmethod
     def from_dict(cls, d): return cls(**d)
 
-# %% ../nbs/06_train.ipynb #232da6ba
+# %% ../nbs/06_train.ipynb #7ce333da
 PRESETS = {
     'flow_grpo':     dict(method='flow_grpo', sampler='flow_sde', level=0.7, global_std=True),
     'stepwise':      dict(method='stepwise', sampler='ddim', level=1.0, shared_noise=True, lookahead='tweedie'),
@@ -155,7 +155,7 @@ def preset_config(name:str, # a key of `PRESETS`, or several joined by '+' (late
         d.update(PRESETS[n])
     return GRPOConfig(**{**d, **overrides})
 
-# %% ../nbs/06_train.ipynb #536f67ee
+# %% ../nbs/06_train.ipynb #2d85c2d8
 RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_images', 'log_with')
 
 def config_diff(a:GRPOConfig, b:GRPOConfig, ignore=RESUMABLE_CHANGES) -> dict:
@@ -163,7 +163,7 @@ def config_diff(a:GRPOConfig, b:GRPOConfig, ignore=RESUMABLE_CHANGES) -> dict:
     da, db = a.to_dict(), b.to_dict()
     return {k: (da[k], db[k]) for k in da if k not in ignore and da[k] != db[k]}
 
-# %% ../nbs/06_train.ipynb #8c3f30e0
+# %% ../nbs/06_train.ipynb #0c2c3418
 def step_prompts(cfg:GRPOConfig, step:int, prompts:list[str]|None=None) -> list[str]:
     "The `prompts_per_step` training prompts of `step` (without replacement within a step)."
     pool = prompts if prompts is not None else prompt_split('train')
@@ -174,7 +174,7 @@ def step_generator(cfg:GRPOConfig, step:int, stream:int=0) -> torch.Generator:
     "A CPU generator seeded by `(seed, step, stream)`."
     return torch.Generator().manual_seed(int(np.random.SeedSequence([cfg.seed, step, stream]).generate_state(1)[0]))
 
-# %% ../nbs/06_train.ipynb #813d56bb
+# %% ../nbs/06_train.ipynb #0285e6ac
 def _flatten_optimizer(opt:torch.optim.Optimizer) -> tuple[dict, dict]:
     "The optimizer's state as safetensors-ready tensors and JSON-ready metadata."
     sd = opt.state_dict()
@@ -192,7 +192,7 @@ def _unflatten_optimizer(tensors:dict, meta:dict) -> dict:
         state.setdefault(int(i), {})[k] = v
     return dict(state=state, param_groups=meta['param_groups'])
 
-# %% ../nbs/06_train.ipynb #6c7edb8d
+# %% ../nbs/06_train.ipynb #f354f0bc
 CKPT_PREFIX = 'ckpt-'
 
 def write_checkpoint(run_dir:Path, step:int, files:dict, keep_last:int=2) -> Path:
@@ -226,7 +226,7 @@ def read_checkpoint(ckpt:Path) -> dict:
         except Exception as e: raise ValueError(f"checkpoint {ckpt} is corrupt: {f.name} cannot be read ({e})") from e
     return out
 
-# %% ../nbs/06_train.ipynb #47ef5ffd
+# %% ../nbs/06_train.ipynb #8d832e52
 def balanced_prompts(prompts:list[str], n:int, seed:int=0) -> list[str]:
     "`n` of `prompts`, as many from each GenEval category as possible (GenEval's overall score averages categories)."
     by_cat = {}
@@ -235,7 +235,7 @@ def balanced_prompts(prompts:list[str], n:int, seed:int=0) -> list[str]:
     return [by_cat[c][j] for i in range(n) for c in [cats[i % len(cats)]]
             for j in [rng.integers(len(by_cat[c]))]]
 
-# %% ../nbs/06_train.ipynb #1df42de5
+# %% ../nbs/06_train.ipynb #5a3dbd83
 @torch.no_grad()
 def evaluate(policy:Policy,              # the model to evaluate (its adapter as it is)
              n_images:int=256,           # images, spread evenly over the prompts
@@ -262,7 +262,7 @@ def evaluate(policy:Policy,              # the model to evaluate (its adapter as
     if return_images: out['images'], out['prompts'] = images, names
     return out
 
-# %% ../nbs/06_train.ipynb #613457cb
+# %% ../nbs/06_train.ipynb #81d1f291
 def load_policy(cfg:GRPOConfig, device=None) -> Policy:
     "The policy named by `cfg.model` / `cfg.model_path`."
     if cfg.model == 'sd3':
@@ -278,7 +278,7 @@ def default_reward(kind:str):
         return LearnedScore()
     return MiniGenEvalReward(kind)
 
-# %% ../nbs/06_train.ipynb #89201d8a
+# %% ../nbs/06_train.ipynb #45d12a91
 class GRPOTrainer:
     "GRPO fine-tuning of a `Policy`'s LoRA adapter with the credit rule of `cfg.method`."
     def __init__(self, cfg:GRPOConfig,          # the run's config
@@ -334,7 +334,7 @@ class GRPOTrainer:
                                       ', '.join(f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in diff.items()))
         elif ckpts: raise ValueError(f"{self.run_dir} already holds checkpoints; pass resume=True or choose another folder")
 
-# %% ../nbs/06_train.ipynb #365a3b6f
+# %% ../nbs/06_train.ipynb #0a05fef5
 @patch
 def rows(self:GRPOTrainer) -> slice:
     "This process's rows of the P x G batch."
@@ -367,7 +367,7 @@ def collect(self:GRPOTrainer, step:int) -> dict:
     if credit.turning_points is not None: stats['turning_points'] = float(credit.turning_points.kept.float().sum())
     return dict(rollout=ro, advantages=A, credit=credit, V=V_all, times=times, stats=stats)
 
-# %% ../nbs/06_train.ipynb #b514a44b
+# %% ../nbs/06_train.ipynb #ba60063d
 def ppo_loss(log_prob:torch.Tensor,     # [b, k] current policy
              old_log_prob:torch.Tensor, # [b, k] rollout
              adv:torch.Tensor,          # [b, k] advantages
@@ -376,7 +376,7 @@ def ppo_loss(log_prob:torch.Tensor,     # [b, k] current policy
     ratio = torch.exp(log_prob - old_log_prob)
     return torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_range, 1 + clip_range)).mean(), ratio
 
-# %% ../nbs/06_train.ipynb #64e78d53
+# %% ../nbs/06_train.ipynb #59fcb489
 @patch
 def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
     "`updates_per_rollout` optimizer steps on this process's rollout `ro` with advantages `A` [B, K]."
@@ -406,7 +406,7 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
         if self.ema is not None: self.ema.step(self.params)
     return {k: float(np.mean(v)) for k, v in stats.items() if v}
 
-# %% ../nbs/06_train.ipynb #c90e7914
+# %% ../nbs/06_train.ipynb #554a3be5
 @patch
 def calibrate(self:GRPOTrainer) -> Calibration:
     "Calibrate the per-step noise scales psi(k) (SPEC 5.3) and keep them for the training rollouts."
@@ -429,7 +429,7 @@ def calibrate(self:GRPOTrainer) -> Calibration:
     if self.acc.is_main_process: (self.run_dir/'calibration.json').write_text(json.dumps(self.calibration.to_dict()))
     return self.calibration
 
-# %% ../nbs/06_train.ipynb #8d08a041
+# %% ../nbs/06_train.ipynb #5c97390a
 @patch
 def save(self:GRPOTrainer) -> Path|None:
     "Write a checkpoint of the current step (main process only)."
@@ -467,7 +467,7 @@ def load(self:GRPOTrainer, ckpt:Path):
         log.write_text(''.join(l + '\n' for l in keep))
     self.history = [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
 
-# %% ../nbs/06_train.ipynb #09c5084b
+# %% ../nbs/06_train.ipynb #5fd7f518
 @contextmanager
 def _ema_weights(trainer):
     "Swap the EMA weights in for evaluation, if the run keeps an EMA."
@@ -548,7 +548,7 @@ def summary(self:GRPOTrainer) -> dict:
     if self.acc.is_main_process: (self.run_dir/'summary.json').write_text(json.dumps(s, indent=1))
     return s
 
-# %% ../nbs/06_train.ipynb #9bf29bc0
+# %% ../nbs/06_train.ipynb #7afd3f7a
 def _parse_overrides(pairs) -> dict:
     "['lr=1e-3', 'shared_noise=true', 'lookahead=ode:5'] -> typed overrides of `GRPOConfig` fields."
     types = {f.name: f.type for f in fields(GRPOConfig)}
