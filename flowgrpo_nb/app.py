@@ -42,6 +42,7 @@ class FineTuned:
     ckpt:Path      # the checkpoint the adapter comes from
     cfg:dict       # the run's config.json (GRPOConfig.to_dict())
     lora:dict      # peft state dict, as `Policy.lora_state_dict` returns it
+    base:str|None=None  # fingerprint of the base weights it was trained on (the run's base.json; None: not recorded)
     @property
     def shape(self) -> tuple:  # (rank, alpha, targets): runs of one shape share an adapter
         return int(self.cfg['lora_rank']), float(self.cfg['lora_alpha']), tuple(self.cfg['lora_targets'])
@@ -62,7 +63,8 @@ def find_models(runs:str|Path  # a runs folder (e.g. runs/compare) or one traine
             continue
         try:
             cfg = json.loads(cfg_file.read_text())
-            m = FineTuned(name, d, ckpts[-1], cfg, load_file(ckpts[-1]/'lora.safetensors'))
+            base = json.loads((d/'base.json').read_text())['fingerprint'] if (d/'base.json').exists() else None
+            m = FineTuned(name, d, ckpts[-1], cfg, load_file(ckpts[-1]/'lora.safetensors'), base)
             m.shape
         except Exception as e:
             skipped.append(f"{name}: unreadable ({type(e).__name__}: {e})"); continue
@@ -83,6 +85,7 @@ def fake_runs(out:str|Path,                                  # folder to create
         cfg = preset_config(m, lora_rank=rank, lora_alpha=float(rank), steps=1)
         d = out/'seed0'/m; d.mkdir(parents=True, exist_ok=True)
         (d/'config.json').write_text(json.dumps(cfg.to_dict(), indent=1))
+        (d/'base.json').write_text(json.dumps(dict(fingerprint=policy.base_fingerprint())))
         sd = {k: torch.randn(v.shape, generator=g) * scale for k, v in policy.lora_state_dict().items()}
         write_checkpoint(d, 1, {'lora.safetensors': sd, 'state.json': dict(step=1)})
     return out
@@ -99,6 +102,11 @@ class ModelBank:
         for m in self.models:
             if m.shape not in self.policies: self.policies[m.shape] = TinyPolicy(load_tiny(model_path)).add_lora(*m.shape)
         self.base = next(iter(self.policies.values()), None) or TinyPolicy(load_tiny(model_path))
+        fp = self.base.base_fingerprint()
+        wrong = {id(m) for m in self.models if m.base not in (None, fp)}
+        self.skipped += [f"{m.name}: trained on other base weights (its base {m.base}, this one {fp})"
+                         for m in self.models if id(m) in wrong]
+        self.models = [m for m in self.models if id(m) not in wrong]
         self.by_name = {m.name: m for m in self.models}
         self.score, self.lock = LearnedScore(), threading.RLock()
 

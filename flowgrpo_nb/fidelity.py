@@ -14,7 +14,6 @@ from typing import Callable
 import numpy as np, torch
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
-from safetensors.torch import load_file
 from scipy import stats
 from fastcore.script import call_parse
 from torch import Tensor
@@ -23,13 +22,13 @@ from .flow import write_png
 from .policy import Policy, TinyPolicy
 from .rollout import RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, _step
 from .credit import METHODS, CreditConfig, Credit, compute_credit, step_spans
-from .train import GRPOConfig, list_checkpoints, balanced_prompts, default_reward
+from .train import GRPOConfig, list_checkpoints, balanced_prompts, default_reward, load_run_policy, load_policy
 from .world import prompt_split
 
 # %% auto #0
 __all__ = ['LOOKAHEAD', 'QUANTITIES', 'COLOURS', 'MCValues', 'mc_values', 'true_gains', 'method_credits', 'correlation',
            'compare_credit', 'Fidelity', 'credit_fidelity', 'plot_correlation', 'plot_scatter', 'plot_signs',
-           'load_run_policy', 'plot_overall', 'fidelity_figures', 'fidelity_report', 'fidelity_cli']
+           'plot_overall', 'fidelity_figures', 'fidelity_report', 'fidelity_cli']
 
 # %% ../nbs/06c_fidelity.ipynb #a75d5a3d
 @dataclass(frozen=True, repr=False)
@@ -309,23 +308,6 @@ def plot_signs(fid:Fidelity, quantities=QUANTITIES, title:str='') -> go.Figure:
     return fig.update_layout(height=160 + 60 * len(ms), width=700 * len(quantities), template='plotly_white',
                              title=title or "sign agreement with the significant MC step advantages (n: how many; 0: share with zero credit)")
 
-# %% ../nbs/06c_fidelity.ipynb #043f01c0
-def load_run_policy(run:str|Path,           # a trainer run folder (config.json + checkpoints/)
-                    device:str|torch.device='cpu') -> tuple[Policy, GRPOConfig, Path]:  # (policy, run config, checkpoint)
-    "The policy of a run's newest checkpoint."
-    from flowgrpo_nb.tiny import load_tiny
-    run = Path(run)
-    if not (run/'config.json').exists():
-        raise ValueError(f"run={str(run)!r}: not a trainer run folder (no config.json)")
-    cfg = GRPOConfig.from_dict(json.loads((run/'config.json').read_text()))
-    ckpts = [c for c in list_checkpoints(run) if (c/'lora.safetensors').exists()]
-    if not ckpts: raise ValueError(f"run={str(run)!r}: no checkpoint with lora.safetensors under {run/'checkpoints'}")
-    if cfg.model != 'tiny': raise ValueError(f"run={str(run)!r}: model={cfg.model!r}; only 'tiny' runs can be loaded here")
-    policy = TinyPolicy(load_tiny(cfg.model_path).to(device))
-    policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
-    policy.load_lora_state_dict(load_file(str(ckpts[-1]/'lora.safetensors')))
-    return policy, cfg, ckpts[-1]
-
 # %% ../nbs/06c_fidelity.ipynb #6450f594
 def plot_overall(fids:dict[str, Fidelity], quantity:str='advantage', stat:str='spearman') -> go.Figure:
     "Pooled correlation of every method's credit with the truth, one bar per model, CI as error bars."
@@ -378,13 +360,14 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
     cfg = RolloutConfig(K=K, group_size=group, sampler=sampler, level=level, guidance=guidance)
     if not isinstance(M, int) or M < 2: raise ValueError(f"M={M!r}: must be an int >= 2")
     if group < 2: raise ValueError(f"group={group!r}: must be >= 2 (credit rules normalise within a group)")
-    models = {}
+    models, rcfg = {}, None
     if run is not None:
         pol, rcfg, ckpt = load_run_policy(run)
         models['finetuned'] = (pol, reward or rcfg.reward, str(ckpt))
-    if base or run is None:
+    if base or run is None:  # the run's own base model, else the shipped one
         from flowgrpo_nb.tiny import load_tiny
-        models = {'base': (TinyPolicy(load_tiny()), reward or (models['finetuned'][1] if models else 'partial'), None), **models}
+        bpol = load_policy(rcfg) if rcfg is not None else TinyPolicy(load_tiny())
+        models = {'base': (bpol, reward or (rcfg.reward if rcfg else 'partial'), None), **models}
     names = balanced_prompts(prompt_split(split), prompts, seed)
     fids = {}
     for name, (pol, rw, ckpt) in models.items():

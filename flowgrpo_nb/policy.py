@@ -235,3 +235,19 @@ def load_lora(self:Policy, path:str|Path):
     if self.lora_config is None: self.add_lora(**cfg)
     elif self.lora_config != cfg: raise ValueError(f"saved adapter {cfg} differs from the policy's {self.lora_config}")
     return self.load_lora_state_dict(sd)
+
+# %% ../nbs/03_policy.ipynb #410ec0e5
+import hashlib
+
+@patch
+def base_fingerprint(self:Policy, samples:int=4096  # values hashed per tensor (evenly strided; all when fewer)
+                    ) -> str:
+    "A short hash of the base model's weights that ignores the LoRA adapter."
+    h = hashlib.sha256()
+    for name, p in sorted(self.module.named_parameters()):
+        if 'lora_' in name: continue
+        flat = p.detach().reshape(-1)
+        flat = flat[::max(1, flat.numel() // samples)][:samples]
+        h.update(f"{name.replace('.base_layer', '')}{tuple(p.shape)}".encode())
+        h.update(flat.float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]

@@ -7,7 +7,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/train.html.md"""
 # %% auto #0
 __all__ = ['REWARDS', 'MODELS', 'PRESETS', 'RESUMABLE_CHANGES', 'CKPT_PREFIX', 'GRPOConfig', 'preset_config', 'config_diff',
            'step_prompts', 'step_generator', 'write_checkpoint', 'list_checkpoints', 'read_checkpoint',
-           'balanced_prompts', 'evaluate', 'load_policy', 'default_reward', 'GRPOTrainer', 'ppo_loss', 'train_cli']
+           'balanced_prompts', 'evaluate', 'load_policy', 'check_base', 'default_reward', 'GRPOTrainer', 'ppo_loss',
+           'load_run_policy', 'train_cli']
 
 # %% ../nbs/06_train.ipynb #9c212143
 import json, math, os, shutil, time, random, warnings
@@ -216,12 +217,16 @@ def list_checkpoints(run_dir:Path) -> list[Path]:
     root = Path(run_dir)/'checkpoints'
     return sorted(p for p in root.glob(f'{CKPT_PREFIX}*') if (p/'state.json').exists()) if root.exists() else []
 
-def read_checkpoint(ckpt:Path) -> dict:
+def read_checkpoint(ckpt:Path,
+                    names:tuple|None=None  # the files to read (default: all)
+                   ) -> dict:
     "A checkpoint folder's files, loaded: tensors from .safetensors, objects from .json."
     ckpt = Path(ckpt)
     if not (ckpt/'state.json').exists(): raise ValueError(f"{ckpt} is not a checkpoint (no state.json)")
+    missing = [n for n in names or () if not (ckpt/n).exists()]
+    if missing: raise ValueError(f"checkpoint {ckpt} is incomplete: no {', '.join(missing)}")
     out = {}
-    for f in sorted(ckpt.iterdir()):
+    for f in sorted(ckpt/n for n in names) if names else sorted(ckpt.iterdir()):
         try: out[f.name] = load_file(f) if f.suffix == '.safetensors' else json.loads(f.read_text())
         except Exception as e: raise ValueError(f"checkpoint {ckpt} is corrupt: {f.name} cannot be read ({e})") from e
     return out
@@ -271,6 +276,15 @@ def load_policy(cfg:GRPOConfig, device=None) -> Policy:
     from flowgrpo_nb.tiny import load_tiny
     return TinyPolicy(load_tiny(cfg.model_path).to(device or 'cpu'))
 
+def check_base(run_dir:Path, fingerprint:str, what:str='load'):
+    "Raise when the run in `run_dir` was trained on base weights other than those of `fingerprint`."
+    f = Path(run_dir)/'base.json'
+    if not f.exists(): return  # runs written before fingerprints were recorded
+    saved = json.loads(f.read_text())['fingerprint']
+    if saved != fingerprint:
+        raise ValueError(f"{what}: {run_dir} was trained on other base weights (base fingerprint of the run: {saved}, "
+                         f"of this model: {fingerprint}); load the base model the run was trained on")
+
 def default_reward(kind:str):
     "The training reward named by `GRPOConfig.reward`."
     if kind == 'score':
@@ -298,6 +312,8 @@ class GRPOTrainer:
         self.prompts = prompts or prompt_split('train')
         policy = policy or load_policy(cfg, self.acc.device)
         self.policy, self.reward_fn = policy, reward_fn or default_reward(cfg.reward)
+        self.base = dict(fingerprint=policy.base_fingerprint(), model=cfg.model, model_path=cfg.model_path)
+        if resume: check_base(self.run_dir, self.base['fingerprint'], 'resume')
         torch.manual_seed(cfg.seed)  # the adapter's random init (LoRA A) is part of the run: same seed, same init
         self.policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
         self.params = self.policy.trainable_parameters()
@@ -311,6 +327,7 @@ class GRPOTrainer:
         elif self.acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir/'config.json').write_text(json.dumps(cfg.to_dict(), indent=1))
+            (self.run_dir/'base.json').write_text(json.dumps(self.base, indent=1))
         if self.acc.trackers == [] and cfg.log_with != 'none':
             self.acc.init_trackers('grpo', config={k: str(v) for k, v in cfg.to_dict().items()})
 
@@ -466,6 +483,22 @@ def load(self:GRPOTrainer, ckpt:Path):
         keep = [l for l in log.read_text().splitlines() if l and json.loads(l)['step'] <= self.step]
         log.write_text(''.join(l + '\n' for l in keep))
     self.history = [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
+
+# %% ../nbs/06_train.ipynb #ea4d24a7
+def load_run_policy(run:str|Path,          # a trainer run folder (config.json + checkpoints/)
+                    policy:Policy|None=None,  # the base policy without adapter (default: `load_policy` of the run's config)
+                    device=None) -> tuple[Policy, GRPOConfig, Path]:  # (policy, run config, checkpoint)
+    "The policy of a trainer run's newest checkpoint."
+    run = Path(run)
+    if not (run/'config.json').exists(): raise ValueError(f"run={str(run)!r}: not a trainer run folder (no config.json)")
+    cfg = GRPOConfig.from_dict(json.loads((run/'config.json').read_text()))
+    ckpts = [c for c in list_checkpoints(run) if (c/'lora.safetensors').exists()]
+    if not ckpts: raise ValueError(f"run={str(run)!r}: no checkpoint with lora.safetensors under {run/'checkpoints'}")
+    policy = policy or load_policy(cfg, device)
+    check_base(run, policy.base_fingerprint())
+    policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+    policy.load_lora_state_dict(read_checkpoint(ckpts[-1], ('lora.safetensors',))['lora.safetensors'])
+    return policy, cfg, ckpts[-1]
 
 # %% ../nbs/06_train.ipynb #5fd7f518
 @contextmanager

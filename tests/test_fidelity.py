@@ -8,11 +8,11 @@ from fastcore.script import anno_parser
 
 from flowgrpo_nb.credit import CreditConfig, compute_credit, synthetic_values, METHODS
 from flowgrpo_nb.fidelity import (MCValues, mc_values, true_gains, method_credits, correlation, compare_credit,
-                                  credit_fidelity, load_run_policy, fidelity_report, fidelity_cli)
+                                  credit_fidelity, fidelity_report, fidelity_cli)
 from flowgrpo_nb.policy import TinyPolicy
 from flowgrpo_nb.rollout import RolloutConfig, rollout
 from flowgrpo_nb.tiny import load_tiny
-from flowgrpo_nb.train import preset_config, write_checkpoint
+from flowgrpo_nb.train import preset_config, write_checkpoint, load_run_policy
 
 torch.set_num_threads(1)
 
@@ -145,6 +145,11 @@ def test_load_run_policy(run_dir, policy, tmp_path):
     with pytest.raises(ValueError, match='not a trainer run folder'): load_run_policy(tmp_path)
     (tmp_path/'config.json').write_text((run/'config.json').read_text())
     with pytest.raises(ValueError, match='no checkpoint with lora.safetensors'): load_run_policy(tmp_path)
+    (run/'base.json').write_text(json.dumps(dict(fingerprint=TinyPolicy(load_tiny()).base_fingerprint())))
+    load_run_policy(run)                                   # the recorded base is the shipped one: loads
+    (run/'base.json').write_text(json.dumps(dict(fingerprint='0123456789abcdef')))
+    with pytest.raises(ValueError, match='trained on other base weights'): load_run_policy(run)
+    (run/'base.json').unlink()
 
 def test_fidelity_report_files(run_dir, tmp_path):
     run, _ = run_dir
