@@ -19,6 +19,7 @@ from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dic
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .flow import flow_sigmas
 from .tiny import TinyFlowModel, to_image
 
 # %% auto #0
@@ -106,6 +107,14 @@ def noise(self:Policy, n:int, generator:torch.Generator|None=None) -> torch.Tens
     "n initial states x_0 ~ N(0, I), [n, C, H, W] fp32 on the policy's device."
     dev = generator.device if generator is not None else self.device
     return torch.randn((n, *self.latent_shape), generator=generator, device=dev).to(self.device)
+
+# %% ../nbs/03_policy.ipynb #31721311
+@patch
+def sigmas(self:Policy, K:int,   # sampling steps, >= 1
+           shift:float=1.0       # the schedule's shift (`RolloutConfig.shift`; SD3.5: 3)
+          ) -> torch.Tensor:     # [K+1] float32 on the cpu: 1 = t_0 > ... > t_K = 0
+    "The times of a K-step rollout; by default diffusers' shifted flow-matching schedule, `flow_sigmas(K, shift)`."
+    return flow_sigmas(K, shift)
 
 # %% ../nbs/03_policy.ipynb #8042f162
 @patch

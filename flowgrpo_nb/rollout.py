@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
-from .flow import SAMPLERS, StepOutput, flow_sigmas, sampler_step, x0_hat
+from .flow import SAMPLERS, StepOutput, sampler_step, x0_hat
 from .policy import Cond, Policy
 
 # %% auto #0
@@ -23,7 +23,7 @@ __all__ = ['LOOKAHEADS', 'RolloutConfig', 'Rollout', 'reward_states', 'rollout',
 class RolloutConfig:
     "How a batch of grouped trajectories is sampled and how large its network calls may be."
     K:int=10                    # steps of the schedule
-    shift:float=1.0             # FlowMatchEulerDiscreteScheduler shift (SD3.5: 3.0)
+    shift:float=1.0             # the schedule's shift, passed to `policy.sigmas` (SD3.5: 3.0)
     guidance:float=4.0          # CFG scale w (1 = no CFG); the tiny model's default
     sampler:str='flow_sde'      # one of flow.SAMPLERS, used on the SDE window
     level:float=0.7             # noise level: a (flow_sde), alpha (cps), eta (ddim)
@@ -159,7 +159,7 @@ def rollout(policy:Policy, prompts:list[str],     # P prompts
     cond, trained = policy.encode(names), cfg.trained.tolist()
     x = policy.noise(P if cfg.shared_noise else n_all, generator)
     x = (x.repeat_interleave(G, 0) if cfg.shared_noise else x)[idx]
-    t = flow_sigmas(K, cfg.shift).to(dev)
+    t = policy.sigmas(K, cfg.shift).to(dev)
     xs, vs, outs = [x], [], []
     with policy.count_nfe('rollout'):
         for k in range(K):

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from typing import Annotated
 from fastcore.script import call_parse
 from fastcore.basics import patch
-from .flow import flow_sigmas, flow_sde_scale, SAMPLERS
+from .flow import flow_sde_scale, SAMPLERS
 from .world import prompt_split, parse_prompt, mini_geneval, geneval_report, MiniGenEvalReward, CATEGORIES
 from .policy import Policy, TinyPolicy, LORA_TARGETS
 from .rollout import RolloutConfig, rollout, step_values, logprob_of
@@ -29,7 +29,7 @@ from .credit import METHODS, CreditConfig, compute_credit, calibrate_exploration
 
 # %% ../nbs/06_train.ipynb #a474bc98
 REWARDS = ('partial', 'strict', 'score')
-MODELS = ('tiny', 'sd3')
+MODELS = ('tiny', 'sd3', 'flux')
 
 def _fail(name, value, allowed): raise ValueError(f"GRPOConfig.{name}={value!r}: allowed {allowed}")
 
@@ -82,8 +82,8 @@ class GRPOConfig:
     save_every:int=10           # checkpoint every n steps
     keep_last:int=2             # checkpoints kept
     seed:int=0                  # everything random derives from it and the step
-    model:str='tiny'            # backend: 'tiny' (the shipped embedded model) or 'sd3' (diffusers, local folder)
-    model_path:str|None=None    # the backend's weights: tiny checkpoint (None: the shipped one) or SD3 folder
+    model:str='tiny'            # backend: 'tiny' (the shipped embedded model), 'sd3' or 'flux' (diffusers, local folder)
+    model_path:str|None=None    # the backend's weights: tiny checkpoint (None: the shipped one) or SD3/FLUX folder
     log_images:int=8            # sample images written to the tracker at each evaluation
     log_with:str='tensorboard'  # accelerate tracker ('tensorboard' or 'none')
 
@@ -118,7 +118,8 @@ class GRPOConfig:
         if self.log_with is None: self.log_with = 'none'
         if self.log_with not in ('tensorboard', 'none'): _fail('log_with', self.log_with, ('tensorboard', 'none'))
         if self.model not in MODELS: _fail('model', self.model, MODELS)
-        if self.model == 'sd3' and not self.model_path: _fail('model_path', self.model_path, "the local SD3 folder when model='sd3'")
+        if self.model in ('sd3', 'flux') and not self.model_path:
+            _fail('model_path', self.model_path, f"the local diffusers folder when model={self.model!r}")
         self.rollout_config()  # validates the window against K
 
     @property
@@ -270,9 +271,11 @@ def evaluate(policy:Policy,              # the model to evaluate (its adapter as
 # %% ../nbs/06_train.ipynb #81d1f291
 def load_policy(cfg:GRPOConfig, device=None) -> Policy:
     "The policy named by `cfg.model` / `cfg.model_path`."
-    if cfg.model == 'sd3':
+    if cfg.model in ('sd3', 'flux'):
         from flowgrpo_nb.sd3 import SD3Policy
-        return SD3Policy.from_pretrained(cfg.model_path, device=device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+        from flowgrpo_nb.flux import FluxPolicy
+        cls = SD3Policy if cfg.model == 'sd3' else FluxPolicy
+        return cls.from_pretrained(cfg.model_path, device=device or ('cuda' if torch.cuda.is_available() else 'cpu'))
     from flowgrpo_nb.tiny import load_tiny
     return TinyPolicy(load_tiny(cfg.model_path).to(device or 'cpu'))
 
@@ -431,7 +434,7 @@ def calibrate(self:GRPOTrainer) -> Calibration:
     G = cfg.group_size
     P = max(1, math.ceil(cfg.calib_samples / G))
     rcfg = cfg.rollout_config()
-    t = flow_sigmas(cfg.K, cfg.shift)
+    t = self.policy.sigmas(cfg.K, cfg.shift)
     calls = iter(range(10**9))
     def dense_rewards(psi):
         i = next(calls)
@@ -443,7 +446,8 @@ def calibrate(self:GRPOTrainer) -> Calibration:
         self.calibration = calibrate_exploration(dense_rewards, flow_sde_scale(t[:-1], t[1:], cfg.level), cfg.calib_iters,
                                                  cfg.calib_eps1, cfg.calib_eps2, trained=rcfg.trained)
     self.psi = self.calibration.psi
-    if self.acc.is_main_process: (self.run_dir/'calibration.json').write_text(json.dumps(self.calibration.to_dict()))
+    if self.acc.is_main_process: (self.run_dir/'calibration.json').write_text(json.dumps(
+        {**self.calibration.to_dict(), 'sigmas': t.tolist()}))
     return self.calibration
 
 # %% ../nbs/06_train.ipynb #5c97390a

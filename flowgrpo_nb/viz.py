@@ -175,7 +175,8 @@ def load_calibration(run_dir:str|Path) -> tuple[Calibration, Tensor, float]:
     if not (p/'calibration.json').exists(): raise ValueError(f"run_dir={str(run_dir)!r} has no calibration.json (only calibrate=True runs do)")
     d, cfg = json.loads((p/'calibration.json').read_text()), json.loads((p/'config.json').read_text())
     hist = [CalibrationRound(*(torch.tensor(h[k]) for k in ('psi', 'n_pos', 'n_neg'))) for h in d['history']]
-    return Calibration(torch.tensor(d['psi']), hist), flow_sigmas(cfg['K'], cfg['shift']), cfg['level']
+    sigmas = torch.tensor(d['sigmas']) if 'sigmas' in d else flow_sigmas(cfg['K'], cfg['shift'])  # the run's own schedule
+    return Calibration(torch.tensor(d['psi']), hist), sigmas, cfg['level']
 
 def calibration_figure(cal:Calibration|str|Path,  # a `Calibration` or a run folder
                        sigmas:Tensor|None=None,  # [K+1] the schedule (default: `flow_sigmas(K)`)
