@@ -252,7 +252,7 @@ def write_report(report:dict, out:str|Path):
 # %% ../nbs/06b_compare.ipynb #41a5e808
 @call_parse
 def compare_cli(out:str='runs/compare',   # run folder of the comparison
-                budget:str='default',     # smoke, default (~30 min on 2 CPU cores) or long
+                budget:str='default',     # smoke, default (~16 min on 2 CPU cores) or long
                 seeds:Annotated[int, 'one comparison per seed', dict(nargs='+')]=(0,),
                 task:str='geneval',       # training reward: 'geneval' (mini-GenEval partial credit) or 'score' (learned score)
                 threads:int=0):           # torch CPU threads (0: torch's default)
