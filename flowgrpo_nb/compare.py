@@ -13,6 +13,7 @@ import json, math, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np, torch
+from scipy import stats
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from fastcore.script import call_parse
@@ -126,30 +127,47 @@ def run_report(run_dir:Path, final:dict) -> dict:
         steps=steps[-1]['step'] if steps else 0, train_seconds=steps[-1]['sec_total'] if steps else 0.0)
 
 def _agg(vals:list):
-    "Mean and spread (std over seeds; 0 for one seed) of numbers, None-aware."
+    "Mean, median and spread (std over seeds; 0 for one seed) of numbers, None-aware."
     vals = [v for v in vals if v is not None]
     if not vals: return None
-    return dict(mean=float(np.mean(vals)), spread=float(np.std(vals)), n=len(vals))
+    return dict(mean=float(np.mean(vals)), median=float(np.median(vals)), spread=float(np.std(vals)), n=len(vals))
 
 # %% ../nbs/06b_compare.ipynb #ac07a3d1
-def _verdict(d:float, se:float, other:str) -> str:
-    return f'within noise of {other}' if abs(d) < 2 * se else (f'higher than {other}' if d > 0 else f'lower than {other}')
+def _verdict(d:float, se:float, other:str, n:int=1) -> str:
+    "Two standard errors with one seed (image noise); Student's t at 95% with n seeds (seed-to-seed noise)."
+    crit = 2.0 if n < 2 else float(stats.t.ppf(0.975, n - 1))
+    return f'within noise of {other}' if abs(d) < crit * se else (f'higher than {other}' if d > 0 else f'lower than {other}')
+
+def _strict(report:dict, m:str) -> np.ndarray:
+    "Held-out strict score of method `m`, one entry per seed."
+    return np.array([ms[m]['heldout']['overall']['strict'] for ms in report['per_seed'].values()])
+
+def _diff(a:np.ndarray, a_se:float, b:np.ndarray, b_se:float) -> tuple[float, float, int]:
+    "Mean of the paired per-seed differences a − b and its standard error: from the images with one seed, from the seeds otherwise."
+    d, n = a - b, len(a)
+    se = math.hypot(a_se, b_se) if n < 2 else float(np.std(d, ddof=1)) / math.sqrt(n)
+    return float(d.mean()), se, n
 
 def findings(report:dict) -> list[str]:
     "Plain statements of what the numbers show, including where dense credit does not beat Flow-GRPO."
     out, M, base = [], report['methods'], report['base']['overall']
-    f = M['flow_grpo']
+    f = _strict(report, 'flow_grpo')
     for m, r in M.items():
-        d, se = r['heldout_strict']['mean'] - base['strict'], math.hypot(r['heldout_se'], base['se'])
-        out.append(f"{m}: held-out strict {r['heldout_strict']['mean']:.3f} vs base {base['strict']:.3f} "
-                   f"({d:+.3f} ± {se:.3f}: {_verdict(d, se, 'the base model')}).")
+        x = _strict(report, m)
+        d, se, n = _diff(x, r['heldout_se'], np.full_like(x, base['strict']), base['se'])
+        if n > 1: se = math.hypot(se, base['se'])  # the base model is evaluated once, on the same noise
+        out.append(f"{m}: held-out strict {x.mean():.3f} vs base {base['strict']:.3f} "
+                   f"({d:+.3f} ± {se:.3f}{f' over {n} seeds' if n > 1 else ''}: {_verdict(d, se, 'the base model', n)}).")
     for m, r in M.items():
         if m == 'flow_grpo': continue
-        d, se = r['heldout_strict']['mean'] - f['heldout_strict']['mean'], math.hypot(r['heldout_se'], f['heldout_se'])
+        x = _strict(report, m)
+        d, se, n = _diff(x, r['heldout_se'], f, M['flow_grpo']['heldout_se'])
+        seeds = f" over {n} seeds, higher in {int((x > f).sum())}/{n}" if n > 1 else ''
         reach_s = r['steps_to_flow_grpo']
-        out.append(f"{m} vs flow_grpo: {d:+.3f} ± {se:.3f} ({_verdict(d, se, 'Flow-GRPO')}); reached Flow-GRPO's final score in "
-                   f"{r['reached']} seeds" + (f", after {reach_s['mean']:.0f} steps" if reach_s else '') +
-                   f"; a training step costs {r['step_time_ratio']['mean']:.2f}× Flow-GRPO's.")
+        out.append(f"{m} vs flow_grpo: {d:+.3f} ± {se:.3f}{seeds} ({_verdict(d, se, 'Flow-GRPO', n)}); reached Flow-GRPO's "
+                   f"final score in {r['reached']} seeds" + (f", after {reach_s['mean']:.0f} steps" if reach_s else '') +
+                   f"; a training step costs {r['step_time_ratio']['median']:.2f}× Flow-GRPO's"
+                   f"{' (median over seeds)' if n > 1 else ''}.")
     return out
 
 def build_report(ccfg:CompareConfig, base:dict, runs:dict) -> dict:
@@ -230,12 +248,16 @@ def report_figures(report:dict) -> dict:
 
 # %% ../nbs/06b_compare.ipynb #8dc86d40
 def _table(report:dict) -> str:
+    "Markdown table: score ± standard error (one seed) or ± spread over seeds; step time ratio as a median."
+    n = len(report['per_seed'])
     rows = [('base', report['base']['overall']['strict'], report['base']['overall']['se'], None, None)]
-    rows += [(m, r['heldout_strict']['mean'], r['heldout_se'], r['steps_to_flow_grpo'], r['step_time_ratio'])
-             for m, r in report['methods'].items()]
-    f = lambda a: '—' if a is None else f"{a['mean']:.2f}"
-    return '\n'.join(['| model | held-out strict | steps to Flow-GRPO | step time / Flow-GRPO |', '|---|---|---|---|'] +
-                     [f'| {m} | {s:.3f} ± {se:.3f} | {f(st)} | {f(rt)} |' for m, s, se, st, rt in rows])
+    rows += [(m, r['heldout_strict']['mean'], r['heldout_se'] if n == 1 else r['heldout_strict']['spread'],
+              r['steps_to_flow_grpo'], r['step_time_ratio']) for m, r in report['methods'].items()]
+    f = lambda a, k: '—' if a is None else f"{a.get(k, a['mean']):.2f}"
+    pm = 'SE' if n == 1 else f'spread over {n} seeds'
+    return '\n'.join([f'| model | held-out strict (± {pm}) | steps to Flow-GRPO (mean) | step time / Flow-GRPO (median) |',
+                      '|---|---|---|---|'] +
+                     [f'| {m} | {s:.3f} ± {se:.3f} | {f(st, "mean")} | {f(rt, "median")} |' for m, s, se, st, rt in rows])
 
 def write_report(report:dict, out:str|Path):
     "report.json, report.html (plotly figures, findings, table) and figures/*.png in `out`."
