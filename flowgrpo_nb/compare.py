@@ -210,13 +210,21 @@ def build_report(ccfg:CompareConfig, base:dict, runs:dict) -> dict:
 COLORS = dict(base='#7f7f7f', flow_grpo='#1f77b4', stepwise='#2ca02c', dense='#d62728', turning_point='#9467bd')
 
 def fig_curves(report:dict, x:str='step') -> go.Figure:
-    "Held-out strict score (training-time evaluations, then the final one) against `x` ('step' or 'seconds'), seed 0..n."
-    fig = go.Figure()
-    for seed, ms in report['per_seed'].items():
-        for m, r in ms.items():
-            c = r['curve']
-            fig.add_scatter(x=[p[x] for p in c], y=[p['eval'] for p in c], name=f'{m} (seed {seed})', mode='lines+markers',
-                            line=dict(color=COLORS.get(m)), error_y=dict(array=[p['se'] for p in c], visible=True))
+    "Held-out strict score (training-time evaluations, then the final one) against `x` ('step' or 'seconds'); with several seeds, each seed faint and their mean ± spread bold."
+    fig, seeds = go.Figure(), report['per_seed']
+    n = len(seeds)
+    for m in report['methods']:
+        curves = [ms[m]['curve'] for ms in seeds.values()]
+        for seed, c in zip(seeds, curves):
+            fig.add_scatter(x=[p[x] for p in c], y=[p['eval'] for p in c], name=m if n == 1 else f'{m} (seed {seed})',
+                            legendgroup=m, showlegend=n == 1, mode='lines+markers', opacity=1 if n == 1 else 0.3,
+                            line=dict(color=COLORS.get(m), width=2 if n == 1 else 1),
+                            error_y=dict(array=[p['se'] for p in c], visible=n == 1))
+        if n > 1 and len({len(c) for c in curves}) == 1:  # same evaluation points in every seed: average them
+            xs, ys = np.array([[p[x] for p in c] for c in curves]), np.array([[p['eval'] for p in c] for c in curves])
+            fig.add_scatter(x=xs.mean(0), y=ys.mean(0), name=f'{m} (mean ± spread, {n} seeds)', legendgroup=m,
+                            mode='lines+markers', line=dict(color=COLORS.get(m), width=3),
+                            error_y=dict(array=ys.std(0), visible=True))
     fig.add_hline(y=report['base']['overall']['strict'], line_dash='dot', annotation_text='base')
     return fig.update_layout(title=f'held-out mini-GenEval (strict) vs {x}', xaxis_title='optimizer steps' if x == 'step' else 'seconds',
                              yaxis_title='strict score', height=420, width=760)
