@@ -7,7 +7,6 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/flux.html.md"""
 # %% ../nbs/03d_flux.ipynb #6904f02f
 from __future__ import annotations
 import copy
-from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
@@ -16,7 +15,7 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeli
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel, T5Tokenizer
 from .policy import Cond, Policy
-from .sd3 import SD3Policy, char_tokenizer
+from .sd3 import DiffusersPolicy, char_tokenizer
 
 # %% auto #0
 __all__ = ['char_t5_tokenizer', 'tiny_flux_pipeline', 'FluxPolicy']
@@ -56,35 +55,14 @@ def tiny_flux_pipeline(seed:int=0,                       # seeds the random weig
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
 # %% ../nbs/03d_flux.ipynb #32c94eb8
-class FluxPolicy(Policy):
+class FluxPolicy(DiffusersPolicy):
     "`Policy` over a diffusers `FluxPipeline`: states are unpacked VAE latents [C, H/f, W/f], packed for each network call."
-    def __init__(self, pipe:FluxPipeline,                # built in memory or by `from_pretrained`
-                 resolution:int=512,                     # image side in pixels, a multiple of 2 f (FLUX: 16)
-                 max_sequence_length:int=512,            # T5 tokens (FLUX.1-dev 512, schnell 256)
-                 decode_batch:int=8,                     # latents per VAE decode call
-                 gradient_checkpointing:bool=False):     # recompute transformer blocks in backward (saves memory)
-        f = pipe.vae_scale_factor
-        if not isinstance(resolution, int) or resolution < 2 * f or resolution % (2 * f):
-            raise ValueError(f"resolution={resolution!r}: must be a positive multiple of {2 * f} (VAE factor {f} x 2x2 latent packing)")
-        if not isinstance(decode_batch, int) or decode_batch < 1: raise ValueError(f"decode_batch={decode_batch!r}: must be an int >= 1")
-        names = ('transformer', 'vae', 'text_encoder', 'text_encoder_2')
-        super().__init__(nn.ModuleDict({n: getattr(pipe, n) for n in names}), pipe.transformer)
-        self.pipe, self.resolution, self.max_sequence_length, self.decode_batch = pipe, resolution, max_sequence_length, decode_batch
-        self.latent_shape = (pipe.transformer.config.in_channels // 4, resolution // f, resolution // f)
-        pipe.set_progress_bar_config(disable=True)
-        if gradient_checkpointing: pipe.transformer.enable_gradient_checkpointing()
+    pipeline_cls, max_sequence_length = FluxPipeline, 512
 
-    @classmethod
-    def from_pretrained(cls, folder:str|Path,                  # a local diffusers folder (model_index.json, ...)
-                        dtype:torch.dtype=torch.bfloat16,      # weights of transformer and text encoders
-                        device:str|torch.device='cuda',
-                        vae_dtype:torch.dtype=torch.float32, **kwargs):
-        "Load a FLUX.1 pipeline from a local folder (`local_files_only`); `kwargs` go to `FluxPolicy`."
-        folder = Path(folder)
-        if not (folder/'model_index.json').is_file():
-            raise ValueError(f"folder={str(folder)!r}: no model_index.json there; expected a local diffusers FLUX folder")
-        pipe = FluxPipeline.from_pretrained(folder, dtype={'default': dtype, 'vae': vae_dtype}, local_files_only=True)
-        return cls(pipe.to(device), **kwargs)
+    def _resolution_step(self, pipe):
+        f = pipe.vae_scale_factor
+        return 2 * f, f"VAE factor {f} x 2x2 latent packing"
+    def _latent_channels(self, pipe): return pipe.transformer.config.in_channels // 4  # 2x2 patches of C channels
 
     @property
     def distilled(self)->bool:
@@ -135,9 +113,3 @@ def _guided(self:FluxPolicy, x, t, cond:Cond, guidance:float) -> torch.Tensor:
     if not self.distilled: return Policy._guided(self, x, t, cond, guidance)
     g = torch.full((len(x),), float(guidance), device=x.device, dtype=torch.float32)
     return self._velocity(x.to(self.dtype), t, cond.embeds, cond.pooled, g).float()
-
-# %% ../nbs/03d_flux.ipynb #20fce167
-FluxPolicy.decode = SD3Policy.decode
-
-# %% ../nbs/03d_flux.ipynb #fd15b237
-FluxPolicy.add_lora = SD3Policy.add_lora

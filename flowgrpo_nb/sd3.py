@@ -18,7 +18,7 @@ from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokeni
 from .policy import Policy, LORA_TARGETS
 
 # %% auto #0
-__all__ = ['char_tokenizer', 'tiny_sd3_pipeline', 'SD3Policy']
+__all__ = ['char_tokenizer', 'tiny_sd3_pipeline', 'DiffusersPolicy', 'SD3Policy']
 
 # %% ../nbs/03b_sd3.ipynb #d6e3c588
 def char_tokenizer(max_length:int=32)->CLIPTokenizer:
@@ -55,40 +55,68 @@ def tiny_sd3_pipeline(seed:int=0, # seeds the random weights
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
 # %% ../nbs/03b_sd3.ipynb #3bc25415
-class SD3Policy(Policy):
-    "`Policy` over a diffusers `StableDiffusion3Pipeline`: states are VAE latents [C, H/f, W/f]."
-    def __init__(self, pipe:StableDiffusion3Pipeline, # built in memory or by `from_pretrained`
-                 resolution:int=512,                  # image side in pixels
-                 max_sequence_length:int=256,         # T5 tokens (zeros when the pipeline has no T5)
-                 decode_batch:int=8,                  # latents per VAE decode call
-                 gradient_checkpointing:bool=False):  # recompute transformer blocks in backward (saves memory)
-        f = pipe.vae_scale_factor * pipe.transformer.config.patch_size
+class DiffusersPolicy(Policy):
+    "A `Policy` over a diffusers pipeline: its modules, a fixed resolution, VAE decoding, an fp32 adapter, local loading."
+    pipeline_cls = None        # the diffusers pipeline class `from_pretrained` loads
+    max_sequence_length = 256  # T5 tokens when the constructor is given none
+
+    def __init__(self, pipe,                              # built in memory or by `from_pretrained`
+                 resolution:int=512,                      # image side in pixels
+                 max_sequence_length:int|None=None,       # T5 tokens (default: the class's)
+                 decode_batch:int=8,                      # latents per VAE decode call
+                 gradient_checkpointing:bool=False):      # recompute transformer blocks in backward (saves memory)
+        f, why = self._resolution_step(pipe)
         if not isinstance(resolution, int) or resolution < f or resolution % f:
-            raise ValueError(f"resolution={resolution!r}: must be a positive multiple of {f} (VAE factor {pipe.vae_scale_factor} x patch size {pipe.transformer.config.patch_size})")
+            raise ValueError(f"resolution={resolution!r}: must be a positive multiple of {f} ({why})")
         if not isinstance(decode_batch, int) or decode_batch < 1: raise ValueError(f"decode_batch={decode_batch!r}: must be an int >= 1")
-        names = ('transformer', 'vae', 'text_encoder', 'text_encoder_2', 'text_encoder_3')
-        super().__init__(nn.ModuleDict({n: getattr(pipe, n) for n in names if getattr(pipe, n, None) is not None}), pipe.transformer)
-        self.pipe, self.resolution, self.max_sequence_length, self.decode_batch = pipe, resolution, max_sequence_length, decode_batch
-        self.latent_shape = (pipe.transformer.config.in_channels, resolution // pipe.vae_scale_factor, resolution // pipe.vae_scale_factor)
+        modules = {'transformer': pipe.transformer} | {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module)}
+        super().__init__(nn.ModuleDict(modules), pipe.transformer)
+        self.pipe, self.resolution, self.decode_batch = pipe, resolution, decode_batch
+        self.max_sequence_length = max_sequence_length or type(self).max_sequence_length
+        r = resolution // pipe.vae_scale_factor
+        self.latent_shape = (self._latent_channels(pipe), r, r)
         pipe.set_progress_bar_config(disable=True)
         if gradient_checkpointing: pipe.transformer.enable_gradient_checkpointing()
+
+    def _resolution_step(self, pipe) -> tuple[int, str]: raise NotImplementedError  # (the multiple, why)
+    def _latent_channels(self, pipe) -> int: raise NotImplementedError
 
     @classmethod
     def from_pretrained(cls, folder:str|Path,                  # a local diffusers folder (model_index.json, ...)
                         dtype:torch.dtype=torch.bfloat16,      # weights of transformer and text encoders
                         device:str|torch.device='cuda',
+                        vae_dtype:torch.dtype=torch.float32,
+                        components:dict|None=None,             # components to override (e.g. `text_encoder_3=None`)
+                        **kwargs):                             # passed to the policy
+        "Load `cls.pipeline_cls` from a local folder (`local_files_only`)."
+        folder = Path(folder)
+        if not (folder/'model_index.json').is_file():
+            raise ValueError(f"folder={str(folder)!r}: no model_index.json there; expected a local diffusers "
+                             f"{cls.pipeline_cls.__name__} folder")
+        pipe = cls.pipeline_cls.from_pretrained(folder, dtype={'default': dtype, 'vae': vae_dtype}, local_files_only=True,
+                                                **(components or {}))
+        return cls(pipe.to(device), **kwargs)
+
+# %% ../nbs/03b_sd3.ipynb #8a98dd78
+class SD3Policy(DiffusersPolicy):
+    "`Policy` over a diffusers `StableDiffusion3Pipeline`: states are VAE latents [C, H/f, W/f]."
+    pipeline_cls, max_sequence_length = StableDiffusion3Pipeline, 256
+
+    def _resolution_step(self, pipe):
+        v, p = pipe.vae_scale_factor, pipe.transformer.config.patch_size
+        return v * p, f"VAE factor {v} x patch size {p}"
+    def _latent_channels(self, pipe): return pipe.transformer.config.in_channels
+
+    @classmethod
+    def from_pretrained(cls, folder:str|Path, dtype:torch.dtype=torch.bfloat16, device:str|torch.device='cuda',
                         t5:bool=True,                          # False: load without T5 (saves ~9 GB, zeros instead)
                         vae_dtype:torch.dtype=torch.float32, **kwargs):
         "Load an SD3/SD3.5 pipeline from a local folder (`local_files_only`)."
         folder = Path(folder)
-        if not (folder/'model_index.json').is_file():
-            raise ValueError(f"folder={str(folder)!r}: no model_index.json there; expected a local diffusers SD3 folder")
-        if t5 and not (folder/'text_encoder_3').is_dir():
+        if t5 and (folder/'model_index.json').is_file() and not (folder/'text_encoder_3').is_dir():
             raise ValueError(f"folder={str(folder)!r} has no text_encoder_3 (T5): pass t5=False to run without it")
-        extra = {} if t5 else dict(text_encoder_3=None, tokenizer_3=None)
-        pipe = StableDiffusion3Pipeline.from_pretrained(folder, dtype={'default': dtype, 'vae': vae_dtype},
-                                                        local_files_only=True, **extra)
-        return cls(pipe.to(device), **kwargs)
+        return super().from_pretrained(folder, dtype, device, vae_dtype,
+                                       components=None if t5 else dict(text_encoder_3=None, tokenizer_3=None), **kwargs)
 
     @property
     def shift(self)->float: return float(self.pipe.scheduler.config.shift)
@@ -110,7 +138,7 @@ def _velocity(self:SD3Policy, x, t, embeds, pooled):
 # %% ../nbs/03b_sd3.ipynb #414af2f0
 @patch
 @torch.no_grad()
-def decode(self:SD3Policy, x:torch.Tensor)->torch.Tensor: # [B, C, h, w] latents -> [B, 3, H, W] in [0, 1] fp32
+def decode(self:DiffusersPolicy, x:torch.Tensor)->torch.Tensor: # [B, C, h, w] latents -> [B, 3, H, W] in [0, 1] fp32
     vae, out = self.pipe.vae, []
     for z in x.split(self.decode_batch):
         z = z.to(vae.device, vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
@@ -119,7 +147,7 @@ def decode(self:SD3Policy, x:torch.Tensor)->torch.Tensor: # [B, C, h, w] latents
 
 # %% ../nbs/03b_sd3.ipynb #2c9a1476
 @patch
-def add_lora(self:SD3Policy, rank:int=32, alpha:float=64, targets=LORA_TARGETS, dropout:float=0.0):
+def add_lora(self:DiffusersPolicy, rank:int=32, alpha:float=64, targets=LORA_TARGETS, dropout:float=0.0):
     "`Policy.add_lora` with the adapter's weights in fp32 (the frozen weights keep their dtype)."
     Policy.add_lora(self, rank, alpha, targets, dropout)
     cast_training_params(self.transformer, dtype=torch.float32)  # only the trainable (adapter) parameters
