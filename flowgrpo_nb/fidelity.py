@@ -7,6 +7,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/fidelity.html.md"""
 # %% ../nbs/06c_fidelity.ipynb #6e6ef00d
 from __future__ import annotations
 import json, math, threading, time, warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -22,7 +23,7 @@ from .flow import write_png
 from .policy import Policy, TinyPolicy
 from .rollout import RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, _step
 from .credit import METHODS, CreditConfig, Credit, compute_credit, step_spans
-from .train import GRPOConfig, list_checkpoints, balanced_prompts, default_reward, load_run_policy, load_policy
+from .train import GRPOConfig, balanced_prompts, default_reward, load_run_policy, load_policy
 from .world import prompt_split
 
 # %% auto #0
@@ -360,19 +361,16 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
     cfg = RolloutConfig(K=K, group_size=group, sampler=sampler, level=level, guidance=guidance)
     if not isinstance(M, int) or M < 2: raise ValueError(f"M={M!r}: must be an int >= 2")
     if group < 2: raise ValueError(f"group={group!r}: must be >= 2 (credit rules normalise within a group)")
-    models, rcfg = {}, None
-    if run is not None:
-        pol, rcfg, ckpt = load_run_policy(run)
-        models['finetuned'] = (pol, reward or rcfg.reward, str(ckpt))
-    if base or run is None:  # the run's own base model, else the shipped one
-        from flowgrpo_nb.tiny import load_tiny
-        bpol = load_policy(rcfg) if rcfg is not None else TinyPolicy(load_tiny())
-        models = {'base': (bpol, reward or (rcfg.reward if rcfg else 'partial'), None), **models}
+    if run is not None: pol, rcfg, ckpt = load_run_policy(run)
+    else: pol, rcfg, ckpt = load_policy(GRPOConfig()), GRPOConfig(), None  # the shipped model, no adapter
+    rw = reward or (rcfg.reward if run is not None else 'partial')
+    models = (['base'] if base or run is None else []) + (['finetuned'] if run is not None else [])
     names = balanced_prompts(prompt_split(split), prompts, seed)
     fids = {}
-    for name, (pol, rw, ckpt) in models.items():
-        fids[name] = credit_fidelity(pol, names, default_reward(rw), cfg, M, seed, n_boot=n_boot)
-        fids[name].settings.update(model=name, checkpoint=ckpt, reward=rw, split=split)
+    for name in models:  # the base model is the run's own network with its adapter disabled
+        with pol.disable_adapter() if name == 'base' else nullcontext():
+            fids[name] = credit_fidelity(pol, names, default_reward(rw), cfg, M, seed, n_boot=n_boot)
+        fids[name].settings.update(model=name, checkpoint=None if name == 'base' else str(ckpt), reward=rw, split=split)
     if out is None: return fids
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     (out/'fidelity.json').write_text(json.dumps({n: f.to_dict() for n, f in fids.items()}))
