@@ -24,7 +24,7 @@ from .score import LearnedScore
 from .tiny import load_tiny
 from .policy import TinyPolicy
 from .rollout import RolloutConfig, rollout, step_values
-from .train import list_checkpoints
+from .train import list_checkpoints, check_base
 from .viz import image_strip, method_credits, gain_figure, preview_figure, turning_point_table
 from .compare import report_figures
 
@@ -42,7 +42,6 @@ class FineTuned:
     ckpt:Path      # the checkpoint the adapter comes from
     cfg:dict       # the run's config.json (GRPOConfig.to_dict())
     lora:dict      # peft state dict, as `Policy.lora_state_dict` returns it
-    base:str|None=None  # fingerprint of the base weights it was trained on (the run's base.json; None: not recorded)
     @property
     def shape(self) -> tuple:  # (rank, alpha, targets): runs of one shape share an adapter
         return int(self.cfg['lora_rank']), float(self.cfg['lora_alpha']), tuple(self.cfg['lora_targets'])
@@ -63,8 +62,7 @@ def find_models(runs:str|Path  # a runs folder (e.g. runs/compare) or one traine
             continue
         try:
             cfg = json.loads(cfg_file.read_text())
-            base = json.loads((d/'base.json').read_text())['fingerprint'] if (d/'base.json').exists() else None
-            m = FineTuned(name, d, ckpts[-1], cfg, load_file(ckpts[-1]/'lora.safetensors'), base)
+            m = FineTuned(name, d, ckpts[-1], cfg, load_file(ckpts[-1]/'lora.safetensors'))
             m.shape
         except Exception as e:
             skipped.append(f"{name}: unreadable ({type(e).__name__}: {e})"); continue
@@ -98,15 +96,14 @@ class ModelBank:
         self.runs = None if runs is None else Path(runs)
         self.models, self.skipped = find_models(runs) if runs is not None else ([], [])
         model_path = model_path or next((m.cfg.get('model_path') for m in self.models if m.cfg.get('model_path')), None)
-        self.policies = {}
-        for m in self.models:
-            if m.shape not in self.policies: self.policies[m.shape] = TinyPolicy(load_tiny(model_path)).add_lora(*m.shape)
-        self.base = next(iter(self.policies.values()), None) or TinyPolicy(load_tiny(model_path))
+        self.base, ok = TinyPolicy(load_tiny(model_path)), []
         fp = self.base.base_fingerprint()
-        wrong = {id(m) for m in self.models if m.base not in (None, fp)}
-        self.skipped += [f"{m.name}: trained on other base weights (its base {m.base}, this one {fp})"
-                         for m in self.models if id(m) in wrong]
-        self.models = [m for m in self.models if id(m) not in wrong]
+        for m in self.models:  # an adapter trained on other base weights is left out, and said
+            try: check_base(m.run_dir, fp, m.name); ok.append(m)
+            except ValueError as e: self.skipped.append(str(e))
+        self.models = ok
+        shapes = dict.fromkeys(m.shape for m in self.models)  # the base network carries the first shape's adapter
+        self.policies = {s: (self.base if i == 0 else TinyPolicy(load_tiny(model_path))).add_lora(*s) for i, s in enumerate(shapes)}
         self.by_name = {m.name: m for m in self.models}
         self.score, self.lock = LearnedScore(), threading.RLock()
 
