@@ -7,11 +7,12 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/cli.html.md"""
 # %% auto #0
 __all__ = ['COMMANDS', 'usage', 'main']
 
-# %% ../nbs/10_cli.ipynb #62582c56
-import sys, importlib, inspect
+# %% ../nbs/10_cli.ipynb #f635df37
+import ast, importlib, importlib.util, inspect, math, os, sys, traceback, warnings
+from contextlib import contextmanager
 from fastcore.script import anno_parser
 
-# %% ../nbs/10_cli.ipynb #2ff6addb
+# %% ../nbs/10_cli.ipynb #cd896d72
 COMMANDS = {
     'demo': 'flowgrpo_nb.flow.demo',
     'pretrain': 'flowgrpo_nb.tiny.pretrain_cli',
@@ -24,29 +25,71 @@ COMMANDS = {
 }
 
 def _command(name:str):
-    if name not in COMMANDS: raise ValueError(f"flowgrpo: unknown command {name!r}; commands: {', '.join(COMMANDS)}")
+    "The function behind command `name`, imported."
+    if name not in COMMANDS: raise ValueError(f"unknown command {name!r}; the commands are {', '.join(COMMANDS)} (flowgrpo --help)")
     mod, _, fn = COMMANDS[name].rpartition('.')
-    return getattr(importlib.import_module(mod), fn)
+    fn = getattr(importlib.import_module(mod), fn)
+    return getattr(fn, '__wrapped__', fn)  # the plain function under fastcore's call_parse
+
+def _summary(name:str) -> str:
+    "First docstring line of command `name`, read from its module's source."
+    mod, _, fn = COMMANDS[name].rpartition('.')
+    try:
+        tree = ast.parse(open(importlib.util.find_spec(mod).origin).read())
+        doc = next(ast.get_docstring(n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn) or ''
+    except (OSError, SyntaxError, StopIteration, AttributeError) as e: return f"(cannot read its description: {e!r})"
+    return doc.strip().splitlines()[0] if doc.strip() else ''
 
 def usage() -> str:
     "One line per command: its name and the first line of its docstring."
-    lines = ['usage: flowgrpo COMMAND [options]   (flowgrpo COMMAND --help for its options)', '', 'commands:']
-    for name in COMMANDS:
-        doc = (_command(name).__doc__ or '').strip().splitlines()
-        lines.append(f'  {name:<12}{doc[0] if doc else ""}')
+    lines = ['usage: flowgrpo COMMAND [options] [--debug]   (flowgrpo COMMAND --help for its options)', '', 'commands:']
+    lines += [f'  {name:<12}{_summary(name)}' for name in COMMANDS]
     return '\n'.join(lines)
 
-def main(argv:list[str]|None=None):
+# %% ../nbs/10_cli.ipynb #c2232489
+def _kwargs(name:str, fn, args:list[str]) -> dict:
+    "The keyword arguments of `fn` for command-line `args`; ValueError for a float option that is nan or inf."
+    kw = vars(anno_parser(fn, prog=f'flowgrpo {name}').parse_args(args))
+    params = inspect.signature(fn).parameters
+    kw = {k: v for k, v in kw.items() if k in params}
+    for k, v in kw.items():
+        if any(isinstance(x, float) and not math.isfinite(x) for x in (v if isinstance(v, (list, tuple)) else [v])):
+            raise ValueError(f"--{k} {v}: must be a finite number")
+    return kw
+
+# %% ../nbs/10_cli.ipynb #b04b3ab9
+def _one_line(e:BaseException) -> str:
+    "An exception's message as one line; an OSError as 'file: reason'."
+    if isinstance(e, OSError) and e.strerror:
+        msg = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    else: msg = str(e) or type(e).__name__
+    return ' '.join(msg.split())
+
+@contextmanager
+def _warnings_as_lines(prog:str):
+    "Show warnings as `prog: warning: message`, one line each, instead of file:line and source."
+    fmt = warnings.formatwarning
+    warnings.formatwarning = lambda message, *a, **k: f"{prog}: warning: {' '.join(str(message).split())}\n"
+    try: yield
+    finally: warnings.formatwarning = fmt
+
+def main(argv:list[str]|None=None) -> int: # the exit status: 0 success, 2 bad input or OS error, 130 interrupted
     "Run `flowgrpo COMMAND [options]`."
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ('-h', '--help', 'help'): return print(usage())
-    try: fn = _command(argv[0])
-    except ValueError as e: raise SystemExit(str(e))
-    fn = getattr(fn, '__wrapped__', fn)
-    kw = vars(anno_parser(fn, prog=f'flowgrpo {argv[0]}').parse_args(argv[1:]))
-    params = inspect.signature(fn).parameters  # anno_parser adds flags of its own (--pdb, --xtra)
-    try: return fn(**{k: v for k, v in kw.items() if k in params})
-    except ValueError as e: raise SystemExit(f'flowgrpo {argv[0]}: error: {e}')  # bad input: the message, not a traceback
+    debug = '--debug' in argv or os.environ.get('FLOWGRPO_DEBUG', '') not in ('', '0')
+    argv = [a for a in argv if a != '--debug']
+    if not argv or argv[0] in ('-h', '--help', 'help'): print(usage()); return 0
+    prog = f'flowgrpo {argv[0]}' if argv[0] in COMMANDS else 'flowgrpo'
+    with _warnings_as_lines(prog):
+        try:
+            fn = _command(argv[0])
+            fn(**_kwargs(argv[0], fn, argv[1:]))
+        except (ValueError, OSError, KeyboardInterrupt) as e:
+            if debug: traceback.print_exc()
+            interrupted = isinstance(e, KeyboardInterrupt)
+            print(f"{prog}: {'interrupted' if interrupted else _one_line(e)}", file=sys.stderr)
+            return 130 if interrupted else 2
+    return 0
 
-# %% ../nbs/10_cli.ipynb #b2f9b98d
-if __name__ == '__main__': main()
+# %% ../nbs/10_cli.ipynb #c826cce6
+if __name__ == '__main__': sys.exit(main())

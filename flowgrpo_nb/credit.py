@@ -27,10 +27,10 @@ METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
 UNTRAINED = ('fold', 'drop')  # what happens to the gain of an untrained step
 GROUP_SIZE_ONE = ('error', 'warn_zero')  # what happens to a group with a single sample
 
-# %% ../nbs/05_credit.ipynb #6ad84e3d
+# %% ../nbs/05_credit.ipynb #9326cb1a
 @dataclass
 class CreditConfig:
-    "Every open choice of the credit rules (spec section 5)."
+    "Every open choice of the credit rules."
     method:str='flow_grpo'      # rule used by `compute_credit`, one of `METHODS`
     global_std:bool=True        # flow_grpo: divide by the batch's std of R, not the group's (Flow-GRPO's default)
     eps:float=1e-4              # added to the std before dividing
@@ -322,7 +322,7 @@ def synthetic_values(P:int=4,          # prompts
     V = v0[:, None] + frac * (R - v0)[:, None] + walk - frac * walk[:, -1:]  # a bridge from v0 to R
     return torch.cat([V, R[:, None]], 1).clamp(0, 1), group
 
-# %% ../nbs/05_credit.ipynb #5c7cec79
+# %% ../nbs/05_credit.ipynb #17529b8d
 def plot_credit(credits:dict[str, Credit],  # rule name -> its `Credit`
                 group:Tensor|None=None,     # [B] group ids, for row labels
                 clip:float=5.0              # colour range ±clip
@@ -333,15 +333,15 @@ def plot_credit(credits:dict[str, Credit],  # rule name -> its `Credit`
     rows = [f"p{g}·{i}" for i, g in enumerate(group.tolist())] if group is not None else list(range(B))
     for c, (name, cr) in enumerate(credits.items(), 1):
         fig.add_trace(go.Heatmap(z=cr.advantages.tolist(), x=list(range(K)), y=rows, zmin=-clip, zmax=clip,
-                                 colorscale='RdBu', showscale=c == 1, name=name), 1, c)
+                                 colorscale='RdBu', showscale=c == 1, name=name, colorbar=dict(thickness=12, title='A')), 1, c)
         tp = cr.turning_points
         for mask, sym, lab in ((tp.kept, 'x', 'kept'), (tp.dropped, 'circle-open', 'dropped')) if tp else ():
             i, k = mask.nonzero(as_tuple=True)
             fig.add_trace(go.Scatter(x=k.tolist(), y=[rows[j] for j in i.tolist()], mode='markers', name=f"TP {lab}",
                                      marker=dict(symbol=sym, size=9, color='black')), 1, c)
     fig.update_yaxes(autorange='reversed', type='category')
-    fig.update_xaxes(title_text='step k')
-    return fig.update_layout(height=120 + 18 * B, width=1000, legend=dict(orientation='h', y=-0.2))
+    fig.update_xaxes(title_text='step k', dtick=1)
+    return fig.update_layout(height=120 + 18 * B, width=min(940, 140 + 200 * len(credits)), legend=dict(orientation='h', y=-0.2))
 
 # %% ../nbs/05_credit.ipynb #8646c56a
 @dataclass

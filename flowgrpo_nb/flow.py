@@ -6,11 +6,12 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/flow.html.md"""
 
 # %% auto #0
 __all__ = ['SAMPLERS', 'flow_sigmas', 'x0_hat', 'x1_hat', 'GaussianMixture', 'default_mixture', 'gaussian_log_prob', 'StepOutput',
-           'check_step_args', 'flow_sde_scale', 'step_coefficients', 'sampler_step', 'Trajectory', 'default_sde_steps',
-           'sample_trajectory', 'sampler_table', 'write_png', 'format_table', 'demo']
+           'flow_sde_scale', 'step_coefficients', 'sampler_step', 'check_step_args', 'Trajectory', 'default_sde_steps',
+           'sample_trajectory', 'SamplerComparison', 'compare_samplers', 'format_table', 'sampler_figure', 'write_png',
+           'demo']
 
-# %% ../nbs/00_flow.ipynb #19b0f320
-import math, time
+# %% ../nbs/00_flow.ipynb #f68d2ef3
+import contextlib, math, os, signal, subprocess, sys, tempfile, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -129,7 +130,65 @@ class StepOutput:
     std: Tensor      # [B] fp32, 0 on deterministic rows
     log_prob: Tensor # [B] fp32, log N(x_next; mean, std²) averaged over non-batch dims, 0 where std == 0
 
-# %% ../nbs/00_flow.ipynb #021094cd
+# %% ../nbs/00_flow.ipynb #55d70b48
+def flow_sde_scale(t, # float or Tensor[B] (or [K]): t_k
+                   t_next, # same shape: t_{k+1}
+                   level:float=0.7, # Flow-GRPO's a
+                   t1=None, # denominator where t == 1 (default t_next)
+                  ) -> Tensor: # fp32, t's shape
+    "Flow-GRPO's noise scale `s = a √(t / (1 - t))`, with `t1` in the denominator at `t = 1` (DenseGRPO's initial psi)."
+    t, t_next = torch.as_tensor(t, dtype=torch.float32), torch.as_tensor(t_next, dtype=torch.float32)
+    return level * (t / (1 - torch.where(t >= 1, t_next if t1 is None else torch.as_tensor(t1, dtype=torch.float32), t))).sqrt()
+
+def step_coefficients(t:Tensor, # [B] fp32 t_k
+                      t_next:Tensor, # [B] fp32 t_{k+1}
+                      sampler:str='flow_sde', level:float=0.7,
+                      scale:Tensor|None=None, # [B] DenseGRPO's psi
+                      t1:Tensor|None=None, # [B] flow_sde's denominator where t == 1 (default t_next)
+                     ) -> tuple[Tensor, Tensor, Tensor]: # a, b, std, each [B]: mean = a x + b v
+    "Per-row coefficients of a sampler step; arguments are not checked here (`sampler_step` does)."
+    dt = t_next - t
+    if sampler == 'ode': return torch.ones_like(t), dt, torch.zeros_like(t)
+    if sampler == 'flow_sde':
+        s = scale if scale is not None else flow_sde_scale(t, t_next, level, t1)
+        h = s ** 2 / (2 * t)
+        return 1 + h * dt, dt * (1 + h * (1 - t)), s * (-dt).sqrt()
+    if scale is not None: std = scale
+    elif sampler == 'cps': std = t_next * math.sin(level * math.pi / 2)
+    else: std = level * t_next * (1 - t).sqrt()
+    c = (t_next ** 2 - std ** 2).clamp_min(0).sqrt()  # how much of the predicted noise x1_hat survives
+    return 1 - t_next + c, c * (1 - t) - t * (1 - t_next), std
+
+# %% ../nbs/00_flow.ipynb #a26e7157
+def sampler_step(v:Tensor, # [B, ...] velocity at (x, t), any float dtype
+                 x:Tensor, # [B, ...] current state x_k
+                 t, # float or Tensor[B]: t_k in (0, 1]
+                 t_next, # float or Tensor[B]: t_{k+1} in [0, t)
+                 sampler:str='flow_sde', # one of `SAMPLERS`
+                 level:float=0.7, # a (flow_sde), alpha (cps), eta (ddim); ignored for 'ode'
+                 *,
+                 noise:Tensor|None=None, # [B, ...] standard normal noise to use; None = draw it
+                 generator:torch.Generator|None=None, # for drawing the noise
+                 x_next:Tensor|None=None, # [B, ...] score this next state instead of sampling one
+                 scale=None, # float or Tensor[B]: DenseGRPO's psi, replaces s (flow_sde) or std (cps, ddim)
+                 t1=None, # flow_sde: the denominator used where t == 1 (default t_next)
+                ) -> StepOutput:
+    "One step `x_k -> x_{k+1}` of `sampler`, with the Gaussian mean, std and log-prob of the transition, all in fp32."
+    check_step_args(v, x, t, t_next, sampler, level, noise, x_next, scale, t1)
+    B, dev = x.shape[0], x.device
+    rows = lambda a: None if a is None else torch.as_tensor(a, dtype=torch.float32, device=dev).expand(B)  # [B]
+    a, b, std = step_coefficients(rows(t), rows(t_next), sampler, level, None if sampler == 'ode' else rows(scale), rows(t1))
+    xf = x.float()
+    mean = torch.addcmul(xf if sampler == 'ode' else _per_row(a, x) * xf, _per_row(b, x), v.float())
+    if x_next is None:
+        if sampler == 'ode': x_next = mean
+        else:
+            eps = noise.float() if noise is not None else torch.randn(x.shape, generator=generator, device=dev, dtype=torch.float32)
+            x_next = torch.addcmul(mean, _per_row(std, x), eps)
+    std = std.expand(B).contiguous()  # a scale given as a number arrives as an expanded view
+    return StepOutput(x_next.float(), mean, std, gaussian_log_prob(x_next, mean, std))
+
+# %% ../nbs/00_flow.ipynb #d65c6d1d
 def _raise_first(checks):
     "Raise ValueError for the first failing `(ok, msg)`: `ok` a 0-d bool tensor (all of them read with one host sync), `msg()` the text."
     if not checks: return
@@ -190,64 +249,6 @@ def check_step_args(v, x, t, t_next, sampler, level, noise=None, x_next=None, sc
                        f"t={_rng(t)}: need eta <= 1/sqrt(1 - t) = {_rng((1 - tt.float()).rsqrt().min())}"))
     _raise_first(checks)
 
-# %% ../nbs/00_flow.ipynb #55d70b48
-def flow_sde_scale(t, # float or Tensor[B] (or [K]): t_k
-                   t_next, # same shape: t_{k+1}
-                   level:float=0.7, # Flow-GRPO's a
-                   t1=None, # denominator where t == 1 (default t_next)
-                  ) -> Tensor: # fp32, t's shape
-    "Flow-GRPO's noise scale `s = a √(t / (1 - t))`, with `t1` in the denominator at `t = 1` (DenseGRPO's initial psi)."
-    t, t_next = torch.as_tensor(t, dtype=torch.float32), torch.as_tensor(t_next, dtype=torch.float32)
-    return level * (t / (1 - torch.where(t >= 1, t_next if t1 is None else torch.as_tensor(t1, dtype=torch.float32), t))).sqrt()
-
-def step_coefficients(t:Tensor, # [B] fp32 t_k
-                      t_next:Tensor, # [B] fp32 t_{k+1}
-                      sampler:str='flow_sde', level:float=0.7,
-                      scale:Tensor|None=None, # [B] DenseGRPO's psi
-                      t1:Tensor|None=None, # [B] flow_sde's denominator where t == 1 (default t_next)
-                     ) -> tuple[Tensor, Tensor, Tensor]: # a, b, std, each [B]: mean = a x + b v
-    "Per-row coefficients of a sampler step; arguments are not checked here (`sampler_step` does)."
-    dt = t_next - t
-    if sampler == 'ode': return torch.ones_like(t), dt, torch.zeros_like(t)
-    if sampler == 'flow_sde':
-        s = scale if scale is not None else flow_sde_scale(t, t_next, level, t1)
-        h = s ** 2 / (2 * t)
-        return 1 + h * dt, dt * (1 + h * (1 - t)), s * (-dt).sqrt()
-    if scale is not None: std = scale
-    elif sampler == 'cps': std = t_next * math.sin(level * math.pi / 2)
-    else: std = level * t_next * (1 - t).sqrt()
-    c = (t_next ** 2 - std ** 2).clamp_min(0).sqrt()  # how much of the predicted noise x1_hat survives
-    return 1 - t_next + c, c * (1 - t) - t * (1 - t_next), std
-
-# %% ../nbs/00_flow.ipynb #a26e7157
-def sampler_step(v:Tensor, # [B, ...] velocity at (x, t), any float dtype
-                 x:Tensor, # [B, ...] current state x_k
-                 t, # float or Tensor[B]: t_k in (0, 1]
-                 t_next, # float or Tensor[B]: t_{k+1} in [0, t)
-                 sampler:str='flow_sde', # one of `SAMPLERS`
-                 level:float=0.7, # a (flow_sde), alpha (cps), eta (ddim); ignored for 'ode'
-                 *,
-                 noise:Tensor|None=None, # [B, ...] standard normal noise to use; None = draw it
-                 generator:torch.Generator|None=None, # for drawing the noise
-                 x_next:Tensor|None=None, # [B, ...] score this next state instead of sampling one
-                 scale=None, # float or Tensor[B]: DenseGRPO's psi, replaces s (flow_sde) or std (cps, ddim)
-                 t1=None, # flow_sde: the denominator used where t == 1 (default t_next)
-                ) -> StepOutput:
-    "One step `x_k -> x_{k+1}` of `sampler`, with the Gaussian mean, std and log-prob of the transition, all in fp32."
-    check_step_args(v, x, t, t_next, sampler, level, noise, x_next, scale, t1)
-    B, dev = x.shape[0], x.device
-    rows = lambda a: None if a is None else torch.as_tensor(a, dtype=torch.float32, device=dev).expand(B)  # [B]
-    a, b, std = step_coefficients(rows(t), rows(t_next), sampler, level, None if sampler == 'ode' else rows(scale), rows(t1))
-    xf = x.float()
-    mean = torch.addcmul(xf if sampler == 'ode' else _per_row(a, x) * xf, _per_row(b, x), v.float())
-    if x_next is None:
-        if sampler == 'ode': x_next = mean
-        else:
-            eps = noise.float() if noise is not None else torch.randn(x.shape, generator=generator, device=dev, dtype=torch.float32)
-            x_next = torch.addcmul(mean, _per_row(std, x), eps)
-    std = std.expand(B).contiguous()  # a scale given as a number arrives as an expanded view
-    return StepOutput(x_next.float(), mean, std, gaussian_log_prob(x_next, mean, std))
-
 # %% ../nbs/00_flow.ipynb #0277ea03
 @dataclass
 class Trajectory:
@@ -307,17 +308,25 @@ def _scores(gm:GaussianMixture, x:Tensor, ref:Tensor) -> dict:
                 mode_tv=round(0.5 * (freq - gm.weights).abs().sum().item(), 4),
                 sliced_w1=round(_sliced_w1(x, ref), 4))
 
-# %% ../nbs/00_flow.ipynb #0332d0a0
-_COLOURS = dict(ode='#444444', flow_sde='#1f77b4', cps='#d62728', ddim='#2ca02c')
+# %% ../nbs/00_flow.ipynb #acedb099
+@dataclass
+class SamplerComparison:
+    "Every sampler run on one mixture from the same noise (`compare_samplers`)."
+    gm: GaussianMixture       # the data
+    levels: dict              # sampler -> level
+    rows: list[dict]          # the table: one row per sampler, plus the floor row 'exact'
+    trajs: dict               # sampler -> `Trajectory` (all states kept)
+    sweep: tuple              # the levels of the sweep
+    sweep_ratio: dict         # stochastic sampler -> within-mode variance ratio at each sweep level
 
-def sampler_table(gm:GaussianMixture|None=None, # the data; None = `default_mixture()`
-                  K:int=40, # steps
-                  n:int=4000, # samples per sampler
-                  levels:dict|None=None, # sampler -> level; None = ode, flow_sde 0.7, cps 0.5, ddim 0.5
-                  sweep=(0.1, 0.3, 0.5, 0.7, 0.9), # levels for the variance-ratio panel
-                  shift:float=1.0, seed:int=0,
-                 ) -> tuple[list[dict], go.Figure]:
-    "Run every sampler on a mixture with exact velocity; return a table (list of dicts) and a plotly figure."
+def compare_samplers(gm:GaussianMixture|None=None, # the data; None = `default_mixture()`
+                     K:int=40, # steps
+                     n:int=4000, # samples per sampler
+                     levels:dict|None=None, # sampler -> level; None = ode, flow_sde 0.7, cps 0.5, ddim 0.5
+                     sweep=(0.1, 0.3, 0.5, 0.7, 0.9), # levels of the variance-ratio sweep
+                     shift:float=1.0, seed:int=0,
+                    ) -> SamplerComparison:
+    "Run every sampler on a mixture with exact velocity: the table, the paths and the variance ratio against the level."
     gm = gm or default_mixture()
     levels = levels or dict(ode=0.0, flow_sde=0.7, cps=0.5, ddim=0.5)
     sig = flow_sigmas(K, shift)
@@ -331,13 +340,26 @@ def sampler_table(gm:GaussianMixture|None=None, # the data; None = `default_mixt
         on = tr.std[0] > 0
         lp = round(tr.log_prob[:, on].mean().item(), 3) if on.any() else None
         rows.append(dict(sampler=s, level=lvl, K=K, **_scores(gm, tr.x, ref), log_prob=lp, sec=round(time.time() - t0, 3)))
-    sweep_rows = {s: [_scores(gm, sample_trajectory(gm.velocity, x1, sig, s, lvl, keep_states=False,
-                                                    generator=torch.Generator().manual_seed(seed + 1)).x, ref)['var_ratio']
-                      for lvl in sweep] for s in ('flow_sde', 'cps', 'ddim')}
-    return rows, _sampler_figure(gm, trajs, levels, sweep, sweep_rows)
+    sweep_ratio = {s: [_scores(gm, sample_trajectory(gm.velocity, x1, sig, s, lvl, keep_states=False,
+                                                     generator=torch.Generator().manual_seed(seed + 1)).x, ref)['var_ratio']
+                       for lvl in sweep] for s in ('flow_sde', 'cps', 'ddim')}
+    return SamplerComparison(gm, levels, rows, trajs, tuple(sweep), sweep_ratio)
 
-def _sampler_figure(gm, trajs, levels, sweep, sweep_rows, n_paths:int=12, n_pts:int=1500) -> go.Figure:
+# %% ../nbs/00_flow.ipynb #f2a27d2a
+def format_table(rows:list[dict]) -> str:
+    "Fixed-width text of a list of dicts with the same keys."
+    cols = list(rows[0])
+    cells = [[('-' if r[c] is None else f"{r[c]:g}" if isinstance(r[c], float) else str(r[c])) for c in cols] for r in rows]
+    w = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = lambda vals: '  '.join(v.rjust(w[i]) for i, v in enumerate(vals))
+    return '\n'.join([line(cols)] + [line(r) for r in cells])
+
+# %% ../nbs/00_flow.ipynb #2a70e205
+_COLOURS = dict(ode='#444444', flow_sde='#1f77b4', cps='#d62728', ddim='#2ca02c')
+
+def sampler_figure(cmp:SamplerComparison, n_paths:int=12, n_pts:int=1500) -> go.Figure:
     "Paths and final samples per sampler (top), log-prob per step and variance ratio against level (bottom)."
+    gm, trajs, levels, sweep, sweep_rows = cmp.gm, cmp.trajs, cmp.levels, cmp.sweep, cmp.sweep_ratio
     names = list(trajs)
     fig = make_subplots(rows=2, cols=len(names), vertical_spacing=0.14,
                         specs=[[{}] * len(names), [{'colspan': len(names) // 2}] + [None] * (len(names) // 2 - 1)
@@ -365,37 +387,71 @@ def _sampler_figure(gm, trajs, levels, sweep, sweep_rows, n_paths:int=12, n_pts:
     fig.update_xaxes(range=[-4.5, 4.5], row=1); fig.update_yaxes(range=[-4.5, 4.5], row=1)
     fig.update_xaxes(title_text='step k', row=2, col=1)
     fig.update_xaxes(title_text='level (a, alpha, eta)', row=2, col=len(names) // 2 + 1)
-    fig.update_layout(height=650, width=1100, margin=dict(l=40, r=20, t=60, b=40), template='plotly_white')
+    fig.update_layout(height=620, width=900, margin=dict(l=40, r=20, t=60, b=40), template='plotly_white')
     return fig
 
-# %% ../nbs/00_flow.ipynb #4ab873ea
-def write_png(fig:go.Figure, path, scale:float=1.0):
-    "Save `fig` as PNG with whichever kaleido is installed."
-    from importlib.metadata import version
-    if int(version('kaleido').split('.')[0]) >= 1: return fig.write_image(path, scale=scale)
+# %% ../nbs/00_flow.ipynb #50f38f16
+_PNG_CHILD = r"""
+import json, sys
+from importlib.metadata import version
+from pathlib import Path
+spec, out, scale = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2], float(sys.argv[3])
+if int(version('kaleido').split('.')[0]) >= 1:
+    import plotly.io as pio
+    pio.write_image(spec, out, format='png', scale=scale)
+else:
     import plotly
     from kaleido.scopes.plotly import PlotlyScope
     scope = PlotlyScope(plotlyjs=str(Path(plotly.__file__).parent / 'package_data' / 'plotly.min.js'), mathjax=False)
-    Path(path).write_bytes(scope.transform(fig.to_plotly_json(), format='png', width=fig.layout.width,
-                                           height=fig.layout.height, scale=scale))
+    lay = spec.get('layout', {})
+    Path(out).write_bytes(scope.transform(spec, format='png', width=lay.get('width'), height=lay.get('height'), scale=scale))
+"""
 
-# %% ../nbs/00_flow.ipynb #092d4aab
-def format_table(rows:list[dict]) -> str:
-    "Fixed-width text of a list of dicts with the same keys."
-    cols = list(rows[0])
-    cells = [[('-' if r[c] is None else f"{r[c]:g}" if isinstance(r[c], float) else str(r[c])) for c in cols] for r in rows]
-    w = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = lambda vals: '  '.join(v.rjust(w[i]) for i, v in enumerate(vals))
-    return '\n'.join([line(cols)] + [line(r) for r in cells])
+def _exited(proc:subprocess.Popen, timeout:float) -> bool:
+    "Wait up to `timeout` s for `proc` to exit, without reaping it (its process group stays ours to kill)."
+    deadline = time.monotonic() + timeout
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() > deadline: return False
+        time.sleep(0.02)
+    return True
 
+# %% ../nbs/00_flow.ipynb #83bd05a6
+def write_png(fig:go.Figure, path, scale:float=1.0,
+              timeout:float=20.0, # seconds one try may take before its processes are killed
+              tries:int=2,        # tries after a timeout (a failed export is not retried)
+             ) -> bool:           # True when the PNG was written
+    "Save `fig` as PNG through kaleido in a child process group, killed after `timeout` s; a skipped file is a warning."
+    path = Path(path)
+    with tempfile.TemporaryDirectory(prefix='flowgrpo-png-') as d:
+        spec, png, err = Path(d)/'fig.json', Path(d)/'fig.png', Path(d)/'stderr.txt'
+        spec.write_text(fig.to_json())
+        for _ in range(tries):
+            with open(err, 'wb') as e:
+                proc = subprocess.Popen([sys.executable, '-c', _PNG_CHILD, str(spec), str(png), str(scale)],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=e, start_new_session=True)
+            try: done = _exited(proc, timeout)
+            finally:
+                with contextlib.suppress(ProcessLookupError): os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            if done and proc.returncode == 0 and png.is_file():
+                path.write_bytes(png.read_bytes()); return True
+            if done:
+                lines = err.read_text(errors='replace').strip().splitlines()
+                why = f"the export failed ({lines[-1] if lines else f'exit status {proc.returncode}'})"; break
+            why = f"the export (kaleido) did not finish in {timeout:g} s, {tries} time(s); its processes were stopped"
+    warnings.warn(f"{path}: PNG skipped: {why}")
+    return False
+
+# %% ../nbs/00_flow.ipynb #48486b3c
 def demo(out='demo', # folder for samplers.png and samplers.html
-         **kwargs, # passed to `sampler_table`
+         **kwargs, # passed to `compare_samplers`
         ) -> list[dict]:
     "Compare the samplers on the 2-D mixture: print the table, save the figure as PNG and HTML under `out`."
-    rows, fig = sampler_table(**kwargs)
-    print(format_table(rows))
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out); out.mkdir(parents=True, exist_ok=True)  # before the work: a bad folder fails at once
+    cmp = compare_samplers(**kwargs)
+    print(format_table(cmp.rows))
+    fig = sampler_figure(cmp)
     fig.write_html(out / 'samplers.html', include_plotlyjs='cdn')
-    write_png(fig, out / 'samplers.png')
-    print(f"saved {out/'samplers.png'} and {out/'samplers.html'}")
-    return rows
+    png = write_png(fig, out / 'samplers.png')
+    print(f"saved {out/'samplers.html'}" + (f" and {out/'samplers.png'}" if png else ''))
+    return cmp.rows

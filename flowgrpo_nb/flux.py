@@ -27,7 +27,7 @@ def char_t5_tokenizer(max_length:int=32)->T5Tokenizer:
     return T5Tokenizer(vocab=[(p, 0.0 if i < 3 else -1.0) for i, p in enumerate(pieces)], extra_ids=0,
                        model_max_length=max_length)
 
-# %% ../nbs/03d_flux.ipynb #e5116bb6
+# %% ../nbs/03d_flux.ipynb #4e6fb9cd
 def tiny_flux_pipeline(seed:int=0,                       # seeds the random weights
                        dtype:torch.dtype=torch.float32,
                        guidance_embeds:bool=True         # True: guidance-distilled (FLUX.1-dev); False: schnell-like
@@ -52,6 +52,8 @@ def tiny_flux_pipeline(seed:int=0,                       # seeds the random weig
     pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=CLIPTextModel(clip), tokenizer=tok,
                         text_encoder_2=T5EncoderModel(t5), tokenizer_2=tok_2, transformer=transformer)
     pipe.set_progress_bar_config(disable=True)
+    for m in pipe.components.values():  # eval mode, as `from_pretrained` leaves them (T5 has dropout)
+        if isinstance(m, nn.Module): m.eval()
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
 # %% ../nbs/03d_flux.ipynb #32c94eb8

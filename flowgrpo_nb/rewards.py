@@ -77,7 +77,7 @@ def _embedding(out)->torch.Tensor:
     # transformers >= 5 returns a model output whose pooler_output is the projected embedding; 4.x a tensor
     return out if isinstance(out, torch.Tensor) else out.pooler_output
 
-# %% ../nbs/03c_rewards.ipynb #fc4f5726
+# %% ../nbs/03c_rewards.ipynb #b2276379
 class CLIPScore(Reward):
     "`scale * logit_scale * cos(image, text)` of a local CLIP model (PickScore with PickScore's weights)."
     def __init__(self, model:CLIPModel, processor, # a CLIPModel and its processor (tokenizer + image processor)
@@ -100,11 +100,11 @@ class CLIPScore(Reward):
         return F.normalize(_embedding(self.model.get_image_features(pixel_values=pixels.to(self.device, self.model.dtype))).float(), dim=-1)
 
     def embed_text(self, prompts:list[str])->torch.Tensor: # [B, D] unit norm, float32, cached per prompt
-        new = [p for p in dict.fromkeys(prompts) if p not in self._text]
-        if new:
-            tokens = self.processor(text=new, padding=True, truncation=True, return_tensors='pt',
+        for p in dict.fromkeys(prompts):  # one prompt per call: a cached embedding cannot depend on what was encoded with it
+            if p in self._text: continue
+            tokens = self.processor(text=[p], truncation=True, return_tensors='pt',
                                     max_length=self.model.config.text_config.max_position_embeddings).to(self.device)
-            self._text.update(zip(new, F.normalize(_embedding(self.model.get_text_features(**tokens)).float(), dim=-1)))
+            self._text[p] = F.normalize(_embedding(self.model.get_text_features(**tokens)).float(), dim=-1)[0]
         return torch.stack([self._text[p] for p in prompts])
 
     def score(self, images, prompts):

@@ -30,7 +30,7 @@ def char_tokenizer(max_length:int=32)->CLIPTokenizer:
         (Path(d)/'merges.txt').write_text('#version: 0.2\n')
         return CLIPTokenizer(f'{d}/vocab.json', f'{d}/merges.txt', model_max_length=max_length)
 
-# %% ../nbs/03b_sd3.ipynb #2bc0d18a
+# %% ../nbs/03b_sd3.ipynb #973c7173
 def tiny_sd3_pipeline(seed:int=0, # seeds the random weights
                       dtype:torch.dtype=torch.float32)->StableDiffusion3Pipeline:
     "An SD3 pipeline with random weights for CPU tests: 2-block SD3.5-style transformer, 2-level VAE, tiny CLIPs, no T5."
@@ -52,9 +52,11 @@ def tiny_sd3_pipeline(seed:int=0, # seeds the random weights
                                     text_encoder_2=CLIPTextModelWithProjection(text), tokenizer_2=tok,
                                     text_encoder_3=None, tokenizer_3=None)
     pipe.set_progress_bar_config(disable=True)
+    for m in pipe.components.values():
+        if isinstance(m, nn.Module): m.eval()
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
-# %% ../nbs/03b_sd3.ipynb #3bc25415
+# %% ../nbs/03b_sd3.ipynb #e679ed13
 class DiffusersPolicy(Policy):
     "A `Policy` over a diffusers pipeline: its modules, a fixed resolution, VAE decoding, an fp32 adapter, local loading."
     pipeline_cls = None        # the diffusers pipeline class `from_pretrained` loads
@@ -80,6 +82,8 @@ class DiffusersPolicy(Policy):
 
     def _resolution_step(self, pipe) -> tuple[int, str]: raise NotImplementedError  # (the multiple, why)
     def _latent_channels(self, pipe) -> int: raise NotImplementedError
+    @property
+    def lora_pipeline_cls(self): return self.pipeline_cls  # `save_lora` writes the LoRA file this pipeline loads
 
     @classmethod
     def from_pretrained(cls, folder:str|Path,                  # a local diffusers folder (model_index.json, ...)

@@ -1,17 +1,23 @@
-"""The app (flowgrpo_nb.app): handlers in-process, the launched app through gradio_client, and a real browser.
+"""The app (flowgrpo_nb.app): handlers in-process, the launched app through gradio_client, the command line, and a
+real browser.
 
-A fake compare folder (two runs with random LoRA checkpoints, `app.fake_runs`) stands in for `flowgrpo compare`."""
-import json, os, socket
+A fake compare folder (three runs with random LoRA checkpoints, `app.fake_runs`) stands in for `flowgrpo compare`."""
+import json, os, signal, socket, subprocess, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest, torch
 
 os.environ.setdefault('GRADIO_ANALYTICS_ENABLED', 'False')
-from flowgrpo_nb.app import ModelBank, fake_runs, find_models, generate_all, make_app, report_view, check_settings
+from flowgrpo_nb import app as app_mod
+from flowgrpo_nb.app import (ModelBank, fake_runs, find_models, generate_all, credit_view, make_app, serve, report_view,
+                             check_settings, check_prompt, check_address, prune_files, QUEUE_SIZE)
+from flowgrpo_nb.task import geneval_task, load_policy
 
+ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path('/usr/bin/chromium')
 ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking']
-STEPS = 4  # small: the CPUs are shared
+STEPS = 4      # small: the CPUs are shared
+MAX_FILES = 6  # gallery images the served app keeps: small, so that pruning shows
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
@@ -25,7 +31,7 @@ def runs(tmp_path_factory):
 def bank(runs): return ModelBank(runs)
 
 @pytest.fixture(scope='module')
-def app(bank): return make_app(bank=bank)
+def app(bank): return make_app(bank=bank, max_files=MAX_FILES)
 
 def handler(app, api_name):
     return next(f.fn for f in app.fns.values() if f.api_name == api_name)
@@ -34,32 +40,62 @@ def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
+def wait_port(port, proc=None, timeout=240):
+    t = time.time()
+    while time.time() - t < timeout:
+        if proc is not None and proc.poll() is not None: raise AssertionError(f'the app exited with {proc.returncode}')
+        with socket.socket() as s:
+            if s.connect_ex(('127.0.0.1', port)) == 0: return
+        time.sleep(0.5)
+    raise AssertionError(f'nothing listens on port {port} after {timeout} s')
+
 @pytest.fixture(scope='module')
 def served(app):
     port = free_port()
-    app.queue(default_concurrency_limit=1).launch(server_name='127.0.0.1', server_port=port, prevent_thread_lock=True,
-                                                  quiet=True)
+    serve(app, port=port, block=False, quiet=True)
     yield f'http://127.0.0.1:{port}/'
     app.close()
+
+def describe_grid(images, prompts):  # the hook a task may offer: what its detector reads (the grid world's here)
+    from flowgrpo_nb.world import mini_geneval
+    return [', '.join(f'{o.colour} {o.shape}' for o in s) or 'nothing' for s in mini_geneval(images, prompts).scenes]
 
 # --- in-process ---
 
 def test_models_found(bank):
     assert bank.names == ['base', 'seed0/dense', 'seed0/flow_grpo', 'seed0/turning_point']
     assert bank.skipped == ['seed0/stepwise: no checkpoint yet']
-    assert len(bank.policies) == 1, 'runs of one LoRA shape share one network'
+    assert len(bank._lanes['generate'].nets) == 1, 'runs of one LoRA shape share one network'
+    assert bank.task.name == 'geneval-partial' and 'Scored by the task `geneval-partial`' in bank.message()
 
-def test_every_event_has_api_name(app):
-    names = [f.api_name for f in app.fns.values()]
-    assert all(names) and {'generate', 'report', 'credit', 'example'} <= set(names)
+def test_every_event_has_api_name_and_group(app):
+    groups = {f.api_name: (f.concurrency_id, f.concurrency_limit) for f in app.fns.values()}
+    assert set(groups) == {'generate', 'generate_submit', 'report', 'credit', 'example'}
+    assert groups['generate'] == groups['generate_submit'] == ('generate', 1) and groups['credit'] == ('credit', 1)
+    assert groups['report'][0] == groups['example'][0] == 'light'
+    assert app._queue.max_size == QUEUE_SIZE, 'the queue is bounded'
 
 def test_generate_handler(app, bank):
     msg, images, table, strips = handler(app, 'generate')('a red circle', 3, STEPS, 4.0, 'ode')
     assert len(images) == len(strips.data) == len(bank.names), msg
     assert all(img.shape == (192, 192, 3) for img, _ in images)
     for name in bank.names: assert f'| {name} |' in table
-    assert 'colors' in table and 'found: ' in images[0][1]
+    assert 'colors' in table and '| overall | partial | score |' in table
+    assert ('found: ' in images[0][1]) == hasattr(bank.task, 'describe')
     assert strips.layout.xaxis.ticktext[-1].startswith(f'k={STEPS}<br>V=')
+
+def test_describe_hook(runs):
+    task = geneval_task('partial')
+    task.describe = describe_grid
+    b = ModelBank(runs, task=task, lanes=1)
+    images, table, _ = app_mod.samples_view(generate_all(b, 'two circles', seed=0, steps=2, models=['base']))
+    assert 'found: ' in images[0][1] and '| found |' in table
+
+@pytest.mark.parametrize('typed', ['A RED Circle.', '  a red   circle ', 'a red circle!'])
+def test_prompt_normalised(app, bank, typed):
+    assert check_prompt(typed, bank.task) == 'a red circle'
+    msg, images, *_ = handler(app, 'generate')(typed, 0, 2, 4.0, 'ode')
+    assert len(images) == len(bank.names), msg
 
 def test_same_noise_different_models(bank):
     a = generate_all(bank, 'a square', seed=5, steps=STEPS)
@@ -71,7 +107,7 @@ def test_same_noise_different_models(bank):
 def test_sde_samplers(bank):
     for sampler in ('flow_sde', 'cps', 'ddim'):
         s = generate_all(bank, 'two circles', seed=0, steps=3, sampler=sampler, models=['base'])[0]
-        assert 0 <= s.partial <= 1 and s.category == 'counting'
+        assert 0 <= s.report.extra['partial'] <= 1 and s.category == 'counting'
 
 @pytest.mark.parametrize('prompt,steps,says', [
     ('a purple circle', STEPS, "unknown words ['purple']"),
@@ -88,12 +124,76 @@ def test_bad_input_is_a_message(app, prompt, steps, says):
     assert images == [] and strips is None
 
 def test_runs_without_checkpoints(runs):
-    bank = ModelBank(runs/'seed0'/'stepwise')
+    bank = ModelBank(runs/'seed0'/'stepwise', lanes=1)
     assert bank.names == ['base'] and 'No fine-tuned checkpoints' in bank.message()
     app = make_app(bank=bank)
     msg, images, *_ = handler(app, 'generate')('a circle', 0, 2, 4.0, 'ode')
     assert len(images) == 1, msg
     with pytest.raises(ValueError, match='not a folder'): find_models(runs/'missing')
+
+def test_old_and_corrupt_adapters(runs, bank, tmp_path):
+    "An older run's lora.safetensors (peft names, no metadata) loads; a corrupt adapter is skipped with its reason."
+    from flowgrpo_nb.checkpoint import write_checkpoint
+    old = tmp_path/'old'/'dense'
+    old.mkdir(parents=True)
+    for f in ('config.json', 'base.json'): (old/f).write_text((runs/'seed0'/'dense'/f).read_text())
+    write_checkpoint(old, 1, {'lora.safetensors': bank.by_name['seed0/dense'].lora, 'state.json': dict(step=1)})
+    bad = fake_runs(tmp_path/'bad', methods=('flow_grpo',), folder='x')/'x'/'flow_grpo'
+    lora = next((bad/'checkpoints').iterdir())/'pytorch_lora_weights.safetensors'
+    data = bytearray(lora.read_bytes()); data[-1] ^= 0xFF; lora.write_bytes(bytes(data))
+    (tmp_path/'bad'/'x'/'flow_grpo').rename(tmp_path/'old'/'flow_grpo')
+    b = ModelBank(tmp_path/'old', lanes=1)
+    assert b.names == ['base', 'dense'], b.message()
+    assert len(b.skipped) == 1 and b.skipped[0].startswith('flow_grpo: ') and 'corrupt' in b.skipped[0], b.skipped
+    x = torch.randn(1, 3, 32, 32)
+    with b.use('dense') as p: v_old = p.velocity(x, 0.5, p.encode(['a cross']), 4.0)
+    with bank.use('seed0/dense') as p: v_new = p.velocity(x, 0.5, p.encode(['a cross']), 4.0)
+    torch.testing.assert_close(v_old, v_new)
+
+def test_several_bases(runs, tmp_path):
+    "Runs of two bases: each loaded on its own (their fingerprints differ), or one picked with base=, the rest said."
+    from flowgrpo_nb.tiny import load_tiny, save_tiny
+    other = load_tiny()
+    with torch.no_grad():
+        for p in other.parameters(): p.add_(0.01 * torch.randn_like(p))
+    path = tmp_path/'other.safetensors'
+    save_tiny(other, path, dtype=torch.float32)
+    mixed = fake_runs(tmp_path/'mixed', methods=('dense',), model_path=str(path), folder='other')
+    fake_runs(mixed, methods=('flow_grpo',))
+    b = ModelBank(mixed, lanes=1)
+    assert b.names == [f'base (tiny:{path})', 'base (tiny)', 'other/dense', 'seed0/flow_grpo'] and not b.skipped, b.message()
+    x = torch.randn(1, 3, 32, 32)
+    with b.use(f'base (tiny:{path})') as p: v_other = p.velocity(x, 0.5, p.encode(['a cross']), 4.0)
+    with b.use('base (tiny)') as p: v_tiny = p.velocity(x, 0.5, p.encode(['a cross']), 4.0)
+    assert (v_other - v_tiny).abs().mean() > 1e-4, 'each base is its own network'
+    one = ModelBank(mixed, base='tiny', lanes=1)
+    assert one.names == ['base', 'seed0/flow_grpo']
+    assert one.skipped == ["other/dense: trained on base " + repr(f'tiny:{path}') + ", not loaded (base 'tiny' was picked)"]
+    assert 'skipped other/dense: trained on base' in one.message()
+    with pytest.raises(ValueError, match=r"base='sd3:/nowhere': no run was trained on it; the runs' bases are"): ModelBank(mixed, base='sd3:/nowhere')
+    with pytest.raises(ValueError, match="base='sdxl': allowed a model of"): ModelBank(mixed, base='sdxl')
+    with pytest.raises(ValueError, match='one base policy given for runs of 2 bases'): ModelBank(mixed, policy=load_policy('tiny'))
+    # a run whose base.json names other weights than its config's base is left out, and said
+    (mixed/'other'/'dense'/'config.json').write_text(json.dumps(json.loads((mixed/'seed0'/'flow_grpo'/'config.json').read_text()) | {'method': 'dense'}))
+    b = ModelBank(mixed, lanes=1)
+    assert b.names == ['base', 'seed0/flow_grpo'] and 'other/dense: ' in b.skipped[0] and 'other base weights' in b.skipped[0]
+
+def test_lanes(bank, runs):
+    "lanes=2: credit has its own networks and a Generate request is answered while a credit strip runs; lanes=1: one copy."
+    gen, cred = bank._lanes['generate'], bank._lanes['credit']
+    assert gen is not cred and gen.lock is not cred.lock
+    ids = lambda ln: {id(p) for net in ln.nets.values() for p in net.module.parameters()}
+    assert not ids(gen) & ids(cred), 'the credit lane shares no parameter with the generate lane'
+    with ThreadPoolExecutor(2) as ex:
+        long = ex.submit(credit_view, bank, 'a red circle', 'seed0/dense', 0, 20)
+        time.sleep(0.3)
+        generate_all(bank, 'a cross', steps=2)
+        assert not long.done(), 'the short request waited for the long one'
+        long.result()
+    one = ModelBank(runs, lanes=1)
+    assert one._lanes['generate'] is one._lanes['credit']
+    assert {f.concurrency_id for f in make_app(bank=one).fns.values() if f.api_name in ('generate', 'credit')} == {'generate'}
+    with pytest.raises(ValueError, match='lanes=3: allowed 1'): ModelBank(runs, lanes=3)
 
 def test_credit_handler(app):
     msg, gain, preview, rows = handler(app, 'credit')('a circle and a square', 'seed0/dense', 0, STEPS, 4.0, 'flow_sde')
@@ -123,6 +223,16 @@ def test_check_settings():
     assert check_settings(1, 10.0, 4, 'cps') == (1, 10, 4.0, 'cps', 0.7)
     with pytest.raises(ValueError, match='guidance'): check_settings(0, 10, float('nan'), 'ode')
 
+def test_prune_files(tmp_path):
+    class Component: temp_files = set()
+    c = Component()
+    for i in range(5):
+        f = tmp_path/f'h{i}'/'image.webp'; f.parent.mkdir(); f.write_bytes(b'x')
+        os.utime(f, (1000 + i, 1000 + i)); c.temp_files.add(str(f))
+    assert prune_files(c, keep=2) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['h3', 'h4'], 'the oldest files and their folders are gone'
+    assert prune_files(c, keep=0) == 2 and not list(tmp_path.iterdir())
+
 # --- launched ---
 
 def test_client(served, bank):
@@ -137,6 +247,89 @@ def test_client(served, bank):
     assert 'steps=500' in msg
     jobs = [c.submit(p, i, 2, 4.0, 'ode', api_name='/generate') for i, p in enumerate(['a circle', 'a cross', 'three squares'])]
     assert [len(j.result(timeout=300)[1]) for j in jobs] == [len(bank.names)] * 3, 'the app keeps serving'
+
+def test_long_request_does_not_block_short(served, bank):
+    "A credit strip at many steps is queued in its own group: Generate requests submitted after it are answered first."
+    from gradio_client import Client
+    c = Client(served, verbose=False)
+    long = c.submit('a red circle', 'seed0/dense', 0, 30, 4.0, 'flow_sde', api_name='/credit')
+    time.sleep(1.0)
+    t = time.perf_counter()
+    for i in range(3):
+        msg, images, *_ = c.predict('a cross', i, 2, 4.0, 'ode', api_name='/generate')
+        assert len(images) == len(bank.names), msg
+    short_s = time.perf_counter() - t
+    assert not long.done(), f'the credit strip ended first: the Generate requests waited for it ({short_s:.1f} s)'
+    msg, gain, *_ = long.result(timeout=600)
+    assert gain is not None, msg
+
+def test_generated_files_bounded(served, app, bank):
+    "Gradio's cache keeps at most MAX_FILES of the gallery's images (plus the last answer's), older ones are deleted."
+    from gradio_client import Client
+    c = Client(served, verbose=False)
+    seen = []
+    for i in range(4):
+        c.predict('a triangle', 100 + i, 2, 4.0, 'ode', api_name='/generate')
+        seen.append({f for f in app.gallery.temp_files if os.path.isfile(f)})
+    on_disk = seen[-1]
+    assert len(on_disk) <= MAX_FILES + len(bank.names), len(on_disk)
+    assert all(not os.path.exists(f) for f in seen[0] - on_disk) and seen[0] - on_disk, 'the oldest images were deleted'
+
+def test_uploads_refused(served):
+    import httpx
+    r = httpx.post(served + 'gradio_api/upload', files={'files': ('x.txt', b'x' * 2048)}, timeout=30)
+    assert r.status_code == 413, (r.status_code, r.text)
+
+# --- the command line ---
+
+def run_cli(capsys, *argv) -> tuple[int, str]:
+    "The exit status of `flowgrpo app ARGV` and what it printed on stderr."
+    from flowgrpo_nb.cli import main
+    capsys.readouterr()
+    rc = main(['app', *argv])
+    return rc, capsys.readouterr().err.strip()
+
+def test_cli_bad_port_before_loading(monkeypatch, capsys):
+    def no_load(*a, **k): raise AssertionError('a model was loaded before the port was checked')
+    monkeypatch.setattr(app_mod, 'ModelBank', no_load)
+    for port in ('0', '65536', '-1'):
+        assert run_cli(capsys, '--port', port) == (2, f'flowgrpo app: port={port}: allowed an integer in [1, 65535]')
+    with socket.socket() as busy:
+        busy.bind(('127.0.0.1', 0)); busy.listen()
+        port = busy.getsockname()[1]
+        rc, msg = run_cli(capsys, '--port', str(port))
+    assert rc == 2 and msg.startswith(f'flowgrpo app: port {port} on 127.0.0.1 cannot be served (Address already in use)'), msg
+    assert '\n' not in msg and msg.endswith('pick another with --port')
+    assert run_cli(capsys, '--port', str(free_port()), '--threads', '-1') == (2, 'flowgrpo app: threads=-1: allowed an integer >= 0')
+
+def test_cli_exit_code():
+    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--port', '70000'], capture_output=True, text=True,
+                       timeout=300, env=os.environ | {'OMP_NUM_THREADS': '1'})
+    lines = [l for l in r.stderr.splitlines() if 'torchvision' not in l]
+    assert r.returncode == 2 and lines == ['flowgrpo app: port=70000: allowed an integer in [1, 65535]'], (r.returncode, r.stderr)
+
+def test_cli_serves_and_leaves_nothing(runs, tmp_path):
+    "`flowgrpo app` in its own process: it serves, refuses uploads, and on SIGTERM exits 0 with its temporary folder gone."
+    from gradio_client import Client
+    import httpx
+    tmp = tmp_path/'tmp'; tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != 'GRADIO_TEMP_DIR'} | dict(TMPDIR=str(tmp), OMP_NUM_THREADS='1')
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--runs', str(runs), '--port', str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_port(port, proc)
+        private = [p for p in tmp.iterdir() if p.name.startswith('flowgrpo-app-')]
+        assert len(private) == 1, list(tmp.iterdir())
+        msg, images, *_ = Client(f'http://127.0.0.1:{port}/', verbose=False).predict('A Cross.', 0, 2, 4.0, 'ode', api_name='/generate')
+        assert len(images) == 4, msg
+        assert any(private[0].rglob('*.webp')), 'the gallery images are written to the private folder'
+        assert httpx.post(f'http://127.0.0.1:{port}/gradio_api/upload', files={'files': ('x', b'x' * 100)}, timeout=30).status_code == 413
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:]
+    assert not private[0].exists(), f'left behind: {list(private[0].rglob("*"))}'
 
 # --- a real browser ---
 
@@ -153,7 +346,7 @@ def test_browser_generate(served, bank, tmp_path):
         box.fill('a purple circle')
         page.locator('#generate').click()
         page.get_by_text("unknown words ['purple']").wait_for(timeout=120_000)
-        box.fill('a green triangle')
+        box.fill('A green triangle.')
         page.locator('#generate').click()
         n = len(bank.names)
         page.wait_for_function(f'document.querySelectorAll("#images img").length >= {n}', timeout=180_000)
@@ -165,5 +358,5 @@ def test_browser_generate(served, bank, tmp_path):
 def test_cli_flags():
     from fastcore.script import anno_parser
     from flowgrpo_nb.app import app_cli
-    a = anno_parser(app_cli).parse_args(['--runs', 'runs/compare', '--port', '7861'])
-    assert (a.runs, a.host, a.port, a.threads, a.share) == ('runs/compare', '127.0.0.1', 7861, 1, False)
+    a = anno_parser(app_cli).parse_args(['--runs', 'runs/compare', '--port', '7861', '--base', 'tiny'])
+    assert (a.runs, a.base, a.host, a.port, a.threads, a.lanes, a.share) == ('runs/compare', 'tiny', '127.0.0.1', 7861, 1, 2, False)

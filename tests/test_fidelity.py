@@ -9,17 +9,18 @@ from fastcore.script import anno_parser
 from flowgrpo_nb.credit import CreditConfig, compute_credit, synthetic_values, METHODS
 from flowgrpo_nb.fidelity import (MCValues, mc_values, true_gains, method_credits, correlation, compare_credit,
                                   credit_fidelity, fidelity_report, fidelity_cli)
-from flowgrpo_nb.policy import TinyPolicy
 from flowgrpo_nb.rollout import RolloutConfig, rollout
-from flowgrpo_nb.tiny import load_tiny
-from flowgrpo_nb.train import preset_config, write_checkpoint, load_run_policy
+from flowgrpo_nb.task import Task, load_policy, load_task
+from flowgrpo_nb.config import preset_config
+from flowgrpo_nb.checkpoint import write_checkpoint
+from flowgrpo_nb.train import load_run_policy
 
 torch.set_num_threads(1)
 
 def brightness(images, prompts): return images.mean((1, 2, 3))  # a continuous reward: no ties hide errors
 
 @pytest.fixture(scope='module')
-def policy(): return TinyPolicy(load_tiny())
+def policy(): return load_policy('tiny')
 
 def _ro(policy, **kw):
     cfg = RolloutConfig(**{**dict(K=4, group_size=3), **kw})
@@ -128,7 +129,7 @@ def run_dir(tmp_path_factory, policy):
     run = tmp_path_factory.mktemp('run')
     cfg = preset_config('flow_grpo+smoke', log_with='none')
     (run/'config.json').write_text(json.dumps(cfg.to_dict()))
-    p = TinyPolicy(load_tiny()).add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+    p = load_policy('tiny').add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     g = torch.Generator().manual_seed(0)
     sd = {k: 0.1 * torch.randn(v.shape, generator=g) for k, v in p.lora_state_dict().items()}
     write_checkpoint(run, 2, {'lora.safetensors': sd, 'state.json': dict(step=2)})
@@ -144,8 +145,8 @@ def test_load_run_policy(run_dir, policy, tmp_path):
         assert not torch.allclose(p.velocity(x, t, c), policy.velocity(x, t, policy.encode(['a circle'] * 2)))
     with pytest.raises(ValueError, match='not a trainer run folder'): load_run_policy(tmp_path)
     (tmp_path/'config.json').write_text((run/'config.json').read_text())
-    with pytest.raises(ValueError, match='no checkpoint with lora.safetensors'): load_run_policy(tmp_path)
-    (run/'base.json').write_text(json.dumps(dict(fingerprint=TinyPolicy(load_tiny()).base_fingerprint())))
+    with pytest.raises(ValueError, match='no checkpoint'): load_run_policy(tmp_path)
+    (run/'base.json').write_text(json.dumps(dict(fingerprint=load_policy('tiny').base_fingerprint())))
     load_run_policy(run)                                   # the recorded base is the shipped one: loads
     (run/'base.json').write_text(json.dumps(dict(fingerprint='0123456789abcdef')))
     with pytest.raises(ValueError, match='trained on other base weights'): load_run_policy(run)
@@ -162,8 +163,33 @@ def test_fidelity_report_files(run_dir, tmp_path):
     names = {p.name for p in tmp_path.iterdir()}
     assert {'overall_advantage.html', 'correlation_reward_finetuned.html', 'signs_base.html', 'scatter_advantage_finetuned.html'} <= names
 
+def test_fidelity_report_task_and_policy(policy):
+    "A given policy and task are used as they are: the task's prompts (no categories: cycled) and its reward."
+    task = Task('brightness', ['a red circle', 'two squares'], ['a blue cross'], brightness)
+    fids = fidelity_report(None, policy=policy, task=task, prompts=3, group=2, K=3, M=2, n_boot=20)
+    f = fids['base']
+    assert list(fids) == ['base'] and f.rollout.prompts == ['a red circle'] * 2 + ['two squares'] * 2 + ['a red circle'] * 2
+    torch.testing.assert_close(f.rollout.reward, brightness(f.rollout.images, None))
+    assert (f.settings['task'], f.settings['reward']) == ('brightness', 'brightness')
+    held = fidelity_report(None, policy=policy, task=task, prompts=1, split='heldout', group=2, K=3, M=2, n_boot=20)
+    assert held['base'].rollout.prompts == ['a blue cross'] * 2
+
+def test_fidelity_report_default_prompts_and_reward(policy):
+    "Without a run: the embedded task's train prompts, balanced over its categories, and its training reward."
+    from flowgrpo_nb.task import balanced_prompts
+    task = load_task('partial')
+    f = fidelity_report(None, prompts=6, group=2, K=3, M=2, n_boot=20)['base']
+    names = balanced_prompts(task.train_prompts, 6, 0, task.category)
+    assert f.settings['prompts'] == names and len({task.category(p) for p in names}) == 6
+    torch.testing.assert_close(f.rollout.reward, task.reward(f.rollout.images, f.rollout.prompts))
+    assert (f.settings['task'], f.settings['reward']) == ('geneval-partial', 'partial')
+    s = fidelity_report(None, prompts=1, group=2, K=3, M=2, n_boot=20, reward='score')['base']
+    assert s.settings['reward'] == 'score' and not torch.equal(s.rollout.reward, f.rollout.reward[:2])
+
 @pytest.mark.parametrize('kw,msg', [(dict(split='x'), "split='x'"), (dict(M=1), 'M=1'), (dict(group=1), 'group=1'),
-                                    (dict(prompts=0), 'prompts=0'), (dict(run='/nonexistent'), 'not a trainer run')])
+                                    (dict(prompts=0), 'prompts=0'), (dict(run='/nonexistent'), 'not a trainer run'),
+                                    (dict(reward='clip'), "reward='clip'"),
+                                    (dict(task=Task('t', ['a'], ['a'], brightness), reward='partial'), 'not both')])
 def test_fidelity_report_errors(kw, msg):
     with pytest.raises(ValueError, match=msg): fidelity_report(None, **kw)
 

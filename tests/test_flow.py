@@ -1,12 +1,13 @@
 """Dense checks of flowgrpo_nb.flow (the notebook nbs/00_flow.ipynb teaches the same functions)."""
-import math
+import math, sys
 
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from flowgrpo_nb.flow import (SAMPLERS, GaussianMixture, default_sde_steps, flow_sde_scale, flow_sigmas, gaussian_log_prob,
-                              sample_trajectory, sampler_step, sampler_table, step_coefficients, x0_hat, x1_hat, demo)
+from flowgrpo_nb.flow import (SAMPLERS, GaussianMixture, compare_samplers, default_sde_steps, flow_sde_scale, flow_sigmas,
+                              gaussian_log_prob, sample_trajectory, sampler_figure, sampler_step, step_coefficients, x0_hat,
+                              x1_hat, demo)
 
 torch.set_num_threads(1)
 LEVELS = dict(ode=0.0, flow_sde=0.7, cps=0.5, ddim=0.5)
@@ -297,10 +298,13 @@ def test_cps_variance_deficit_does_not_vanish_with_K():
     assert short < 0.85 and long < 0.85  # about 0.8 at both K (O(1) per-step noise re-noises x0_hat)
 
 
-def test_sampler_table_and_demo(tmp_path, capsys):
-    rows, fig = sampler_table(K=12, n=500, sweep=(0.3, 0.7))
-    assert [r['sampler'] for r in rows] == ['exact', 'ode', 'flow_sde', 'cps', 'ddim']
-    assert all(r['mode_tv'] < 0.1 for r in rows)
+def test_compare_samplers_and_demo(tmp_path, capsys):
+    cmp = compare_samplers(K=12, n=500, sweep=(0.3, 0.7))
+    assert [r['sampler'] for r in cmp.rows] == ['exact', 'ode', 'flow_sde', 'cps', 'ddim']
+    assert all(r['mode_tv'] < 0.1 for r in cmp.rows)
+    assert {s: len(v) for s, v in cmp.sweep_ratio.items()} == dict(flow_sde=2, cps=2, ddim=2)
+    fig = sampler_figure(cmp)
+    assert fig.layout.width <= 950
     rows = demo(tmp_path / 'demo', K=12, n=500, sweep=(0.5,))
     assert 'flow_sde' in capsys.readouterr().out
     assert (tmp_path / 'demo' / 'samplers.png').stat().st_size > 10_000
@@ -328,3 +332,66 @@ def test_step_coefficients_are_the_mean():
         o = sampler_step(v, x, t, tn, sampler, LEVELS[sampler], noise=eps)
         torch.testing.assert_close(o.mean, a[:, None, None, None] * x + b[:, None, None, None] * v)
         torch.testing.assert_close(o.std, std)
+
+
+# ---------------------------------------------------------------- PNG export: bounded, no stray processes
+
+# Run in a fresh interpreter that makes itself a child subreaper: any process write_png starts, even one whose parent
+# died (an orphaned Chromium), is re-parented to it instead of to init, so "no descendant alive afterwards" is complete.
+_NO_STRAYS = r'''
+import ctypes, json, os, sys, time, warnings
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+import plotly.graph_objects as go
+from flowgrpo_nb.flow import write_png
+fig = go.Figure(go.Scatter(x=[0, 1, 2], y=[1, 0, 2])).update_layout(width=400, height=300)
+t0 = time.monotonic()
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter('always')
+    ok = write_png(fig, sys.argv[1], timeout=float(sys.argv[2]), tries=1)
+sec = time.monotonic() - t0
+def descendants():
+    procs = {}
+    for p in os.listdir('/proc'):
+        if not p.isdigit(): continue
+        try: f = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()
+        except OSError: continue
+        procs[int(p)] = (f[0], int(f[1]))
+    me, out, frontier = os.getpid(), [], {os.getpid()}
+    while frontier:
+        frontier = {p for p, (st, pp) in procs.items() if pp in frontier}
+        out += [(p, procs[p][0]) for p in frontier]
+    return [p for p, st in out if st not in 'ZX']
+time.sleep(0.5)  # a leak would still be alive after this; a clean exit is long reaped
+print(json.dumps(dict(ok=ok, sec=sec, alive=descendants(), warnings=[str(m.message) for m in w])))
+'''
+
+
+def _write_png_in_subreaper(path, timeout):
+    import json, subprocess, sys
+    r = subprocess.run([sys.executable, '-c', _NO_STRAYS, str(path), str(timeout)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='uses /proc and prctl')
+def test_write_png_leaves_no_process_behind(tmp_path):
+    r = _write_png_in_subreaper(tmp_path/'ok.png', 60)
+    assert r['ok'] and r['warnings'] == [] and (tmp_path/'ok.png').read_bytes()[:4] == b'\x89PNG'
+    assert r['alive'] == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='uses /proc and prctl')
+def test_write_png_timeout_returns_quickly_with_a_message(tmp_path):
+    r = _write_png_in_subreaper(tmp_path/'hung.png', 0.3)
+    assert not r['ok'] and not (tmp_path/'hung.png').exists()
+    assert r['sec'] < 5, r
+    assert len(r['warnings']) == 1 and 'hung.png: PNG skipped' in r['warnings'][0] and 'did not finish in 0.3 s' in r['warnings'][0]
+    assert r['alive'] == []
+
+
+def test_write_png_failure_is_a_warning_not_a_retry(tmp_path, monkeypatch):
+    import plotly.graph_objects as go
+    import flowgrpo_nb.flow as flow
+    monkeypatch.setattr(flow, '_PNG_CHILD', "import sys; sys.exit('kaleido: no renderer')")
+    with pytest.warns(UserWarning, match=r'bad.png: PNG skipped: the export failed \(kaleido: no renderer\)'):
+        assert flow.write_png(go.Figure(), tmp_path/'bad.png') is False

@@ -5,24 +5,19 @@ import pytest
 import torch
 
 from flowgrpo_nb.flow import flow_sde_scale, flow_sigmas
-from flowgrpo_nb.flux import FluxPolicy, tiny_flux_pipeline
+from flowgrpo_nb.flux import FluxPolicy
 
 torch.set_num_threads(1)
 PROMPTS = ['a red apple', 'two cats on a sofa']
-RES, L = 32, 16  # image side, T5 tokens
-
-
-def make_policy(**kw):
-    guidance_embeds = kw.pop('guidance_embeds', True)
-    return FluxPolicy(tiny_flux_pipeline(guidance_embeds=guidance_embeds), resolution=RES, max_sequence_length=L, **kw)
+RES, L = 32, 16  # image side, T5 tokens: conftest's make_flux
 
 
 @pytest.fixture(scope='module')
-def policy(): return make_policy()
+def policy(make_flux): return make_flux()
 
 
 @pytest.fixture(scope='module')
-def schnell(): return make_policy(guidance_embeds=False)
+def schnell(make_flux): return make_flux(guidance_embeds=False)
 
 
 def brightness(images, prompts): return images.mean((1, 2, 3))
@@ -115,8 +110,12 @@ def test_sigmas_are_fluxs_shifted_linspace(policy):
 def test_encode_is_encode_prompt(policy):
     policy.clear_cache()
     cond = policy.encode(PROMPTS)
-    with torch.no_grad(): ref, pooled, _ = policy.pipe.encode_prompt(PROMPTS, device='cpu', max_sequence_length=L)
-    assert torch.equal(cond.embeds, ref) and torch.equal(cond.pooled, pooled)
+    with torch.no_grad():
+        alone = [policy.pipe.encode_prompt([p], device='cpu', max_sequence_length=L) for p in PROMPTS]
+        ref, pooled, _ = policy.pipe.encode_prompt(PROMPTS, device='cpu', max_sequence_length=L)
+    assert torch.equal(cond.embeds, torch.cat([a[0] for a in alone])) and torch.equal(cond.pooled, torch.cat([a[1] for a in alone]))
+    torch.testing.assert_close(cond.embeds, ref, atol=1e-5, rtol=1e-5)  # batched: the same up to rounding
+    torch.testing.assert_close(cond.pooled, pooled, atol=1e-5, rtol=1e-5)
     assert cond.embeds.shape == (2, L, 32) and cond.pooled.shape == (2, 16) and not cond.embeds.requires_grad
 
 
@@ -159,8 +158,8 @@ def test_from_pretrained_local_folder(policy, tmp_path):
 
 # ---- LoRA
 
-def test_lora_targets_zero_init_disable():
-    pol = make_policy()
+def test_lora_targets_zero_init_disable(make_flux):
+    pol = make_flux()
     x, t = xt(pol)
     cond = pol.encode(PROMPTS)
     with torch.no_grad(): base = pol.velocity(x, t, cond, 3.5)
@@ -186,9 +185,9 @@ def test_lora_targets_zero_init_disable():
 
 
 @pytest.mark.parametrize('method', ['flow_grpo', 'stepwise', 'dense', 'turning_point'])
-def test_grpo_step_on_flux(method, tmp_path):
+def test_grpo_step_on_flux(method, tmp_path, make_flux):
     from flowgrpo_nb.train import GRPOConfig, GRPOTrainer
-    pol = make_policy()
+    pol = make_flux()
     cfg = GRPOConfig(method=method, K=3, guidance=3.5, prompts_per_step=2, group_size=2, minibatch=2,
                      lora_rank=4, lora_alpha=8, steps=1, eval_every=0, save_every=0, log_images=0, log_with='none')
     trainer = GRPOTrainer(cfg, tmp_path / method, policy=pol, reward_fn=brightness, prompts=PROMPTS, progress=False)
@@ -199,11 +198,11 @@ def test_grpo_step_on_flux(method, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(before, pol.trainable_parameters()))
 
 
-def test_calibration_starts_on_the_policy_schedule(policy, tmp_path):
+def test_calibration_starts_on_the_policy_schedule(policy, tmp_path, make_flux):
     from flowgrpo_nb.train import GRPOConfig, GRPOTrainer
     cfg = GRPOConfig(method='dense', K=4, guidance=3.5, prompts_per_step=2, group_size=2, minibatch=2, lora_rank=4,
                      lora_alpha=8, steps=1, eval_every=0, save_every=0, log_images=0, log_with='none', calib_iters=0)
-    trainer = GRPOTrainer(cfg, tmp_path, policy=make_policy(), reward_fn=brightness, prompts=PROMPTS, progress=False)
+    trainer = GRPOTrainer(cfg, tmp_path, policy=make_flux(), reward_fn=brightness, prompts=PROMPTS, progress=False)
     cal = trainer.calibrate()
     ts = policy.sigmas(4)
     torch.testing.assert_close(cal.psi, flow_sde_scale(ts[:-1], ts[1:], cfg.level))

@@ -1,16 +1,24 @@
 "Dense checks of flowgrpo_nb.policy on a small random tiny model (CPU, seconds)."
+import json, re
+
 import pytest, torch
-from flowgrpo_nb.tiny import TinyConfig, TinyFlowModel
-from flowgrpo_nb.policy import Cond, NFECounter, Policy, TinyPolicy, LORA_TARGETS
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from flowgrpo_nb.tiny import TinyFlowModel, TinyPolicy, load_tiny
+from flowgrpo_nb.policy import Cond, NFECounter, Policy, LORA_FILE, OLD_LORA_FILE, read_lora_file
+from flowgrpo_nb.world import prompt_split
 
 torch.set_num_threads(1)
-SMALL = dict(text_dim=32, text_heads=2, text_layers=1, pooled_dim=32, num_layers=2, num_heads=2, head_dim=16)
 
 
 @pytest.fixture
-def policy():
+def policy(tiny_policy): return tiny_policy
+
+
+def fresh(config):
     torch.manual_seed(0)
-    return TinyPolicy(TinyFlowModel(TinyConfig(**SMALL)))
+    return TinyPolicy(TinyFlowModel(config))
 
 
 def test_cond_index_repeat_cat(policy):
@@ -30,6 +38,7 @@ def test_encode_cache_matches_model(policy):
     torch.testing.assert_close(c.pooled[2], p[0]); torch.testing.assert_close(c.neg_pooled[0], p[2])
     assert set(policy._cache) == {'', 'two squares', 'a red circle'}
     assert not c.embeds.requires_grad
+    assert all(c.embeds.shape == (3, *v[0].shape) for v in policy._cache.values())
     with pytest.raises(ValueError, match='non-empty list of str'): policy.encode([])
     with pytest.raises(ValueError, match='non-empty list of str'): policy.encode(['a', 3])
 
@@ -107,21 +116,90 @@ def test_lora_errors(policy):
     with pytest.raises(ValueError, match='has shape'): policy.load_lora_state_dict({**sd, k: torch.zeros(1, 1)})
 
 
-def test_lora_save_load_roundtrip(policy, tmp_path):
-    policy.add_lora(rank=3, alpha=5, targets=('to_q', 'to_v'))
+def test_encoding_does_not_depend_on_the_batch():
+    "Issue 14: a prompt's cached encoding is the same bits whatever was encoded with it (the shipped model, whose"
+    " batched matmuls round differently for different batch sizes)."
+    a, b = TinyPolicy(load_tiny()), TinyPolicy(load_tiny())
+    prompts = prompt_split('train')[:3]
+    a.encode(prompts)
+    c = b.encode(prompts[2:])
+    assert torch.equal(a._cache[prompts[2]][0], c.embeds[0]) and torch.equal(a._cache[prompts[2]][1], c.pooled[0])
+    assert torch.equal(a._cache[''][0], c.neg_embeds[0])
+    many = TinyPolicy(load_tiny())
+    many.encode(prompt_split('train')[:40])
+    for p in prompts: assert torch.equal(many._cache[p][1], a._cache[p][1]), p
+
+
+def test_encode_each_is_one_prompt_per_call(policy, monkeypatch):
+    calls = []
+    orig = policy._encode
+    monkeypatch.setattr(policy, '_encode', lambda ps: calls.append(list(ps)) or orig(ps))
+    policy.encode(['two squares', 'a red circle', 'two squares'])
+    policy.encode(['a red circle', 'three crosses'])
+    assert calls == [[''], ['two squares'], ['a red circle'], ['three crosses']]
+
+
+def moved(policy, **kw):
+    policy.add_lora(**kw)
     with torch.no_grad():
         for p in policy.trainable_parameters(): p.normal_()
+    return policy
+
+
+def test_lora_save_load_roundtrip(policy, small_config, tmp_path):
+    moved(policy, rank=3, alpha=5, targets=('to_q', 'to_v'))
     policy.save_lora(tmp_path)
-    torch.manual_seed(0)
-    other = TinyPolicy(TinyFlowModel(TinyConfig(**SMALL))).load_lora(tmp_path)
+    assert [f.name for f in tmp_path.iterdir()] == [LORA_FILE]
+    with safe_open(str(tmp_path / LORA_FILE), 'pt') as fh:
+        assert set(fh.keys()) == {f'transformer.{k}' for k in policy.lora_state_dict()}
+        meta = json.loads(fh.metadata()['lora_adapter_metadata'])
+    assert (meta['transformer.r'], meta['transformer.lora_alpha'], sorted(meta['transformer.target_modules'])) == (3, 5, ['to_q', 'to_v'])
+    other = fresh(small_config).load_lora(tmp_path)
     assert other.lora_config == dict(rank=3, alpha=5, targets=['to_q', 'to_v'], dropout=0.0)
+    mine = policy.lora_state_dict()
+    assert other.lora_state_dict().keys() == mine.keys()
+    assert all(torch.equal(v, mine[k]) for k, v in other.lora_state_dict().items())  # bitwise
     x, c = policy.noise(2, torch.Generator().manual_seed(2)), policy.encode(['two squares'] * 2)
     with torch.no_grad():
         torch.testing.assert_close(other.velocity(x, 0.7, other.encode(['two squares'] * 2), 2.0),
-                                   policy.velocity(x, 0.7, c, 2.0))
-    wrong = TinyPolicy(TinyFlowModel(TinyConfig(**SMALL))).add_lora(rank=4)
+                                   policy.velocity(x, 0.7, c, 2.0), atol=0, rtol=0)
+    same = fresh(small_config).add_lora(rank=3, alpha=5.0, targets=('to_v', 'to_q')).load_lora(tmp_path / LORA_FILE)  # a file, too
+    assert all(torch.equal(v, mine[k]) for k, v in same.lora_state_dict().items())
+    wrong = fresh(small_config).add_lora(rank=4)
     with pytest.raises(ValueError, match='differs'): wrong.load_lora(tmp_path)
-    with pytest.raises(ValueError, match='no lora.safetensors'): wrong.load_lora(tmp_path / 'missing')
+    with pytest.raises(ValueError, match='no such LoRA file or folder'): wrong.load_lora(tmp_path / 'missing')
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(ValueError, match='no pytorch_lora_weights.safetensors .or the older lora.safetensors.'):
+        wrong.load_lora(tmp_path / 'empty')
+    with pytest.raises(ValueError, match='is a file'): policy.save_lora(tmp_path / LORA_FILE)
+
+
+def test_old_lora_files_still_load(policy, small_config, tmp_path):
+    "What the package wrote before: save_lora's lora.safetensors (config in metadata) and the trainer's (weights only)."
+    sd = moved(policy, rank=2, alpha=4).lora_state_dict()
+    (tmp_path / 'saved').mkdir(); (tmp_path / 'trainer').mkdir()
+    save_file(sd, str(tmp_path / 'saved' / OLD_LORA_FILE), metadata={'lora_config': json.dumps(policy.lora_config)})
+    save_file(sd, str(tmp_path / 'trainer' / OLD_LORA_FILE))
+    a = fresh(small_config).load_lora(tmp_path / 'saved')
+    assert a.lora_config == policy.lora_config and all(torch.equal(v, sd[k]) for k, v in a.lora_state_dict().items())
+    with pytest.raises(ValueError, match='records no adapter shape'): fresh(small_config).load_lora(tmp_path / 'trainer')
+    b = fresh(small_config).add_lora(rank=2, alpha=4).load_lora(tmp_path / 'trainer')
+    assert all(torch.equal(v, sd[k]) for k, v in b.lora_state_dict().items())
+    assert read_lora_file(tmp_path / 'trainer')[1] is None
+    policy.save_lora(tmp_path / 'saved')  # both files in one folder: diffusers' name wins
+    assert read_lora_file(tmp_path / 'saved')[1]['targets'] == sorted(policy.lora_config['targets'])
+
+
+@pytest.mark.parametrize('content, why', [
+    (dict(weight=torch.zeros(2)), 'is neither a diffusers LoRA file'),
+    ({'text_encoder.layers.0.q_proj.lora_A.weight': torch.zeros(2, 2)}, 'is neither a diffusers LoRA file'),
+    ({}, 'is neither a diffusers LoRA file'),
+    (b'not safetensors', 'is not a safetensors file')])
+def test_unreadable_lora_file_is_named(policy, tmp_path, content, why):
+    f = tmp_path / 'adapter.safetensors'
+    if isinstance(content, bytes): f.write_bytes(content)
+    else: save_file(content, str(f))
+    with pytest.raises(ValueError, match=re.escape(f"'{f}' {why}")): policy.load_lora(f)
 
 
 def test_noise_decode(policy):

@@ -3,7 +3,7 @@ import dataclasses, math
 import pytest, torch
 from flowgrpo_nb.flow import flow_sigmas, x0_hat
 from flowgrpo_nb.tiny import TinyConfig, TinyFlowModel
-from flowgrpo_nb.policy import TinyPolicy
+from flowgrpo_nb.tiny import TinyPolicy
 from flowgrpo_nb.rollout import (RolloutConfig, Rollout, StepValues, rollout, step_values, logprob_of, value_plan,
                                  lookahead_nfe, parse_lookahead, reward_states)
 

@@ -5,24 +5,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowgrpo_nb.sd3 import SD3Policy, tiny_sd3_pipeline
-from flowgrpo_nb.rewards import CLIPScore, WeightedSum, tiny_clip_folder
+from flowgrpo_nb.sd3 import SD3Policy
+from flowgrpo_nb.rewards import CLIPScore, WeightedSum
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ['a red apple', 'two cats on a sofa']
 
 
-def make_policy(**kw):
-    return SD3Policy(tiny_sd3_pipeline(), resolution=32, max_sequence_length=8, **kw)
+@pytest.fixture(scope='module')
+def policy(make_sd3): return make_sd3()
 
 
 @pytest.fixture(scope='module')
-def policy(): return make_policy()
-
-
-@pytest.fixture(scope='module')
-def clip(tmp_path_factory): return CLIPScore.from_pretrained(tiny_clip_folder(tmp_path_factory.mktemp('clip')), batch_size=3)
+def clip(clip_folder): return CLIPScore.from_pretrained(clip_folder, batch_size=3)
 
 
 def xt(policy, n=2, seed=0):
@@ -38,7 +34,7 @@ def test_encode_cached(policy, monkeypatch):
     policy.clear_cache()
     a = policy.encode(PROMPTS + PROMPTS[:1])
     b = policy.encode(PROMPTS[::-1])
-    assert calls == [[''] + PROMPTS]  # each distinct string encoded once, the empty prompt included
+    assert calls == [[''], PROMPTS[:1], PROMPTS[1:]]  # each distinct string encoded once and alone, the empty prompt included
     assert a.embeds.shape == (3, 32 + 8, 32) and a.pooled.shape == (3, 32)
     assert torch.equal(a.embeds[0], b.embeds[1]) and torch.equal(a.neg_embeds[0], b.neg_embeds[0])
     assert not a.embeds.requires_grad
@@ -61,8 +57,8 @@ def test_velocity_cfg_shape_dtype(policy):
         policy.velocity(torch.zeros(3, 4, 8, 8), t, cond, 5.0)
 
 
-def test_bf16_weights_fp32_velocity():
-    pol = SD3Policy(tiny_sd3_pipeline(dtype=torch.bfloat16), resolution=32, max_sequence_length=8)
+def test_bf16_weights_fp32_velocity(make_sd3):
+    pol = make_sd3(torch.bfloat16)
     x, t = xt(pol)
     with torch.no_grad(): v = pol.velocity(x, t, pol.encode(PROMPTS), 4.5)
     assert pol.dtype == torch.bfloat16 and v.dtype == torch.float32 and torch.isfinite(v).all()
@@ -99,8 +95,8 @@ def test_from_pretrained_local_folder(policy, tmp_path):
 
 # ---- LoRA
 
-def test_lora_zero_init_and_disable():
-    pol = make_policy()
+def test_lora_zero_init_and_disable(make_sd3):
+    pol = make_sd3()
     x, t = xt(pol)
     cond = pol.encode(PROMPTS)
     with torch.no_grad(): base = pol.velocity(x, t, cond, 4.5)
@@ -171,9 +167,9 @@ HAVE_TRAIN = importlib.util.find_spec('flowgrpo_nb.train') is not None
 
 @pytest.mark.skipif(not HAVE_TRAIN, reason='flowgrpo_nb.train (nbs/06_train.ipynb, GRPOTrainer) is not exported yet')
 @pytest.mark.parametrize('method', ['flow_grpo', 'stepwise', 'dense', 'turning_point'])
-def test_grpo_step_on_sd3(method, clip, tmp_path):
+def test_grpo_step_on_sd3(method, clip, tmp_path, make_sd3):
     from flowgrpo_nb.train import GRPOConfig, GRPOTrainer
-    pol = make_policy()
+    pol = make_sd3()
     cfg = GRPOConfig(method=method, K=3, shift=pol.shift, guidance=4.5, prompts_per_step=2, group_size=2, minibatch=2,
                      lora_rank=4, lora_alpha=8, steps=1, eval_every=0, save_every=0, log_images=0, log_with='none')
     trainer = GRPOTrainer(cfg, tmp_path / method, policy=pol, reward_fn=clip, prompts=PROMPTS, progress=False)
