@@ -1,55 +1,118 @@
-"""Benchmark of the app (not a test): one comparison of base + 4 fine-tuned models at 10 steps, and 20 concurrent
-requests to the launched app through gradio_client.
+"""Benchmark of the app under load (not a test): 20 concurrent clients on 127.0.0.1, most sending short Generate
+requests while a few send long Credit strips, against the app served by a second process.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/app_bench.py [--threads 1] [--reps 5] [--concurrent 20]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/app_bench.py [--clients 20] [--long 3] [--requests 1]
+        [--runs 2] [--steps 4] [--credit-steps 16] [--spread 12] [--lanes 2 1] [--deadline 25]
 
-Targets (issue 8): a comparison answers in under 2 s on 2 CPU cores; all 20 concurrent requests are answered.
-The fine-tuned models are `app.fake_runs` (random LoRA checkpoints of the smoke shape): the cost does not depend
-on the weights' values."""
-import argparse, json, os, socket, statistics, tempfile, time
+The server process loads one app per `--lanes` value (base + `--runs` fake fine-tuned models, `app.fake_runs`),
+each on its own port. Then, one app at a time, every client builds its `gradio_client.Client`, all start together,
+the `--long` clients submit one Credit strip each at `--credit-steps` and the others, starting evenly over `--spread`
+seconds (users do not all click at once; 0: all together), send `--requests` Generate requests each, one after the
+other (every model at `--steps`). It reports the median and worst answer time of the short requests
+that overlapped a long one, next to one short request on the idle server. `lanes=2` is the app's design (credit on
+its own copy of the networks, in its own Gradio concurrency group); `lanes=1` is the old one (one queue, one job at
+a time). Everything is bounded: the number of requests, `--deadline` seconds per app (an unanswered request counts
+as answered at the deadline and is reported), and the server process is stopped at the end."""
+import argparse, os, shutil, socket, statistics, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 os.environ.setdefault('GRADIO_ANALYTICS_ENABLED', 'False')
-import torch
-from flowgrpo_nb.app import ModelBank, fake_runs, generate_all, make_app
+
+def free_port() -> int:
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+def server(out:str, n_runs:int, lanes:list[int], ports:list[int]):
+    "The server process: a fake runs folder, one app per lanes value, each on its port, until stdin closes."
+    import torch
+    torch.set_num_threads(1)
+    from flowgrpo_nb.app import fake_runs, make_app, serve
+    runs = fake_runs(Path(out)/'compare', methods=('flow_grpo', 'dense', 'stepwise', 'turning_point')[:n_runs])
+    apps = [make_app(runs, lanes=l) for l in lanes]
+    for app, port in zip(apps, ports): serve(app, port=port, block=False, quiet=True)
+    print('ready', flush=True)
+    sys.stdin.read()
+    for app in apps: app.close(verbose=False)
+
+def start_server(out:Path, n_runs:int, lanes:list[int], timeout:float) -> tuple[subprocess.Popen, dict]:
+    ports = [free_port() for _ in lanes]
+    proc = subprocess.Popen([sys.executable, __file__, '--serve', str(out), '--runs', str(n_runs), '--lanes', *map(str, lanes),
+                             '--ports', *map(str, ports)],
+                            env=os.environ | dict(OMP_NUM_THREADS='1'), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader.start(); reader.join(timeout)
+    if not line or line[0].strip() != 'ready':
+        proc.kill(); raise SystemExit(f'the server process did not start within {timeout} s (exit status {proc.poll()})')
+    return proc, dict(zip(lanes, ports))
+
+def load(url:str, a) -> dict:
+    "Run the mixed clients against `url`; the answer times of short and long requests."
+    from gradio_client import Client
+    prompts = ['a red circle', 'three squares', 'a cross left of a circle', 'a blue square and a yellow triangle']
+    idle = Client(url, verbose=False)
+    idle_s = []
+    for i in range(2):
+        t = time.perf_counter(); idle.predict(prompts[i], i, a.steps, 4.0, 'ode', api_name='/generate'); idle_s.append(time.perf_counter() - t)
+    shorts, longs, errors, lock = [], [], [], threading.Lock()
+    ready = threading.Barrier(a.clients + 1)
+    def client(i):
+        c = Client(url, verbose=False)
+        ready.wait()
+        t_end = time.perf_counter() + a.deadline
+        kind = 'long' if i < a.long else 'short'
+        if kind == 'short': time.sleep(0.5 + a.spread * (i - a.long) / (a.clients - a.long))  # after the long ones, spread out
+        for r in range(1 if kind == 'long' else a.requests):
+            t = time.perf_counter()
+            if kind == 'long': job = c.submit(prompts[i % 4], 'base', i, a.credit_steps, 4.0, 'flow_sde', api_name='/credit')
+            else: job = c.submit(prompts[(i + r) % 4], i * 10 + r, a.steps, 4.0, 'ode', api_name='/generate')
+            try: out = job.result(timeout=max(0.1, t_end - time.perf_counter())); ok = 'Invalid' not in out[0] and 'Error' not in out[0]
+            except Exception as e: ok = False; errors.append(f'{kind}: {type(e).__name__}')
+            with lock: (longs if kind == 'long' else shorts).append((t, time.perf_counter() if ok else t_end, ok))
+            if time.perf_counter() >= t_end: break
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(a.clients)]
+    for th in threads: th.start()
+    ready.wait(); t0 = time.perf_counter()
+    for th in threads: th.join(a.deadline + 30)
+    during = [e - s for s, e, _ in shorts if any(s < le and e > ls for ls, le, _ in longs)]
+    return dict(idle=statistics.median(idle_s), short_n=len(shorts), during_n=len(during),
+                short_median=statistics.median(during) if during else float('nan'), short_worst=max(during, default=float('nan')),
+                long_median=statistics.median([e - s for s, e, _ in longs]), long_worst=max(e - s for s, e, _ in longs),
+                unanswered=sum(not ok for *_, ok in shorts + longs), wall=time.perf_counter() - t0, errors=sorted(set(errors)))
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('--threads', type=int, default=1)  # 2 threads on busy shared cores: 20-50x slower
-    ap.add_argument('--reps', type=int, default=5)
-    ap.add_argument('--concurrent', type=int, default=20)
-    ap.add_argument('--steps', type=int, default=10)
+    ap.add_argument('--clients', type=int, default=20)
+    ap.add_argument('--long', type=int, default=3)           # clients that send one Credit strip each
+    ap.add_argument('--requests', type=int, default=1)       # Generate requests per short client
+    ap.add_argument('--runs', type=int, default=2)           # fine-tuned models next to the base (at most 4)
+    ap.add_argument('--steps', type=int, default=4)
+    ap.add_argument('--credit-steps', type=int, default=16)
+    ap.add_argument('--lanes', type=int, nargs='+', default=[2, 1])
+    ap.add_argument('--spread', type=float, default=12.0)    # the short clients start evenly over this many seconds
+    ap.add_argument('--deadline', type=float, default=25.0)  # seconds of load per app
+    ap.add_argument('--serve', help=argparse.SUPPRESS)       # internal: run as the server process on this runs folder
+    ap.add_argument('--ports', type=int, nargs='+', help=argparse.SUPPRESS)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    tmp = Path(tempfile.mkdtemp())
-    t0 = time.perf_counter()
-    bank = ModelBank(fake_runs(tmp/'compare', methods=('flow_grpo', 'stepwise', 'dense', 'turning_point')))
-    load_s = time.perf_counter() - t0
-    prompts = ['a red circle', 'three squares', 'a cross left of a circle', 'a blue square and a yellow triangle']
-    generate_all(bank, prompts[0], steps=a.steps)  # warm-up
-    times = []
-    for i in range(a.reps):
-        t = time.perf_counter(); out = generate_all(bank, prompts[i % len(prompts)], seed=i, steps=a.steps)
-        times.append(time.perf_counter() - t)
-    assert len(out) == 5
-    app = make_app(bank=bank)
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
-    app.queue(default_concurrency_limit=1).launch(server_name='127.0.0.1', server_port=port, prevent_thread_lock=True, quiet=True)
-    from gradio_client import Client
-    c = Client(f'http://127.0.0.1:{port}/', verbose=False)
-    t = time.perf_counter()
-    jobs = [c.submit(prompts[i % len(prompts)], i, a.steps, 4.0, 'ode', api_name='/generate') for i in range(a.concurrent)]
-    answered, lat = 0, []
-    for j in jobs:
-        r = j.result(timeout=1800)
-        answered += len(r[1]) == 5
-        lat.append(time.perf_counter() - t)
-    conc_s = time.perf_counter() - t
-    app.close()
-    print(json.dumps(dict(threads=a.threads, models=len(bank.names), steps=a.steps, load_s=round(load_s, 2),
-                          comparison_s=dict(median=round(statistics.median(times), 3), min=round(min(times), 3),
-                                            all=[round(x, 3) for x in times]),
-                          concurrent=dict(requests=a.concurrent, answered=answered, wall_s=round(conc_s, 1),
-                                          last_answer_s=round(max(lat), 1)),
-                          target_met=statistics.median(times) < 2 and answered == a.concurrent), indent=1))
+    if a.serve: return server(a.serve, a.runs, a.lanes, a.ports)
+    if not 0 < a.long < a.clients: raise SystemExit(f'--long {a.long}: allowed 1..{a.clients - 1} (some clients must be short)')
+    if not 1 <= a.runs <= 4: raise SystemExit(f'--runs {a.runs}: allowed 1..4')
+    tmp = Path(tempfile.mkdtemp(prefix='app-bench-'))
+    t_start = time.perf_counter()
+    proc, ports = start_server(tmp, a.runs, a.lanes, 180)
+    rows = {}
+    try:
+        print(f'server up in {time.perf_counter() - t_start:.0f} s; {a.clients} clients: {a.long} x Credit at {a.credit_steps} steps, '
+              f'{a.clients - a.long} x {a.requests} Generate ({a.runs + 1} models, {a.steps} steps)', flush=True)
+        for lanes, port in ports.items(): rows[lanes] = load(f'http://127.0.0.1:{port}/', a)
+    finally:
+        proc.stdin.close()
+        try: proc.wait(60)
+        except subprocess.TimeoutExpired: proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print('\n| lanes | short alone (s) | short during long: n | median (s) | worst (s) | long median (s) | long worst (s) | unanswered | wall (s) |')
+    print('|---|---|---|---|---|---|---|---|---|')
+    for lanes, r in rows.items():
+        print(f"| {lanes} | {r['idle']:.2f} | {r['during_n']}/{r['short_n']} | {r['short_median']:.2f} | {r['short_worst']:.2f} | "
+              f"{r['long_median']:.1f} | {r['long_worst']:.1f} | {r['unanswered']} | {r['wall']:.0f} |" + (f" {r['errors']}" if r['errors'] else ''))
+    print(f'\ntotal {time.perf_counter() - t_start:.0f} s')
 
 if __name__ == '__main__': main()

@@ -126,16 +126,18 @@ def bench_rollout(policy, args, flop_per_nfe):
 def bench_train(pipe, args, method, warmup=False):
     "One GRPO step of `method` with the trainer of 06_train on a fresh LoRA adapter (after an untimed one if `warmup`)."
     from flowgrpo_nb.train import GRPOConfig, GRPOTrainer, PRESETS
+    from flowgrpo_nb.task import Task
     preset = {k: v for k, v in PRESETS[method].items() if k != 'calibrate'}
     cfg = GRPOConfig(**{**preset, 'K': args.K, 'shift': float(pipe.scheduler.config.shift), 'guidance': args.guidance,
                         'prompts_per_step': args.prompts, 'group_size': args.group, 'minibatch': args.minibatch,
                         'lora_rank': args.lora_rank, 'lora_alpha': 2.0 * args.lora_rank, 'steps': 1, 'eval_every': 0,
-                        'save_every': 0, 'log_images': 0, 'log_with': 'none', 'calibrate': False})
+                        'save_every': 0, 'log_with': 'none', 'calibrate': False})
     if getattr(pipe.transformer, 'peft_config', None): pipe.transformer.unload_lora()  # the previous method's adapter
     policy = SD3Policy(pipe, resolution=args.resolution, max_sequence_length=args.max_sequence_length,
                        gradient_checkpointing=not args.tiny)
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = GRPOTrainer(cfg, run_dir, policy=policy, reward_fn=pixel_reward, prompts=PROMPTS[:args.prompts], progress=False)
+        trainer = GRPOTrainer(cfg, run_dir, policy=policy, task=Task('pixel', PROMPTS[:args.prompts], PROMPTS[:args.prompts], pixel_reward),
+                              progress=False)
         if warmup: trainer.train_step()  # the first backward pass and optimizer step set up kernels and the allocator
         with Memory(args.device) as mem: m, sec = timed(trainer.train_step, args.device)
     keep = ('sec_rollout', 'sec_values', 'sec_credit', 'sec_update', 'nfe_rollout', 'nfe_lookahead', 'loss')

@@ -10,9 +10,8 @@ from pathlib import Path
 import torch
 from fastcore.script import call_parse
 
-from flowgrpo_nb.policy import TinyPolicy
 from flowgrpo_nb.rollout import RolloutConfig, rollout, step_values
-from flowgrpo_nb.tiny import ASSETS, TinyFlowModel, count_params, load_tiny
+from flowgrpo_nb.tiny import ASSETS, TinyFlowModel, TinyPolicy, count_params, load_tiny
 from flowgrpo_nb.world import MiniGenEvalReward, prompt_split
 
 

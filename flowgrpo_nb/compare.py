@@ -6,8 +6,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/compare.html.md"""
 
 # %% auto #0
 __all__ = ['BUDGETS', 'TASKS', 'FINAL_SEED', 'COLORS', 'CompareConfig', 'final_eval', 'compare', 'heldout', 'reach', 'run_report',
-           'findings', 'build_report', 'fig_curves', 'fig_categories', 'fig_costs', 'report_figures', 'write_report',
-           'compare_cli']
+           'findings', 'build_report', 'fig_curves', 'fig_categories', 'fig_costs', 'report_figures', 'results_table',
+           'write_report', 'compare_cli']
 
 # %% ../nbs/06b_compare.ipynb #53f7d3ef
 import copy, json, math, time
@@ -263,8 +263,8 @@ def report_figures(report:dict) -> dict:
     return dict(curve_steps=fig_curves(report, 'step'), curve_seconds=fig_curves(report, 'seconds'),
                 categories=fig_categories(report), costs=fig_costs(report))
 
-# %% ../nbs/06b_compare.ipynb #8dc86d40
-def _table(report:dict) -> str:
+# %% ../nbs/06b_compare.ipynb #8ee84b95
+def results_table(report:dict) -> str:
     "Markdown table: score ± standard error (one seed) or ± spread over seeds; step time ratio as a median."
     n = len(report['per_seed'])
     rows = [('base', report['base']['overall']['strict'], report['base']['overall']['se'], None, None)]
@@ -284,11 +284,11 @@ def write_report(report:dict, out:str|Path):
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs.values())]
     items = ''.join(f'<li>{s}</li>' for s in report['findings'])
     (out/'report.html').write_text(f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title></head><body>"
-                                   f"<h1>Flow-GRPO vs dense credit</h1><ul>{items}</ul><pre>{_table(report)}</pre>"
+                                   f"<h1>Flow-GRPO vs dense credit</h1><ul>{items}</ul><pre>{results_table(report)}</pre>"
                                    + ''.join(parts) + '</body></html>')
     for name, f in figs.items(): write_png(f, out/'figures'/f'{name}.png')
 
-# %% ../nbs/06b_compare.ipynb #094679d6
+# %% ../nbs/06b_compare.ipynb #9819ee78
 @call_parse
 def compare_cli(out:str='runs/compare',   # run folder of the comparison
                 budget:str='default',     # smoke (checks the job runs), default (the README's results) or long
@@ -298,5 +298,5 @@ def compare_cli(out:str='runs/compare',   # run folder of the comparison
     "Train the four methods side by side on the embedded benchmark and write report.json / report.html."
     if threads: torch.set_num_threads(threads)
     report = compare(out, CompareConfig(budget=budget, seeds=tuple(seeds), task=task))
-    print(_table(report)); print(*report['findings'], sep='\n')
+    print(results_table(report)); print(*report['findings'], sep='\n')
     print(f"report: {Path(out)/'report.html'} ({report['wall_seconds']:.0f} s)")

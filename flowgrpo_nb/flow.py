@@ -415,12 +415,14 @@ def _exited(proc:subprocess.Popen, timeout:float) -> bool:
         time.sleep(0.02)
     return True
 
-# %% ../nbs/00_flow.ipynb #83bd05a6
+# %% ../nbs/00_flow.ipynb #77943cde
 def write_png(fig:go.Figure, path, scale:float=1.0,
               timeout:float=20.0, # seconds one try may take before its processes are killed
-              tries:int=2,        # tries after a timeout (a failed export is not retried)
+              tries:int=2,        # tries before the file is skipped
              ) -> bool:           # True when the PNG was written
     "Save `fig` as PNG through kaleido in a child process group, killed after `timeout` s; a skipped file is a warning."
+    if not (isinstance(tries, int) and tries >= 1): raise ValueError(f"tries={tries!r}: must be an int >= 1")
+    if not timeout > 0: raise ValueError(f"timeout={timeout!r}: must be > 0 seconds")
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix='flowgrpo-png-') as d:
         spec, png, err = Path(d)/'fig.json', Path(d)/'fig.png', Path(d)/'stderr.txt'
@@ -435,10 +437,10 @@ def write_png(fig:go.Figure, path, scale:float=1.0,
                 proc.wait()
             if done and proc.returncode == 0 and png.is_file():
                 path.write_bytes(png.read_bytes()); return True
-            if done:
-                lines = err.read_text(errors='replace').strip().splitlines()
-                why = f"the export failed ({lines[-1] if lines else f'exit status {proc.returncode}'})"; break
-            why = f"the export (kaleido) did not finish in {timeout:g} s, {tries} time(s); its processes were stopped"
+            lines = err.read_text(errors='replace').strip().splitlines()
+            why = (f"the export failed ({lines[-1] if lines else f'exit status {proc.returncode}'})" if done else
+                   f"the export (kaleido) did not finish in {timeout:g} s; its processes were stopped")
+    why += f" ({tries} tries)" if tries > 1 else ""
     warnings.warn(f"{path}: PNG skipped: {why}")
     return False
 

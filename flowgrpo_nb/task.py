@@ -55,7 +55,7 @@ def reward_report(scores:torch.Tensor, prompts:list[str], category:Callable|None
     return EvalReport(float(np.mean(ms)), float(np.sqrt(np.sum(np.square(ses)))) / len(ses), len(scores),
                       {c: dict(score=m, se=se, n=n) for c, (m, se, n) in by.items()}, extra)
 
-# %% ../nbs/05b_task.ipynb #4e5252fb
+# %% ../nbs/05b_task.ipynb #6f84b84d
 @dataclass
 class Task:
     "What a run needs from its world: training and evaluation prompts, the training reward, and an evaluation."
@@ -66,6 +66,7 @@ class Task:
     evaluate:Callable|None = None    # (images, prompts) -> EvalReport; None: the task has no evaluation
     category:Callable|None = None    # prompt -> category name
     normalise:Callable|None = None   # user prompt -> canonical prompt (ValueError naming what is wrong)
+    describe:Callable|None = None    # (images, prompts) -> [B] str: what the task reads in each image (the app shows it)
     def __post_init__(self):
         for n in ('train_prompts', 'eval_prompts'):
             v = getattr(self, n)
@@ -99,7 +100,7 @@ def evaluate_policy(policy:Policy, task:Task,
     rep = task.evaluate(images, names)
     return (rep, images, names) if return_images else rep
 
-# %% ../nbs/05b_task.ipynb #306caf7e
+# %% ../nbs/05b_task.ipynb #7b5ca6bb
 GRID_REWARDS = ('partial', 'strict', 'score')
 
 def normalise_grid_prompt(prompt:str) -> str:
@@ -120,9 +121,11 @@ def geneval_task(reward:str='partial') -> Task:
         cats = {c: dict(score=v['strict'], se=v['strict_se'], n=v['n']) for c, v in rep.items() if c != 'overall'}
         o = rep['overall']
         return EvalReport(o['strict'], o['strict_se'], o['n'], cats, dict(partial=o['partial'], score=float(score(images, prompts).mean())))
+    def describe(images, prompts):
+        return [', '.join(f"{o.colour} {o.shape} ({o.row},{o.col})" for o in s) or 'nothing' for s in mini_geneval(images, prompts).scenes]
     return Task(f'geneval-{reward}', prompt_split('train'), prompt_split('heldout'),
                 score if reward == 'score' else MiniGenEvalReward(reward), evaluate,
-                lambda p: parse_prompt(p).category, normalise_grid_prompt)
+                lambda p: parse_prompt(p).category, normalise_grid_prompt, describe)
 
 # %% ../nbs/05b_task.ipynb #59bd8c95
 def read_prompts(path:str|Path) -> tuple[list[str], dict]:

@@ -174,7 +174,7 @@ def gain_figure(ro:Rollout, credits:dict[str, MethodCredit],  # from `method_cre
     return fig.update_layout(title=f"{ro.prompts[rows[0]]!r}: {len(rows)} samples", width=min(80 + 215 * n, 940), height=680,
                              legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=80, b=40))
 
-# %% ../nbs/07_viz.ipynb #0150995e
+# %% ../nbs/07_viz.ipynb #0131844f
 def load_calibration(run_dir:str|Path) -> tuple[Calibration, Tensor, float]:
     "A run folder's calibration, its schedule's sigmas [K+1] and noise level."
     p = Path(run_dir)
@@ -211,7 +211,7 @@ def calibration_figure(cal:Calibration|str|Path,  # a `Calibration` or a run fol
         fig.add_trace(go.Bar(x=k, y=h.n_pos.tolist(), name='n+ (gain > 0)', marker_color='seagreen'), 1, 3)
         fig.add_trace(go.Bar(x=k, y=(-h.n_neg).tolist(), name='-n- (gain < 0)', marker_color='indianred'), 1, 3)
     fig.update_xaxes(title_text='step k', **_int_ticks(K - 1))
-    return fig.update_layout(barmode='relative', width=940, height=420, legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=60, b=40))
+    return fig.update_layout(barmode='relative', width=940, height=440, legend={**_LEGEND_BELOW, 'y': -0.2}, margin=dict(l=40, r=20, t=60, b=40))
 
 # %% ../nbs/07_viz.ipynb #78e75bdf
 PHASES = ('rollout', 'values', 'credit', 'update')
@@ -224,14 +224,14 @@ def read_metrics(run_dir:str|Path) -> list[dict]:
 
 def _series(rows, key): return [r['step'] for r in rows if key in r], [r[key] for r in rows if key in r]
 
-# %% ../nbs/07_viz.ipynb #baf84098
+# %% ../nbs/07_viz.ipynb #bf1d79c6
 def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or {name: run folder}
                    ) -> go.Figure:
     "Reward, held-out scores, KL, clip fraction and seconds per phase of one or more runs."
     if isinstance(runs, (str, Path)): runs = [runs]
     if not isinstance(runs, dict): runs = {Path(r).name: r for r in runs}
     fig = make_subplots(2, 3, horizontal_spacing=0.07, vertical_spacing=0.16, subplot_titles=[
-        'training reward (batch mean ± std)', 'held-out mini-GenEval (strict)', 'KL to the reference',
+        'training reward (batch mean ± std)', 'evaluation (overall ± SE)', 'KL to the reference',
         'clip fraction', 'seconds per step, median by phase', 'NFE per trajectory'])
     last = 1
     for j, (name, d) in enumerate(runs.items()):
@@ -243,7 +243,7 @@ def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or 
         st, e = _series(rows, 'eval_overall'); _, se = _series(rows, 'eval_overall_se')
         fig.add_trace(go.Scatter(x=st, y=e, name=f'{name}: overall', legendgroup=name, showlegend=False, mode='lines+markers',
                                  line=dict(color=c, width=3), error_y=dict(type='data', array=se, visible=True)), 1, 2)
-        cats = [k[5:] for k in rows[0] if k.startswith('eval_') and not k.endswith('_se') and k not in ('eval_overall', 'eval_partial')]
+        cats = [k[5:-3] for k in rows[0] if k.startswith('eval_') and k.endswith('_se') and k != 'eval_overall_se']  # categories have an SE, extras (partial, score) do not
         for cat in cats if len(runs) == 1 else ():
             fig.add_trace(go.Scatter(x=_series(rows, f'eval_{cat}')[0], y=_series(rows, f'eval_{cat}')[1], name=cat,
                                      mode='lines+markers', line=dict(dash='dot')), 1, 2)

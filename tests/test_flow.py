@@ -347,7 +347,7 @@ fig = go.Figure(go.Scatter(x=[0, 1, 2], y=[1, 0, 2])).update_layout(width=400, h
 t0 = time.monotonic()
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter('always')
-    ok = write_png(fig, sys.argv[1], timeout=float(sys.argv[2]), tries=1)
+    ok = write_png(fig, sys.argv[1], timeout=float(sys.argv[2]), tries=int(sys.argv[3]))
 sec = time.monotonic() - t0
 def descendants():
     procs = {}
@@ -366,32 +366,37 @@ print(json.dumps(dict(ok=ok, sec=sec, alive=descendants(), warnings=[str(m.messa
 '''
 
 
-def _write_png_in_subreaper(path, timeout):
+def _write_png_in_subreaper(path, timeout, tries):
     import json, subprocess, sys
-    r = subprocess.run([sys.executable, '-c', _NO_STRAYS, str(path), str(timeout)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, '-c', _NO_STRAYS, str(path), str(timeout), str(tries)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='uses /proc and prctl')
 def test_write_png_leaves_no_process_behind(tmp_path):
-    r = _write_png_in_subreaper(tmp_path/'ok.png', 60)
-    assert r['ok'] and r['warnings'] == [] and (tmp_path/'ok.png').read_bytes()[:4] == b'\x89PNG'
+    r = _write_png_in_subreaper(tmp_path/'ok.png', 60, tries=2)
+    assert r['ok'] and r['warnings'] == [], r
+    assert (tmp_path/'ok.png').read_bytes()[:4] == b'\x89PNG'
     assert r['alive'] == []
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='uses /proc and prctl')
 def test_write_png_timeout_returns_quickly_with_a_message(tmp_path):
-    r = _write_png_in_subreaper(tmp_path/'hung.png', 0.3)
+    r = _write_png_in_subreaper(tmp_path/'hung.png', 0.3, tries=1)
     assert not r['ok'] and not (tmp_path/'hung.png').exists()
     assert r['sec'] < 5, r
     assert len(r['warnings']) == 1 and 'hung.png: PNG skipped' in r['warnings'][0] and 'did not finish in 0.3 s' in r['warnings'][0]
     assert r['alive'] == []
 
 
-def test_write_png_failure_is_a_warning_not_a_retry(tmp_path, monkeypatch):
+def test_write_png_failure_is_retried_then_a_warning(tmp_path, monkeypatch):
     import plotly.graph_objects as go
     import flowgrpo_nb.flow as flow
-    monkeypatch.setattr(flow, '_PNG_CHILD', "import sys; sys.exit('kaleido: no renderer')")
-    with pytest.warns(UserWarning, match=r'bad.png: PNG skipped: the export failed \(kaleido: no renderer\)'):
+    (tmp_path/'count').write_text('')
+    child = f"import sys; open({str(tmp_path/'count')!r}, 'a').write('x'); sys.exit('kaleido: no renderer')"
+    monkeypatch.setattr(flow, '_PNG_CHILD', child)
+    with pytest.warns(UserWarning, match=r'bad.png: PNG skipped: the export failed \(kaleido: no renderer\) \(2 tries\)'):
         assert flow.write_png(go.Figure(), tmp_path/'bad.png') is False
+    assert (tmp_path/'count').read_text() == 'xx' and not (tmp_path/'bad.png').exists()
+    with pytest.raises(ValueError, match='tries=0'): flow.write_png(go.Figure(), tmp_path/'bad.png', tries=0)

@@ -151,9 +151,9 @@ def test_from_pretrained_local_folder(policy, tmp_path):
         assert torch.equal(same.velocity(x, t, same.encode(PROMPTS), 3.5), policy.velocity(x, t, policy.encode(PROMPTS), 3.5))
         v16 = loaded.velocity(x, t, loaded.encode(PROMPTS), 3.5)
     assert v16.dtype == torch.float32 and torch.isfinite(v16).all()
-    from flowgrpo_nb.train import GRPOConfig, load_policy   # a run config names the backend and its folder
-    assert isinstance(load_policy(GRPOConfig(model='flux', model_path=str(tmp_path)), 'cpu'), FluxPolicy)
-    with pytest.raises(ValueError, match="model_path=None: .*model='flux'"): GRPOConfig(model='flux')
+    from flowgrpo_nb.task import load_policy   # a run names the backend and its folder
+    assert isinstance(load_policy('flux', str(tmp_path), 'cpu', resolution=RES), FluxPolicy)
+    with pytest.raises(ValueError, match="model='flux' needs model_path"): load_policy('flux')
 
 
 # ---- LoRA
@@ -187,10 +187,11 @@ def test_lora_targets_zero_init_disable(make_flux):
 @pytest.mark.parametrize('method', ['flow_grpo', 'stepwise', 'dense', 'turning_point'])
 def test_grpo_step_on_flux(method, tmp_path, make_flux):
     from flowgrpo_nb.train import GRPOConfig, GRPOTrainer
+    from flowgrpo_nb.task import Task
     pol = make_flux()
     cfg = GRPOConfig(method=method, K=3, guidance=3.5, prompts_per_step=2, group_size=2, minibatch=2,
-                     lora_rank=4, lora_alpha=8, steps=1, eval_every=0, save_every=0, log_images=0, log_with='none')
-    trainer = GRPOTrainer(cfg, tmp_path / method, policy=pol, reward_fn=brightness, prompts=PROMPTS, progress=False)
+                     lora_rank=4, lora_alpha=8, steps=1, eval_every=0, save_every=0, log_with='none')
+    trainer = GRPOTrainer(cfg, tmp_path / method, policy=pol, task=Task('brightness', PROMPTS, PROMPTS, brightness), progress=False)
     before = [p.detach().clone() for p in pol.trainable_parameters()]
     m = trainer.train_step()
     assert math.isfinite(m['loss']) and m['nfe_rollout'] == 3
@@ -200,9 +201,10 @@ def test_grpo_step_on_flux(method, tmp_path, make_flux):
 
 def test_calibration_starts_on_the_policy_schedule(policy, tmp_path, make_flux):
     from flowgrpo_nb.train import GRPOConfig, GRPOTrainer
+    from flowgrpo_nb.task import Task
     cfg = GRPOConfig(method='dense', K=4, guidance=3.5, prompts_per_step=2, group_size=2, minibatch=2, lora_rank=4,
-                     lora_alpha=8, steps=1, eval_every=0, save_every=0, log_images=0, log_with='none', calib_iters=0)
-    trainer = GRPOTrainer(cfg, tmp_path, policy=make_flux(), reward_fn=brightness, prompts=PROMPTS, progress=False)
+                     lora_alpha=8, steps=1, eval_every=0, save_every=0, log_with='none', calib_iters=0)
+    trainer = GRPOTrainer(cfg, tmp_path, policy=make_flux(), task=Task('brightness', PROMPTS, PROMPTS, brightness), progress=False)
     cal = trainer.calibrate()
     ts = policy.sigmas(4)
     torch.testing.assert_close(cal.psi, flow_sde_scale(ts[:-1], ts[1:], cfg.level))

@@ -169,10 +169,11 @@ HAVE_TRAIN = importlib.util.find_spec('flowgrpo_nb.train') is not None
 @pytest.mark.parametrize('method', ['flow_grpo', 'stepwise', 'dense', 'turning_point'])
 def test_grpo_step_on_sd3(method, clip, tmp_path, make_sd3):
     from flowgrpo_nb.train import GRPOConfig, GRPOTrainer
+    from flowgrpo_nb.task import Task
     pol = make_sd3()
     cfg = GRPOConfig(method=method, K=3, shift=pol.shift, guidance=4.5, prompts_per_step=2, group_size=2, minibatch=2,
-                     lora_rank=4, lora_alpha=8, steps=1, eval_every=0, save_every=0, log_images=0, log_with='none')
-    trainer = GRPOTrainer(cfg, tmp_path / method, policy=pol, reward_fn=clip, prompts=PROMPTS, progress=False)
+                     lora_rank=4, lora_alpha=8, steps=1, eval_every=0, save_every=0, log_with='none')
+    trainer = GRPOTrainer(cfg, tmp_path / method, policy=pol, task=Task('clip', PROMPTS, PROMPTS, clip), progress=False)
     before = [p.detach().clone() for p in pol.trainable_parameters()]
     m = trainer.train_step()
     assert math.isfinite(m['loss']) and m['nfe_rollout'] == 3

@@ -1,0 +1,40 @@
+"The import graph: the method side never imports the grid world, and every notebook imports only from notebooks before it."
+import ast, json, re
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT/'flowgrpo_nb'
+WORLD = {'world', 'tiny', 'score'}
+METHOD_SIDE = ('rollout', 'credit', 'config', 'train', 'compare', 'fidelity', 'app')
+
+def imported_modules(path:Path) -> set[str]:
+    "Package modules a source file imports anywhere (top level or inside functions)."
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ''
+            if node.level == 1: out.add(mod.split('.')[0] if mod else '')
+            elif mod.startswith('flowgrpo_nb.'): out.add(mod.split('.')[1])
+            elif mod == 'flowgrpo_nb': out |= {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split('.')[1] for a in node.names if a.name.startswith('flowgrpo_nb.')}
+    return out - {''}
+
+@pytest.mark.parametrize('module', METHOD_SIDE)
+def test_method_side_does_not_import_the_grid_world(module):
+    assert not imported_modules(PKG/f'{module}.py') & WORLD, imported_modules(PKG/f'{module}.py') & WORLD
+
+def notebook_modules() -> dict[str, str]:
+    "{module: notebook file name} from each numbered notebook's default_exp."
+    out = {}
+    for nb in sorted((ROOT/'nbs').glob('[0-9]*.ipynb')):
+        src = ''.join(''.join(c['source']) for c in json.loads(nb.read_text())['cells'] if c['cell_type'] == 'code')
+        m = re.search(r'#\|\s*default_exp\s+(\w+)', src)
+        if m: out[m.group(1)] = nb.name
+    return out
+
+def test_notebooks_import_only_from_lower_numbers():
+    mods = notebook_modules()
+    bad = [(mods[m], mods[dep]) for m in mods for dep in imported_modules(PKG/f'{m}.py') if dep in mods and mods[dep] >= mods[m]]
+    assert not bad, f'notebooks importing from later (or the same) notebooks: {bad}'
