@@ -196,17 +196,17 @@ def latest_checkpoint(run_dir:str|Path) -> Path|None:
     if errors: raise CheckpointError(f"no intact checkpoint in {Path(run_dir)/'checkpoints'}: {'; '.join(errors)}")
     return None
 
-# %% ../nbs/00c_checkpoint.ipynb #fd503680
+# %% ../nbs/00c_checkpoint.ipynb #1f372350
 def clean_interrupted(run_dir:str|Path) -> list[Path]:
-    "Remove what an interrupted `write_checkpoint` left in run_dir/checkpoints (`.tmp-*`, `.old-*`); returns the removed folders."
-    root = Path(run_dir)/'checkpoints'
-    if not root.is_dir(): return []
-    removed = []
+    "Remove what interrupted writes left (`checkpoints/.tmp-*`, `checkpoints/.old-*`, the run folder's `.tmp-*` files); returns what it removed."
+    run_dir, root, removed = Path(run_dir), Path(run_dir)/'checkpoints', []
     for p in sorted(root.glob('.old-*')):
         final = root/p.name[len('.old-'):].rsplit('-', 1)[0]
         if not final.exists(): os.replace(p, final); continue
         shutil.rmtree(p); removed.append(p)
     for p in sorted(root.glob('.tmp-*')): shutil.rmtree(p); removed.append(p)
+    for p in sorted(run_dir.glob('.tmp-*')):  # `write_json` and `MetricsLog` rewrites
+        if p.is_file(): p.unlink(); removed.append(p)
     return removed
 
 # %% ../nbs/00c_checkpoint.ipynb #53b95676

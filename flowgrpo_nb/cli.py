@@ -7,8 +7,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/cli.html.md"""
 # %% auto #0
 __all__ = ['COMMANDS', 'usage', 'main']
 
-# %% ../nbs/10_cli.ipynb #f635df37
-import ast, importlib, importlib.util, inspect, math, os, sys, traceback, warnings
+# %% ../nbs/10_cli.ipynb #0c0df7e8
+import argparse, ast, importlib, importlib.util, inspect, math, os, sys, traceback, warnings
 from contextlib import contextmanager
 from fastcore.script import anno_parser
 
@@ -46,10 +46,13 @@ def usage() -> str:
     lines += [f'  {name:<12}{_summary(name)}' for name in COMMANDS]
     return '\n'.join(lines)
 
-# %% ../nbs/10_cli.ipynb #c2232489
+# %% ../nbs/10_cli.ipynb #93c7086a
 def _kwargs(name:str, fn, args:list[str]) -> dict:
     "The keyword arguments of `fn` for command-line `args`; ValueError for a float option that is nan or inf."
-    kw = vars(anno_parser(fn, prog=f'flowgrpo {name}').parse_args(args))
+    p = anno_parser(fn, prog=f'flowgrpo {name}')
+    if getattr(fn, 'epilog', None):  # e.g. `flowgrpo train --help` lists every config field after the options
+        p.epilog, p.formatter_class = fn.epilog, argparse.RawDescriptionHelpFormatter
+    kw = vars(p.parse_args(args))
     params = inspect.signature(fn).parameters
     kw = {k: v for k, v in kw.items() if k in params}
     for k, v in kw.items():
@@ -57,7 +60,7 @@ def _kwargs(name:str, fn, args:list[str]) -> dict:
             raise ValueError(f"--{k} {v}: must be a finite number")
     return kw
 
-# %% ../nbs/10_cli.ipynb #b04b3ab9
+# %% ../nbs/10_cli.ipynb #f40adccc
 def _one_line(e:BaseException) -> str:
     "An exception's message as one line; an OSError as 'file: reason'."
     if isinstance(e, OSError) and e.strerror:
@@ -73,9 +76,16 @@ def _warnings_as_lines(prog:str):
     try: yield
     finally: warnings.formatwarning = fmt
 
+def _quiet_torchvision_notice():
+    "transformers announces on every start that torchvision is missing (the package never needs it): drop that line only."
+    import logging
+    from transformers.utils import logging as tl
+    for h in tl._get_library_root_logger().handlers: h.addFilter(lambda r: 'requires torchvision' not in r.getMessage())
+
 def main(argv:list[str]|None=None) -> int: # the exit status: 0 success, 2 bad input or OS error, 130 interrupted
     "Run `flowgrpo COMMAND [options]`."
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] not in ('-h', '--help', 'help'): _quiet_torchvision_notice()
     debug = '--debug' in argv or os.environ.get('FLOWGRPO_DEBUG', '') not in ('', '0')
     argv = [a for a in argv if a != '--debug']
     if not argv or argv[0] in ('-h', '--help', 'help'): print(usage()); return 0

@@ -211,7 +211,7 @@ def train(self:GRPOTrainer) -> dict:
     bar.close()
     return self.summary()
 
-# %% ../nbs/06_train.ipynb #50a49e04
+# %% ../nbs/06_train.ipynb #826153f7
 @patch
 def calibrate(self:GRPOTrainer) -> Calibration:
     "Calibrate the per-step noise scales psi(k) and keep them for the training rollouts."
@@ -224,6 +224,8 @@ def calibrate(self:GRPOTrainer) -> Calibration:
         ro = rollout(self.policy, ps, rcfg, self.task.reward, step_generator(cfg, 10**6 + i), psi=psi)
         V = step_values(self.policy, ro, 'ode:rest', self.task.reward).V.cpu()
         return V[:, 1:] - V[:, :-1]
+    if self.progress and self.acc.is_main_process:
+        tqdm.write(f"calibrating psi(k): {cfg.calib_iters} rounds of {P * cfg.group_size} rollouts with ode:rest values")
     with self.policy.count_nfe('calibration'):
         self.calibration = calibrate_exploration(dense_rewards, flow_sde_scale(t[:-1], t[1:], cfg.level), cfg.calib_iters,
                                                  cfg.calib_eps1, cfg.calib_eps2, trained=rcfg.trained)
@@ -377,7 +379,7 @@ def summary(self:GRPOTrainer) -> dict:
     if self.acc.is_main_process: (self.run_dir/'summary.json').write_text(json.dumps(s, indent=1))
     return s
 
-# %% ../nbs/06_train.ipynb #d7c3979f
+# %% ../nbs/06_train.ipynb #d38fd7e4
 def _cli_config(preset, set, **names) -> GRPOConfig:
     over = parse_overrides(set)
     for k, v in names.items():
@@ -407,7 +409,7 @@ def train_cli(preset:str='flow_grpo',   # preset(s) joined by '+': flow_grpo, st
     trainer.acc.end_training()
     if trainer.acc.is_main_process: print(result_line(s, out))
 
-train_cli.epilog = 'GRPOConfig fields (--set FIELD=VALUE):\n' + config_help()
+train_cli.epilog = train_cli.__wrapped__.epilog = 'GRPOConfig fields (--set FIELD=VALUE):\n' + config_help()
 
 # %% ../nbs/06_train.ipynb #3995b665
 def result_line(s:dict, out) -> str:

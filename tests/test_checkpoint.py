@@ -179,9 +179,11 @@ def test_clean_interrupted(tmp_path):
     (root/'.tmp-ckpt-000003-77').mkdir(); (root/'.tmp-ckpt-000003-77'/'lora.safetensors').write_bytes(b'half')
     os.replace(root/'ckpt-000002', root/'.old-ckpt-000002-77')       # killed between the two renames
     (root/'.old-ckpt-000001-78').mkdir()                               # a stale copy next to its checkpoint
+    (tmp_path/'.tmp-config.json-77').write_text('{"K"')                # a write_json killed before its rename
     assert [c.name for c in list_checkpoints(tmp_path)] == ['ckpt-000001']
     removed = clean_interrupted(tmp_path)
-    assert sorted(p.name for p in removed) == ['.old-ckpt-000001-78', '.tmp-ckpt-000003-77']
+    assert sorted(p.name for p in removed) == ['.old-ckpt-000001-78', '.tmp-ckpt-000003-77', '.tmp-config.json-77']
+    assert not (tmp_path/'.tmp-config.json-77').exists()
     assert _entries(tmp_path) == ['ckpt-000001', 'ckpt-000002']
     assert latest_checkpoint(tmp_path).name == 'ckpt-000002'
     assert clean_interrupted(tmp_path) == [] and clean_interrupted(tmp_path/'none') == []

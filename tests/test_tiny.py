@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flowgrpo_nb.tiny import (ASSETS, TinyConfig, TinyFlowModel, check_config, eval_prompts, evaluate, export_tiny,
+from flowgrpo_nb.tiny import (ASSETS, TinyConfig, TinyFlowModel, check_config, eval_prompts, base_scores, export_tiny,
                               flow_loss, generate, load_tiny, model_card, pretrain, read_log, save_tiny, tiny_meta)
 from flowgrpo_nb.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
 from flowgrpo_nb.world import CATEGORIES, VOCAB, parse_prompt, prompt_split, sample_batch
@@ -174,6 +174,6 @@ def test_shipped_model_card_is_current():
 def test_shipped_samples_64_fast_and_scored():
     t0 = time.perf_counter()
     m = load_tiny()
-    rep = evaluate(m, n=64, seed=5, batch_size=64)
+    rep = base_scores(m, n=64, seed=5, batch_size=64)
     assert time.perf_counter() - t0 < 60  # seconds on an idle CPU; loose for shared CI machines
     assert 0.0 < rep.overall['strict'] < 1.0
