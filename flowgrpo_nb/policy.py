@@ -22,7 +22,7 @@ from safetensors import safe_open
 from .flow import flow_sigmas
 
 # %% auto #0
-__all__ = ['LORA_TARGETS', 'LORA_FILE', 'OLD_LORA_FILE', 'Cond', 'NFECounter', 'Policy', 'read_lora_file']
+__all__ = ['LORA_TARGETS', 'LORA_FILE', 'OLD_LORA_FILE', 'Cond', 'NFECounter', 'Policy', 'read_lora_file', 'ema_weights']
 
 # %% ../nbs/00b_policy.ipynb #f687aca8
 @dataclass
@@ -292,3 +292,13 @@ def base_fingerprint(self:Policy, samples:int=4096  # values hashed per tensor (
         h.update(f"{name.replace('.base_layer', '')}{tuple(p.shape)}".encode())
         h.update(flat.float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+# %% ../nbs/00b_policy.ipynb #13cf839e
+@contextmanager
+def ema_weights(ema, params):
+    "Inside the block `params` hold `ema`'s averaged weights (a diffusers `EMAModel`; nothing happens when `ema` is None)."
+    params = list(params)
+    if ema is None: yield; return
+    ema.store(params); ema.copy_to(params)
+    try: yield
+    finally: ema.restore(params)
