@@ -16,11 +16,11 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'CreditConfig', 'step_spans', 'check_credit_inputs', 'group_stats',
-           'normalize_rewards', 'final_rewards', 'credit_flow_grpo', 'step_gains', 'credit_stepwise', 'credit_dense',
-           'TurningPoints', 'find_turning_points', 'turning_point_rewards', 'credit_turning_point', 'Credit',
-           'compute_credit', 'synthetic_values', 'plot_credit', 'CalibrationRound', 'Calibration',
-           'calibrate_exploration']
+__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'LOOKAHEAD', 'CreditConfig', 'step_spans', 'check_credit_inputs',
+           'group_stats', 'normalize_rewards', 'final_rewards', 'credit_flow_grpo', 'step_gains', 'credit_stepwise',
+           'credit_dense', 'TurningPoints', 'find_turning_points', 'turning_point_rewards', 'credit_turning_point',
+           'Credit', 'compute_credit', 'synthetic_values', 'plot_credit', 'MethodCredit', 'method_credits',
+           'CalibrationRound', 'Calibration', 'calibrate_exploration']
 
 # %% ../nbs/05_credit.ipynb #ae0cbcf1
 METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
@@ -342,6 +342,34 @@ def plot_credit(credits:dict[str, Credit],  # rule name -> its `Credit`
     fig.update_yaxes(autorange='reversed', type='category')
     fig.update_xaxes(title_text='step k', dtick=1)
     return fig.update_layout(height=120 + 18 * B, width=min(940, 140 + 200 * len(credits)), legend=dict(orientation='h', y=-0.2))
+
+# %% ../nbs/05_credit.ipynb #f8266ad7
+LOOKAHEAD = dict(flow_grpo=None, stepwise='tweedie', dense='ode:rest', turning_point='ode:rest')  # each method's step values
+
+@dataclass
+class MethodCredit:
+    "One credit rule applied to a rollout."
+    method:str     # one of `METHODS`
+    op:str|None    # the lookahead operator its values come from (None: final reward only)
+    V:Tensor       # [B, K+1] the values it read
+    credit:Credit  # advantages [B, K], step rewards, turning points
+
+# %% ../nbs/05_credit.ipynb #31dfd567
+def method_credits(ro, values:dict,                # a `Rollout`; lookahead op -> its `StepValues` (or the [B, K+1] tensor)
+                   methods=METHODS,                # rules to run
+                   lookahead:dict|None=None,       # method -> op, default `LOOKAHEAD`
+                   cfg:CreditConfig|None=None      # shared options (its `method` is replaced)
+                  ) -> dict[str, MethodCredit]:
+    "Each rule's advantages on one rollout, every value operator computed once and shared."
+    lookahead, cfg = {**LOOKAHEAD, **(lookahead or {})}, cfg or CreditConfig()
+    out = {}
+    for m in methods:
+        if m not in METHODS: raise ValueError(f"methods: {m!r} is unknown; allowed {METHODS}")
+        op = lookahead[m]
+        if op is not None and op not in values: raise ValueError(f"method {m!r} needs values of op {op!r}; values has {list(values)}")
+        V = (values[op] if torch.is_tensor(values[op]) else values[op].V).cpu() if op else ro.reward.cpu()[:, None].repeat(1, ro.K + 1)
+        out[m] = MethodCredit(m, op, V, compute_credit(V, ro.group.cpu(), ro.trained.cpu(), replace(cfg, method=m)))
+    return out
 
 # %% ../nbs/05_credit.ipynb #8646c56a
 @dataclass

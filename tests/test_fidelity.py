@@ -7,7 +7,7 @@ from scipy import stats
 from fastcore.script import anno_parser
 
 from flowgrpo_nb.credit import CreditConfig, compute_credit, synthetic_values, METHODS
-from flowgrpo_nb.fidelity import (MCValues, mc_values, true_gains, method_credits, correlation, compare_credit,
+from flowgrpo_nb.fidelity import (MCValues, mc_values, true_gains, credits_of, correlation, compare_credit,
                                   credit_fidelity, fidelity_report, fidelity_cli)
 from flowgrpo_nb.rollout import RolloutConfig, rollout
 from flowgrpo_nb.task import Task, load_policy, load_task
@@ -109,11 +109,11 @@ def test_compare_credit_exact_truth():
 def test_method_credits_share_values(policy):
     ro = _ro(policy)
     n0 = policy.nfe.nfe['lookahead']
-    cr = method_credits(policy, ro, brightness)
+    cr = credits_of(policy, ro, brightness)
     assert list(cr) == list(METHODS)
     assert policy.nfe.nfe['lookahead'] - n0 == ro.B * sum(ro.K - 1 - k for k in range(ro.K - 1))  # one ode:rest for dense and TP
     torch.testing.assert_close(cr['flow_grpo'].rewards[:, 0], ro.reward)
-    with pytest.raises(ValueError, match='methods='): method_credits(policy, ro, brightness, ('dense', 'x'))
+    with pytest.raises(ValueError, match='methods='): credits_of(policy, ro, brightness, ("dense", "x"))
 
 def test_credit_fidelity_json(policy):
     f = credit_fidelity(policy, ['a circle'], brightness, RolloutConfig(K=3, group_size=4), M=2, n_boot=50,

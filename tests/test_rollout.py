@@ -224,12 +224,12 @@ def test_logprob_of_reproduces_rollout(policy, sampler, level):
     ro = run(policy, K=4, group_size=2, sampler=sampler, level=level)
     out = logprob_of(policy, ro, [0, 1, 2])
     assert out.log_prob.shape == (4, 3) and out.mean.shape == (4, 3, 3, 32, 32)
-    torch.testing.assert_close(out.log_prob, ro.log_prob[:, :3], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.log_prob, ro.log_prob[:, :3], atol=5e-5, rtol=0)  # fp32 rounding of a mean over 3072 dims
     torch.testing.assert_close(out.std, ro.std[:, :3])
     torch.testing.assert_close(out.mean, ro.mean[:, :3], atol=1e-5, rtol=1e-5)
     one = logprob_of(policy, ro, 2, rows=[3, 0])
     assert one.log_prob.shape == (2,)
-    torch.testing.assert_close(one.log_prob, ro.log_prob[[3, 0], 2], atol=1e-5, rtol=0)
+    torch.testing.assert_close(one.log_prob, ro.log_prob[[3, 0], 2], atol=5e-5, rtol=0)
 
 
 def test_logprob_of_with_lora_and_psi(policy):
