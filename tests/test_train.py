@@ -28,7 +28,7 @@ def final_state(out, step=STEPS) -> dict:
     st['state.json'] = {k: v for k, v in json.loads((ck/'state.json').read_text()).items() if k != 'files'}
     # the log's training rows without timings (a clean stop adds an evaluation at its last step: evaluations read the
     # state, they never change it, so they are left out of the comparison)
-    st['metrics'] = [{k: v for k, v in json.loads(l).items() if not k.startswith(('sec_', 'eval_'))}
+    st['metrics'] = [{k: v for k, v in json.loads(l).items() if not k.startswith(('sec_', 'cpu_', 'eval_'))}
                      for l in (Path(out)/'metrics.jsonl').read_text().splitlines()]
     st['metrics'] = [r for r in st['metrics'] if len(r) > 1]
     return st
