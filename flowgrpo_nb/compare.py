@@ -212,11 +212,13 @@ def _agg(vals:list):
 
 def _ratio(a:float, b:float) -> float|None: return a / b if b else None
 
-# %% ../nbs/06b_compare.ipynb #7dcba92c
+# %% ../nbs/06b_compare.ipynb #30887d22
 def _verdict(d:float, se:float, other:str, n:int=1) -> str:
-    "Two standard errors with one seed (image noise); Student's t at 95% with n seeds (seed-to-seed noise)."
+    "Two standard errors with one seed (image noise: it says the two trained models differ, not that the method does); Student's t at 95% with n seeds."
     crit = 2.0 if n < 2 else float(stats.t.ppf(0.975, n - 1))
-    return f'within noise of {other}' if abs(d) < crit * se else (f'higher than {other}' if d > 0 else f'lower than {other}')
+    if abs(d) < crit * se: return f'within noise of {other}'
+    side = 'higher' if d > 0 else 'lower'
+    return f'{side} than {other}' if n > 1 else f'{side} than {other} in this one seed; seeds are needed to rank the methods'
 
 def _strict(report:dict, m:str) -> np.ndarray:
     "Held-out strict score of method `m`, one entry per seed."
