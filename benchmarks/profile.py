@@ -28,8 +28,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import flowgrpo_nb.rollout as rollout_mod
 import flowgrpo_nb.train as train_mod
-from flowgrpo_nb.compare import BUDGETS, CompareConfig
-from flowgrpo_nb.credit import METHODS
+from flowgrpo_nb.compare import ARMS, BUDGETS, CompareConfig
+
+DEFAULT = ('flow_grpo', 'flow_grpo_early', 'stepwise', 'dense', 'turning_point')
 from flowgrpo_nb.task import load_policy, load_task
 
 ORDER = ('model load', 'calibration', 'rollout', 'values', 'decoding + reward', 'credit', 'update', 'evaluation', 'other')
@@ -93,9 +94,9 @@ def instrumented(prof:Profile):
     finally: train_mod.timed, rollout_mod.reward_states = timed0, reward_states0
 
 
-def profile_method(method:str, budget:str, steps:int, out:Path) -> tuple[dict, tuple[int, int], dict]:
+def profile_method(method:str, budget:str, steps:int, out:Path, task:str='geneval') -> tuple[dict, tuple[int, int], dict]:
     "({phase: totals}, FLOPs per row (forward, forward + backward), trainer per-step medians) of one method."
-    cfg = CompareConfig(budget=budget).train_config(method, 0)
+    cfg = CompareConfig(budget=budget, tasks=(task,)).train_config(method, 0, task)
     prof = Profile()
     with prof.phase('model load'):
         policy, task = load_policy(cfg.model, cfg.model_path), load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)
@@ -123,14 +124,16 @@ def profile_method(method:str, budget:str, steps:int, out:Path) -> tuple[dict, t
 def main(threads:int=1,        # torch CPU threads for the training steps (the peak is measured at 1, 2 and this many)
          steps:int=2,          # training steps per method
          budget:str='default', # the comparison budget whose training config is profiled: smoke or default (see compare.BUDGETS)
-         methods:str=','.join(METHODS),  # comma-separated methods
+         methods:str=','.join(DEFAULT),  # comma-separated arms of the comparison (flowgrpo_nb.compare.ARMS)
+         task:str='geneval',   # the comparison task whose reward trains (geneval or score)
          json_out:str=None):   # also write the numbers to this JSON file (--json OUT)
     "Print, per method and phase, wall / CPU seconds, NFE, rows and the network's GFLOP/s against the measured matmul peak."
     ms = [m.strip() for m in methods.split(',') if m.strip()]
-    bad = [m for m in ms if m not in METHODS]
+    bad = [m for m in ms if m not in ARMS]
     if bad or budget not in BUDGETS or steps < 1 or threads < 1:
-        raise ValueError(f"methods={methods!r}, budget={budget!r}, steps={steps}, threads={threads}: methods from {METHODS}, "
+        raise ValueError(f"methods={methods!r}, budget={budget!r}, steps={steps}, threads={threads}: arms from {', '.join(ARMS)}, "
                          f"budget one of {', '.join(BUDGETS)}, steps and threads at least 1")
+    if task not in ('geneval', 'score'): raise ValueError(f"task={task!r}: allowed geneval or score")
     peaks = {t: matmul_peak(t) for t in sorted({1, 2, threads})}
     torch.set_num_threads(threads)
     peak = peaks[threads]['best']
@@ -139,7 +142,7 @@ def main(threads:int=1,        # torch CPU threads for the training steps (the p
     result = dict(threads=threads, steps=steps, budget=budget, peak_gflops=peaks, methods={})
     with tempfile.TemporaryDirectory() as d:
         for m in ms:
-            phases, (fwd, fb), med = profile_method(m, budget, steps, Path(d))
+            phases, (fwd, fb), med = profile_method(m, budget, steps, Path(d), task)
             print(f"\n{m}: {steps} step(s) of {med['batch']} samples × K={med['K']} ({budget} budget); step median "
                   f"{med['sec_step']:.2f} s wall, {med['cpu_step']:.2f} s CPU; {fwd / 1e6:.1f} MFLOP per row forward, "
                   f"{fb / 1e6:.1f} forward + backward")

@@ -16,11 +16,11 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'LOOKAHEAD', 'CreditConfig', 'step_spans', 'check_credit_inputs',
-           'group_stats', 'normalize_rewards', 'final_rewards', 'credit_flow_grpo', 'step_gains', 'credit_stepwise',
-           'credit_dense', 'TurningPoints', 'find_turning_points', 'turning_point_rewards', 'credit_turning_point',
-           'Credit', 'compute_credit', 'synthetic_values', 'plot_credit', 'MethodCredit', 'method_credits',
-           'CalibrationRound', 'Calibration', 'calibrate_exploration']
+__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'LOOKAHEAD', 'NO_SIGNAL', 'CreditConfig', 'step_spans',
+           'check_credit_inputs', 'group_stats', 'normalize_rewards', 'final_rewards', 'credit_flow_grpo', 'step_gains',
+           'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points', 'turning_point_rewards',
+           'credit_turning_point', 'Credit', 'compute_credit', 'synthetic_values', 'plot_credit', 'MethodCredit',
+           'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration']
 
 # %% ../nbs/05_credit.ipynb #ae0cbcf1
 METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
@@ -389,14 +389,17 @@ class Calibration:
         return dict(psi=self.psi.tolist(), history=[dict(psi=h.psi.tolist(), n_pos=h.n_pos.tolist(),
                                                          n_neg=h.n_neg.tolist()) for h in self.history])
 
-# %% ../nbs/05_credit.ipynb #def91de9
+# %% ../nbs/05_credit.ipynb #e51aa6d7
+NO_SIGNAL = ('hold', 'raise')
+
 def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K] -> dense rewards [N, K]
                           psi0:Tensor,              # [K] initial noise scales (Flow-GRPO's s_k)
                           iters:int,                # rounds
                           eps1:float=2,             # balance threshold on |n+ - n-|
                           eps2:float=0.01,          # step size of psi
                           clamp_min:float=0.0,      # lower bound of psi
-                          trained:Tensor|None=None  # [K] bool, steps to calibrate (default: all but the last)
+                          trained:Tensor|None=None, # [K] bool, steps to calibrate (default: all but the last)
+                          no_signal:str='hold'      # a step with n+ + n- < eps1 (no gain either way): 'hold' psi, or 'raise' it
                          ) -> Calibration:
     "DenseGRPO's exploration calibration (its Algorithm 1); untrained steps keep `psi0`."
     if not (isinstance(psi0, Tensor) and psi0.ndim == 1 and len(psi0) >= 1 and psi0.is_floating_point()
@@ -412,6 +415,7 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
                                  ('clamp_min', clamp_min, isinstance(clamp_min, (int, float)) and math.isfinite(clamp_min),
                                   'a finite number')):
         if not ok: raise ValueError(f"{name}={v!r}: allowed {allowed}")
+    if no_signal not in NO_SIGNAL: raise ValueError(f"no_signal={no_signal!r}: allowed {', '.join(NO_SIGNAL)}")
     psi, trained, history = psi0.clone(), trained.to(psi0.device), []
     for it in range(iters):
         dR = dense_rewards_fn(psi.clone())
@@ -421,5 +425,6 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
         n_pos, n_neg = (dR > 0).sum(0).to(psi.device), (dR < 0).sum(0).to(psi.device)
         history.append(CalibrationRound(psi.clone(), n_pos, n_neg))
         step = torch.where((n_pos - n_neg).abs() < eps1, eps2, -eps2).to(psi)
+        if no_signal == 'hold': step = torch.where(n_pos + n_neg < eps1, 0.0, step)
         psi = torch.where(trained, (psi + step).clamp(min=clamp_min), psi)
     return Calibration(psi, history)

@@ -8,7 +8,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/train.html.md"""
 __all__ = ['step_prompts', 'step_generator', 'GRPOTrainer', 'timed', 'credit_stats', 'ppo_loss', 'kl_to_reference', 'check_base',
            'load_run_policy', 'ema_of', 'train_cli', 'result_line']
 
-# %% ../nbs/06_train.ipynb #1e3c37e6
+# %% ../nbs/06_train.ipynb #7c75e6cd
 import json, math, time, warnings
 from contextlib import contextmanager
 from dataclasses import replace
@@ -20,7 +20,7 @@ from fastcore.script import call_parse
 from fastcore.basics import patch
 from .flow import flow_sde_scale
 from .policy import Policy, ema_weights
-from .rollout import rollout, step_values, logprob_of
+from .rollout import rollout, step_values, logprob_of, logprob_pairs
 from .credit import METHODS, compute_credit, calibrate_exploration, Calibration
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help
@@ -79,13 +79,13 @@ def _init_state(self:GRPOTrainer, resume:bool):
     if self.acc.trackers == [] and cfg.log_with != 'none':
         self.acc.init_trackers('grpo', config={k: str(v) for k, v in cfg.to_dict().items()})
 
-# %% ../nbs/06_train.ipynb #d2f727f8
+# %% ../nbs/06_train.ipynb #e726a700
 @patch
 def collect(self:GRPOTrainer, step:int) -> dict:
     "Roll out, value and credit the batch of `step`; returns the local rollout, advantages and statistics."
     cfg, pol, times = self.cfg, self.policy, {}
     with pol.count_nfe('rollout') as n_ro, timed(times, 'rollout'):
-        ro = rollout(pol, step_prompts(cfg, step, self.task.train_prompts), cfg.rollout_config(), self.task.reward,
+        ro = rollout(pol, step_prompts(cfg, step, self.task.train_prompts), cfg.rollout_config(step), self.task.reward,
                      step_generator(cfg, step), psi=self.psi, rows=self.rows())
     with timed(times, 'values'):
         if cfg.lookahead is None: V = torch.cat([torch.zeros(ro.B, ro.K), ro.reward[:, None].cpu()], 1)
@@ -136,17 +136,19 @@ def kl_to_reference(mean:torch.Tensor, ref_mean:torch.Tensor, std:torch.Tensor) 
     var = 2 * std ** 2
     return torch.where(var > 0, ((mean - ref_mean) ** 2).flatten(2).mean(2) / var.clamp_min(torch.finfo(var.dtype).tiny), 0.)
 
-# %% ../nbs/06_train.ipynb #18219862
+# %% ../nbs/06_train.ipynb #74f92cb4
 @patch
 def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
     "`updates_per_rollout` optimizer steps on this process's rollout `ro` with advantages `A` [B, K]."
     cfg, pol = self.cfg, self.policy
     ks = ro.trained.nonzero().flatten().cpu().tolist()
-    stats = dict(loss=[], clipfrac=[], approx_kl=[], kl=[], grad_norm=[])
+    stats = dict(loss=[], clipfrac=[], approx_kl=[], kl=[], grad_norm=[], skipped=[])
     for rows in torch.arange(ro.B).chunk(cfg.updates_per_rollout):
         self.opt.zero_grad(set_to_none=True)
         mbs = rows.split(cfg.minibatch)
         for mb in mbs: self._backward(ro, A, ks, mb, len(mbs), stats)
+        for p in self.params:
+            if p.grad is None: p.grad = torch.zeros_like(p)  # every pair skipped: a zero gradient, as without the skip
         self._average_gradients()
         gn = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
         if not math.isfinite(gn): raise ValueError(f"the gradient norm is {gn} (loss {stats['loss'][-1]}); try a smaller lr "
@@ -156,22 +158,46 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
         if self.ema is not None: self.ema.step(self.params)
     return {k: float(np.mean(v)) for k, v in stats.items() if v}
 
-# %% ../nbs/06_train.ipynb #bd8a7285
+# %% ../nbs/06_train.ipynb #7af88699
 @patch
 def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats):
     "Loss and backward pass of minibatch `mb` (rows) on trained steps `ks`."
     cfg, pol = self.cfg, self.policy
-    out = logprob_of(pol, ro, ks, mb)                   # fields [b, k]
-    old, adv = ro.log_prob[mb][:, ks], A[mb][:, ks].to(out.log_prob.device)
+    adv = A[mb][:, ks]                                  # [b, k]
+    keep = adv != 0 if cfg.skip_zero_adv and cfg.beta == 0 else torch.ones_like(adv, dtype=torch.bool)
+    stats['skipped'].append(1 - keep.float().mean().item())
+    if not keep.any(): return
+    bi, ki = keep.nonzero(as_tuple=True)                # row-major: all pairs = logprob_of's order
+    ii, kk = mb[bi], torch.as_tensor(ks)[ki]
+    out = logprob_pairs(pol, ro, ii, kk)                # fields [n]
+    old, adv = ro.log_prob[ii, kk], adv[bi, ki].to(out.log_prob.device)
     loss, ratio = ppo_loss(out.log_prob, old, adv, cfg.clip_range)
+    if len(ii) < keep.numel(): loss = loss * (len(ii) / keep.numel())  # the mean over all pairs: the others add 0
     if cfg.beta > 0:
-        with torch.no_grad(), pol.disable_adapter(): ref = logprob_of(pol, ro, ks, mb)
-        kl = kl_to_reference(out.mean, ref.mean, out.std)
+        with torch.no_grad(), pol.disable_adapter(): ref = logprob_pairs(pol, ro, ii, kk)
+        b, k = keep.shape
+        kl = kl_to_reference(out.mean.unflatten(0, (b, k)), ref.mean.unflatten(0, (b, k)), out.std.unflatten(0, (b, k)))
         loss = loss + cfg.beta * kl.mean()
         stats['kl'].append(kl.mean().item())
     self.acc.backward(loss / n_mb)
     stats['loss'].append(loss.item()); stats['clipfrac'].append(((ratio.detach() - 1).abs() > cfg.clip_range).float().mean().item())
     stats['approx_kl'].append(0.5 * ((out.log_prob.detach() - old) ** 2).mean().item())
+
+# %% ../nbs/06_train.ipynb #a908fa16
+@patch
+def grad_shares(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
+    "{grad_share_<k>: share of step k's gradient norm in the sum over trained steps}, on the first minibatch."
+    cfg, mb, norms = self.cfg, torch.arange(ro.B)[:self.cfg.minibatch], {}
+    for k in ro.trained.nonzero().flatten().cpu().tolist():
+        kk, adv = torch.full_like(mb, k), A[mb, k]
+        if not adv.any(): norms[k] = 0.0; continue  # zero credit: exactly zero gradient
+        self.opt.zero_grad(set_to_none=True)
+        out = logprob_pairs(self.policy, ro, mb, kk)
+        ppo_loss(out.log_prob, ro.log_prob[mb, k], adv.to(out.log_prob.device), cfg.clip_range)[0].backward()
+        norms[k] = float(torch.stack([p.grad.float().norm() for p in self.params if p.grad is not None]).norm())
+    self.opt.zero_grad(set_to_none=True)
+    total = sum(norms.values()) or 1.0
+    return {f'grad_share_{k}': n / total for k, n in norms.items()}
 
 # %% ../nbs/06_train.ipynb #f2d86f17
 @patch
@@ -182,28 +208,31 @@ def _average_gradients(self:GRPOTrainer):
     flat = self.acc.reduce(torch.cat([g.flatten() for g in grads]), reduction='mean')
     for p, g in zip(self.params, flat.split([g.numel() for g in grads])): p.grad = g.view_as(p)
 
-# %% ../nbs/06_train.ipynb #2d2bdf07
+# %% ../nbs/06_train.ipynb #c964405b
 @patch
 def train_step(self:GRPOTrainer) -> dict:
     "One rollout batch and its `updates_per_rollout` optimizer steps; returns the logged metrics."
-    times = {}
+    times, diag, cfg = {}, {}, self.cfg
     try:
         with timed(times, 'step'):
             c = self.collect(self.step)
+            if cfg.diag_every and self.step % cfg.diag_every == 0:
+                with timed(diag, 'diag'): diag |= self.grad_shares(c['rollout'], c['advantages'])
             with timed(times, 'update'): up = self.update(c['rollout'], c['advantages'])
     except ValueError as e:
         saved = self.save() if self.step > 0 else None  # the state before this step, so nothing is lost
         raise ValueError(f"step {self.step}: {e} ({f'the state before this step is saved in {saved}' if saved else 'no checkpoint was written'})") from e
     self.step += 1
-    return {**c['stats'], **up, **c['times'], **times}
+    for k in ('sec', 'cpu'): times[f'{k}_step'] -= diag.get(f'{k}_diag', 0.0)  # the diagnostic is not the method's cost
+    return {**c['stats'], **up, **c['times'], **times, **diag}
 
-# %% ../nbs/06_train.ipynb #dc1687de
+# %% ../nbs/06_train.ipynb #63463cbf
 @patch
 def train(self:GRPOTrainer) -> dict:
     "Run (or continue) training to `cfg.steps`; returns the summary also written to summary.json."
     cfg = self.cfg
     if cfg.calibrate and self.psi is None: self.calibrate()
-    if self.step == 0 and not self.history and self.evaluates: self.log(self.eval_metrics() | dict(sec_total=0.0))
+    if self.step == 0 and not self.history and self.evaluates and cfg.eval_start: self.log(self.eval_metrics() | dict(sec_total=0.0))
     bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.method, disable=not (self.progress and self.acc.is_main_process))
     while self.step < cfg.steps:
         m = self.train_step()
@@ -216,7 +245,7 @@ def train(self:GRPOTrainer) -> dict:
     bar.close()
     return self.summary()
 
-# %% ../nbs/06_train.ipynb #826153f7
+# %% ../nbs/06_train.ipynb #7e7a3516
 @patch
 def calibrate(self:GRPOTrainer) -> Calibration:
     "Calibrate the per-step noise scales psi(k) and keep them for the training rollouts."
@@ -231,11 +260,15 @@ def calibrate(self:GRPOTrainer) -> Calibration:
         return V[:, 1:] - V[:, :-1]
     if self.progress and self.acc.is_main_process:
         tqdm.write(f"calibrating psi(k): {cfg.calib_iters} rounds of {P * cfg.group_size} rollouts with ode:rest values")
-    with self.policy.count_nfe('calibration'):
+    times, nfe0 = {}, sum(self.policy.nfe.nfe.values())  # every phase: the rollouts and values inside book their own
+    with timed(times, 'calibration'):
         self.calibration = calibrate_exploration(dense_rewards, flow_sde_scale(t[:-1], t[1:], cfg.level), cfg.calib_iters,
-                                                 cfg.calib_eps1, cfg.calib_eps2, trained=rcfg.trained)
-    self.psi, self.calibration_record = self.calibration.psi, self.calibration.to_dict()
-    if self.acc.is_main_process: (self.run_dir/'calibration.json').write_text(json.dumps({**self.calibration.to_dict(), 'sigmas': t.tolist()}))
+                                                 cfg.calib_eps1, cfg.calib_eps2, trained=rcfg.trained,
+                                                 no_signal=cfg.calib_no_signal)
+    cost = dict(rollouts=cfg.calib_iters * P * cfg.group_size, nfe=sum(self.policy.nfe.nfe.values()) - nfe0, seconds=times['sec_calibration'],
+                cpu_seconds=times['cpu_calibration'])
+    self.psi, self.calibration_record = self.calibration.psi, self.calibration.to_dict() | dict(cost=cost)
+    if self.acc.is_main_process: (self.run_dir/'calibration.json').write_text(json.dumps({**self.calibration_record, 'sigmas': t.tolist()}))
     return self.calibration
 
 # %% ../nbs/06_train.ipynb #514b297a
@@ -353,7 +386,7 @@ def evaluate(self:GRPOTrainer, n_images:int|None=None, **kw) -> EvalReport:
 @patch
 def eval_metrics(self:GRPOTrainer) -> dict: return self.evaluate().metrics()
 
-# %% ../nbs/06_train.ipynb #694a4456
+# %% ../nbs/06_train.ipynb #d9b13871
 @patch
 def log(self:GRPOTrainer, metrics:dict):
     "Append `metrics` of the current step to metrics.jsonl and the accelerate trackers."
@@ -374,11 +407,12 @@ def summary(self:GRPOTrainer) -> dict:
              nfe_per_sample=dict(rollout=med('nfe_rollout'), lookahead=med('nfe_lookahead')),
              seconds_per_step={k: med(f'sec_{k}') for k in ('rollout', 'values', 'credit', 'update', 'step')},
              cpu_seconds_per_step={k: med(f'cpu_{k}') for k in ('rollout', 'values', 'credit', 'update', 'step')},
-             psi=None if self.psi is None else self.psi.tolist())
+             psi=None if self.psi is None else self.psi.tolist(),
+             calibration_cost=(self.calibration_record or {}).get('cost'))
     if self.acc.is_main_process: (self.run_dir/'summary.json').write_text(json.dumps(s, indent=1))
     return s
 
-# %% ../nbs/06_train.ipynb #d38fd7e4
+# %% ../nbs/06_train.ipynb #557c638f
 def _cli_config(preset, set, **names) -> GRPOConfig:
     over = parse_overrides(set)
     for k, v in names.items():
@@ -388,7 +422,7 @@ def _cli_config(preset, set, **names) -> GRPOConfig:
     return preset_config(preset, **over)
 
 @call_parse
-def train_cli(preset:str='flow_grpo',   # preset(s) joined by '+': flow_grpo, stepwise, stepwise_ode, dense, turning_point, smoke
+def train_cli(preset:str='flow_grpo',   # preset(s) joined by '+' (`flowgrpo_nb.config.PRESETS`): flow_grpo, flow_grpo_early, mix_grpo, stepwise, stepwise_ode, dense, dense_early, turning_point, turning_point_early, smoke
               out:str='runs/train',     # run folder
               resume:bool=False,        # continue from the newest checkpoint in `out`
               model:str=None,           # backend: tiny (default), sd3 or flux

@@ -25,8 +25,8 @@ from .credit import (METHODS, CreditConfig, Credit, compute_credit, Calibration,
 
 # %% auto #0
 __all__ = ['PHASES', 'group_rows', 'image_strip', 'preview_figure', 'turning_point_table', 'gain_figure', 'load_calibration',
-           'calibration_figure', 'read_metrics', 'training_figure', 'FigureView', 'preview_dashboard', 'gain_dashboard',
-           'find_runs', 'run_dashboard', 'dashboard']
+           'calibration_figure', 'read_metrics', 'training_figure', 'grad_share_figure', 'FigureView',
+           'preview_dashboard', 'gain_dashboard', 'find_runs', 'run_dashboard', 'dashboard']
 
 # %% ../nbs/07_viz.ipynb #13eb8227
 def group_rows(ro:Rollout, prompt:int|str=0) -> list[int]:
@@ -231,6 +231,20 @@ def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or 
     for row, col in ((1, 1), (1, 2), (1, 3), (2, 1)): fig.update_xaxes(title_text='step', row=row, col=col, **_int_ticks(last))
     return fig.update_layout(width=940, height=660, barmode='group', legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=60, b=40))
 
+# %% ../nbs/07_viz.ipynb #c0f31d75
+def grad_share_figure(runs:str|Path|list|dict) -> go.Figure:
+    "Mean share of the gradient norm per trained denoising step (from `grad_share_<k>`), one bar group per run."
+    if isinstance(runs, (str, Path)): runs = [runs]
+    if not isinstance(runs, dict): runs = {Path(r).name: r for r in runs}
+    fig = go.Figure()
+    for j, (name, d) in enumerate(runs.items()):
+        rows = [r for r in read_metrics(d) if any(k.startswith('grad_share_') for k in r)]
+        ks = sorted({int(k[11:]) for r in rows for k in r if k.startswith('grad_share_')})
+        fig.add_bar(x=ks, y=[float(np.mean([r.get(f'grad_share_{k}', 0.0) for r in rows])) for k in ks], name=name,
+                    marker_color=_colour(j))
+    return fig.update_layout(barmode='group', xaxis_title='denoising step k', yaxis_title='share of the gradient norm',
+                             title='where the gradient comes from (mean over diagnostic steps)', height=340, width=640)
+
 # %% ../nbs/07_viz.ipynb #f3cf065f
 import ipywidgets as widgets
 from IPython import get_ipython
@@ -272,7 +286,7 @@ def gain_dashboard(ro:Rollout, credits:dict[str, MethodCredit]) -> FigureView:
     "`gain_figure` behind a prompt dropdown."
     return FigureView(lambda prompt: gain_figure(ro, credits, prompt), dict(prompt=_prompt_dropdown(ro)))
 
-# %% ../nbs/07_viz.ipynb #f696dd42
+# %% ../nbs/07_viz.ipynb #cd861928
 def find_runs(root:str|Path) -> list[Path]:
     "Trainer run folders (holding metrics.jsonl) at or under `root`, sorted."
     root = Path(root)
@@ -297,8 +311,10 @@ def run_dashboard(root:str|Path) -> widgets.VBox:
         rnd.max = max(len(c.history) - 1, 0)
         return calibration_figure(run, round=min(round, rnd.max) if c.history else None)
     views = [FigureView(training_figure, dict(runs=run), show_controls=False),
-             FigureView(cal, dict(run=run, round=rnd), show_controls=False)]
-    tabs = widgets.Tab(children=[views[0].out, widgets.VBox([rnd, views[1].out])], titles=['training', 'calibration'])
+             FigureView(cal, dict(run=run, round=rnd), show_controls=False),
+             FigureView(grad_share_figure, dict(runs=run), show_controls=False)]
+    tabs = widgets.Tab(children=[views[0].out, widgets.VBox([rnd, views[1].out]), views[2].out],
+                       titles=['training', 'calibration', 'gradient by step'])
     box = widgets.VBox([run, tabs])
     box.views = views
     return box

@@ -1,13 +1,19 @@
-"Checks of flowgrpo_nb.compare: its Task seam, its worker processes, its timings (the notebook nbs/06b_compare.ipynb runs the embedded default)."
+"Checks of flowgrpo_nb.compare: its Task seam, its worker processes, its statistics and costs (the notebook nbs/06b_compare.ipynb runs the embedded default)."
 import json, os
+from pathlib import Path
 
 import pytest, torch
+from fastcore.script import anno_parser
 from safetensors.torch import load_file
 
-from flowgrpo_nb.compare import CompareConfig, FINAL_SEED, build_report, compare, final_eval, heldout
+from flowgrpo_nb.compare import (ARMS, EVAL_SEED, arm_config, arm_settings, CompareConfig, base_eval, compare, compare_cli, findings, heldout, job_costs,
+                                 results_markdown, run_report, task_section, estimate_cost, _train_one)
+from flowgrpo_nb.config import GRPOConfig
 from flowgrpo_nb.task import Task, EvalReport, evaluate_policy, load_policy, reward_report
+from flowgrpo_nb.train import GRPOTrainer
 
 torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parent.parent
 
 # module-level functions, so that the task can be sent to compare's worker processes
 def brightness(images, prompts): return images.mean((1, 2, 3))
@@ -18,6 +24,8 @@ def dying_reward(images, prompts): os._exit(3)
 def brightness_task(name='brightness', reward=brightness):
     return Task(name, ['a red circle', 'two squares'], ['a blue cross', 'three circles'], reward, brightness_report)
 
+ONE = dict(budget='smoke', tasks=('geneval',), arms=('flow_grpo', 'dense'))  # one task, two arms: a quick comparison
+
 @pytest.fixture(scope='module')
 def task():
     "A task of the compare's own making: no categories, no learned score, a continuous reward."
@@ -26,31 +34,38 @@ def task():
 def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     policy = load_policy('tiny')
     before = {k: v.clone() for k, v in policy.module.state_dict().items()}
-    report = compare(tmp_path, CompareConfig(budget='smoke', methods=('flow_grpo', 'dense')), task=task, policy=policy,
-                     progress=False, workers=2)  # the given task and policy travel to the workers
+    report = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=2, png=False)  # they travel to the workers
     after = policy.module.state_dict()  # every training got its own copy: the given policy is untouched
     assert set(after) == set(before) and all(torch.equal(after[k], v) for k, v in before.items())
-    base = evaluate_policy(policy, task, 48, seed=FINAL_SEED)
-    assert report['base'] == dict(overall=dict(strict=base.overall, se=base.overall_se, n=48), learned_score=None)
+    sec = report['tasks']['geneval']
+    cfg = CompareConfig(**ONE).train_config('flow_grpo', 0)  # the trainer's evaluation settings and noise of seed 0
+    base = evaluate_policy(policy, task, cfg.eval_images, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance, seed=cfg.seed + EVAL_SEED)
+    assert sec['base']['per_seed']['0'] == heldout(base) and sec['base']['learned_score'] is None
     for m in ('flow_grpo', 'dense'):
-        r = report['methods'][m]
+        r, run = sec['arms'][m], sec['per_seed']['0'][m]
         assert r['per_category'] == {} and r['learned_score'] is None and r['heldout_strict']['n'] == 1
-        ev = json.loads((tmp_path/'seed0'/m/'final_eval.json').read_text())
-        assert (ev['task'], ev['n'], ev['seed']) == ('brightness', 48, FINAL_SEED)
-        assert report['per_seed']['0'][m]['heldout']['overall']['strict'] == ev['overall']
-    assert json.loads((tmp_path/'seed0'/'dense'/'config.json').read_text())['method'] == 'dense'
-    assert (tmp_path/'report.html').exists() and len(report['findings']) == 3
+        last = [json.loads(l) for l in (tmp_path/'geneval'/'seed0'/m/'metrics.jsonl').read_text().splitlines()][-1]
+        assert run['heldout']['overall']['strict'] == last['eval_overall'] and run['curve'][0]['eval'] == base.overall
+        assert [p['step'] for p in run['curve']] == [0, 2] and not (tmp_path/'figures'/'geneval_costs.png').exists()  # the base point, then the trainer's final evaluation
+    assert json.loads((tmp_path/'geneval'/'seed0'/'dense'/'config.json').read_text())['method'] == 'dense'
+    assert report['setup']['tasks']['geneval']['name'] == 'brightness'
+    assert (tmp_path/'report.html').exists() and report['findings']
 
-def test_final_eval_cache(task, tmp_path):
-    policy, path = load_policy('tiny'), tmp_path/'eval.json'
-    a = final_eval(policy, task, 12, path)
+def test_base_eval_is_the_trainers_first_evaluation(task, tmp_path):
+    "The base point of a seed is what a run of that seed would have evaluated before its first step (eval_start=True)."
+    cfg = CompareConfig(budget='smoke').train_config('flow_grpo', 3)
+    tr = GRPOTrainer(GRPOConfig.from_dict(cfg.to_dict() | dict(log_with='none')), tmp_path/'run', policy=load_policy('tiny'), task=task, progress=False)
+    assert base_eval(load_policy('tiny'), task, cfg).overall == pytest.approx(tr.evaluate().overall, abs=1e-6)
+
+def test_base_eval_cache(task, tmp_path):
+    cfg, path = CompareConfig(budget='smoke').train_config('flow_grpo', 0), tmp_path/'eval.json'
+    a = base_eval(load_policy('tiny'), task, cfg, path, progress=False)
     d = json.loads(path.read_text())
     d['overall'] = -1.0; path.write_text(json.dumps(d))  # a marker: a reused cache returns it
-    assert final_eval(policy, task, 12, path).overall == -1.0
-    assert final_eval(policy, task, 6, path).n == 6       # another number of images: evaluated again
+    assert base_eval(None, task, cfg, path).overall == -1.0
     other = Task('other', task.train_prompts, task.eval_prompts, task.reward, task.evaluate)
-    assert final_eval(policy, other, 6, path).overall != -1.0 and json.loads(path.read_text())['task'] == 'other'
-    assert isinstance(a, EvalReport) and a.n == 12
+    assert base_eval(load_policy('tiny'), other, cfg, path).overall != -1.0 and json.loads(path.read_text())['key']['task'] == 'other'
+    assert isinstance(a, EvalReport) and a.n == cfg.eval_images
 
 def test_heldout_keeps_category_fields():
     rep = EvalReport(0.5, 0.1, 4, dict(a=dict(score=1.0, se=0.0, n=2, partial=1.0), b=dict(score=0.0, se=0.0, n=2)),
@@ -58,11 +73,24 @@ def test_heldout_keeps_category_fields():
     assert heldout(rep) == dict(a=dict(strict=1.0, se=0.0, n=2, partial=1.0), b=dict(strict=0.0, se=0.0, n=2),
                                 overall=dict(strict=0.5, se=0.1, n=4, partial=0.75))
 
-def test_compare_needs_an_evaluation(task, tmp_path):
+def test_compare_checks_before_it_starts(task, tmp_path):
     no_eval = Task('no-eval', task.train_prompts, task.eval_prompts, brightness)
     with pytest.raises(ValueError, match="task 'no-eval' has no evaluation"):
-        compare(tmp_path/'out', CompareConfig(budget='smoke'), task=no_eval, progress=False)
+        compare(tmp_path/'out', CompareConfig(**ONE), task=no_eval, progress=False)
+    with pytest.raises(ValueError, match="task: one Task for the 2 tasks"):
+        compare(tmp_path/'out', CompareConfig(budget='smoke'), task=task, progress=False)
+    with pytest.raises(ValueError, match="must evaluate alike and at all"):
+        compare(tmp_path/'out', CompareConfig(**ONE, overrides=dict(eval_images=0)), task=task, progress=False)
+    with pytest.raises(ValueError, match="GRPOConfig.lr=-1"):  # every run's config is checked first
+        compare(tmp_path/'out', CompareConfig(**ONE, overrides=dict(lr=-1)), task=task, progress=False)
     assert not (tmp_path/'out').exists()  # nothing written, nothing trained
+
+def test_a_folder_of_other_settings_is_not_reused(task, tmp_path):
+    cfg = CompareConfig(**ONE).train_config('flow_grpo', 0)
+    (tmp_path/'run').mkdir()
+    (tmp_path/'run'/'config.json').write_text(json.dumps(cfg.to_dict() | dict(lr=1e-3)))
+    with pytest.raises(ValueError, match=r"run holds a run with other settings \(lr: 0.001 -> 0.002\)"):
+        _train_one(cfg, tmp_path/'run', None, task, False)
 
 def _tensors(run_dir):
     "Every tensor of a run's checkpoints: {(checkpoint, file, name): tensor}."
@@ -70,53 +98,117 @@ def _tensors(run_dir):
             for k, v in load_file(f).items()}
 
 def test_serial_and_parallel_runs_are_the_same(tmp_path):
-    "The default task and model: 2 workers x 1 thread give bitwise what one process with 1 thread gives."
-    ccfg = CompareConfig(budget='smoke', methods=('flow_grpo', 'dense'))
-    one = compare(tmp_path/'w1', ccfg, progress=False, workers=1, threads=1)
-    two = compare(tmp_path/'w2', ccfg, progress=False, workers=2, threads=1)
+    "The default tasks and model: 2 workers x 1 thread give bitwise what one process with 1 thread gives."
+    ccfg = CompareConfig(budget='smoke', arms=('flow_grpo', 'dense'))
+    one = compare(tmp_path/'w1', ccfg, progress=False, workers=1, threads=1, png=False)
+    two = compare(tmp_path/'w2', ccfg, progress=False, workers=2, threads=1, png=False)
     assert (one['timing']['workers'], two['timing']['workers'], two['timing']['threads_per_worker']) == (1, 2, 1)
-    assert one['base'] == two['base']
-    for m in ccfg.methods:
-        a, b = one['per_seed']['0'][m], two['per_seed']['0'][m]
-        assert a['heldout'] == b['heldout'] and a['learned_score'] == b['learned_score']
-        assert [p['eval'] for p in a['curve']] == [p['eval'] for p in b['curve']]
-        assert [p['reward'] for p in a['reward_curve']] == [p['reward'] for p in b['reward_curve']]
-        ta, tb = _tensors(tmp_path/'w1'/'seed0'/m), _tensors(tmp_path/'w2'/'seed0'/m)
-        assert ta and ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta), m
-    assert one['methods']['dense']['heldout_strict'] == two['methods']['dense']['heldout_strict']
+    for t in ('geneval', 'score'):
+        a_, b_ = one['tasks'][t], two['tasks'][t]
+        assert a_['base'] == b_['base'] and a_['comparisons'] == b_['comparisons']
+        for m in ccfg.arms:
+            a, b = a_['per_seed']['0'][m], b_['per_seed']['0'][m]
+            assert a['heldout'] == b['heldout'] and a['learned_score'] == b['learned_score']
+            assert [p['eval'] for p in a['curve']] == [p['eval'] for p in b['curve']]
+            assert [p['reward'] for p in a['reward_curve']] == [p['reward'] for p in b['reward_curve']]
+            ta, tb = _tensors(tmp_path/'w1'/t/'seed0'/m), _tensors(tmp_path/'w2'/t/'seed0'/m)
+            assert ta and ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta), (t, m)
+    assert one['tasks']['score']['arms']['dense']['heldout_strict'] == two['tasks']['score']['arms']['dense']['heldout_strict']
 
 @pytest.mark.parametrize('reward, why', [(failing_reward, 'ValueError: this reward always fails'), (dying_reward, 'BrokenProcessPool')])
 def test_a_failing_worker_names_its_run(tmp_path, reward, why):
-    "A run that raises, or a worker process that dies, ends the comparison with one ValueError naming a (seed, method)."
-    with pytest.raises(ValueError, match=r"^the run of seed 0, method '(flow_grpo|dense)' failed in its worker process \(") as e:
-        compare(tmp_path, CompareConfig(budget='smoke', methods=('flow_grpo', 'dense')), task=brightness_task(reward=reward),
-                policy=load_policy('tiny'), progress=False, workers=2)
+    "A run that raises, or a worker process that dies, ends the comparison with one ValueError naming a (seed, arm) or the base evaluation."
+    with pytest.raises(ValueError, match=r"^the (run of seed 0, arm '(flow_grpo|dense)' \(task 'geneval'\)|base model's evaluation \(geneval, seed 0\)) "
+                                         r"failed in its worker process \(") as e:
+        compare(tmp_path, CompareConfig(**ONE), task=brightness_task(reward=reward), policy=load_policy('tiny'), progress=False, workers=2)
     assert why in str(e.value) and '\n' not in str(e.value)
 
 def test_workers_need_a_picklable_task(task, tmp_path):
     local = Task('local', task.train_prompts, task.eval_prompts, lambda im, p: brightness(im, p), brightness_report)
     with pytest.raises(ValueError, match="workers=2: the given task or policy cannot be sent to worker processes"):
-        compare(tmp_path/'out', CompareConfig(budget='smoke'), task=local, progress=False, workers=2)
+        compare(tmp_path/'out', CompareConfig(**ONE), task=local, progress=False, workers=2)
     with pytest.raises(ValueError, match="workers=-1"):
-        compare(tmp_path/'out', CompareConfig(budget='smoke'), task=task, progress=False, workers=-1)
+        compare(tmp_path/'out', CompareConfig(**ONE), task=task, progress=False, workers=-1)
     assert not (tmp_path/'out').exists()
 
-def _fake_run(d, method, wall, cpu, nfe):
-    "A run folder with two steps of the given wall / CPU seconds per step and NFE per sample."
+def _fake_run(d, method, wall, cpu, nfe, final=0.5, steps=2, calibration=None, turning_points=None, score=None):
+    "A run folder with `steps` steps of the given wall / CPU seconds and NFE per sample, and a final evaluation."
     d.mkdir(parents=True)
-    (d/'config.json').write_text(json.dumps(dict(prompts_per_step=2, group_size=4, method=method)))
-    steps = [dict(step=i + 1, sec_total=(i + 1) * wall, reward=0.5, nfe_rollout=nfe, nfe_lookahead=0.0,
-                  **{f'{k}_{p}': v for k, v in (('sec', wall), ('cpu', cpu)) for p in ('rollout', 'values', 'credit', 'update', 'step')})
-             for i in range(2)]
-    (d/'metrics.jsonl').write_text('\n'.join(json.dumps(m) for m in steps))
-    return dict(dir=d, final=EvalReport(0.5, 0.1, 4))
+    (d/'config.json').write_text(json.dumps(dict(prompts_per_step=2, group_size=4, method=method, eval_images=4)))
+    (d/'summary.json').write_text(json.dumps(dict(steps=steps, calibration_cost=calibration)))
+    ms = [dict(step=i + 1, sec_total=(i + 1) * wall, reward=0.5, nfe_rollout=nfe, nfe_lookahead=0.0,
+               **({} if turning_points is None else dict(turning_points=turning_points)),
+               **{f'{k}_{p}': v for k, v in (('sec', wall), ('cpu', cpu)) for p in ('rollout', 'values', 'credit', 'update', 'step')})
+          for i in range(steps)]
+    ms[-1] |= dict(eval_overall=final, eval_overall_se=0.1, **({} if score is None else dict(eval_score=score)))
+    (d/'metrics.jsonl').write_text('\n'.join(json.dumps(m) for m in ms))
+    return d
 
-def test_step_time_ratio_is_cpu_time(tmp_path):
-    "A method whose wall time was inflated by a busy machine: the ratio follows the CPU seconds, the wall ratio is kept beside it."
-    runs = {(0, 'flow_grpo'): _fake_run(tmp_path/'f', 'flow_grpo', wall=1.0, cpu=1.0, nfe=4),
-            (0, 'dense'): _fake_run(tmp_path/'d', 'dense', wall=20.0, cpu=2.0, nfe=12)}
-    r = build_report(CompareConfig(budget='smoke', methods=('flow_grpo', 'dense')), EvalReport(0.4, 0.1, 4), runs)
-    d = r['methods']['dense']
+def _report(runs:dict, levels='few', finals=None):
+    "A one-task, one-seed report of fake run folders {arm: folder}."
+    base = EvalReport(0.4, 0.1, 4)
+    per_seed = {'0': {a: run_report(d, base) for a, d in runs.items()}}
+    sec = task_section('geneval', per_seed, {'0': (heldout(base), None)}, list(runs), levels)
+    arms = {a: arm_settings(a, arm_config(a), levels) | dict(controls=dict(geneval=ARMS[a].control_for(levels))) for a in runs}
+    rep = dict(format=2, setup=dict(arms=arms), tasks=dict(geneval=sec))
+    return rep | dict(findings=findings(rep))
+
+def test_step_time_ratio_is_cpu_time_and_calibration_counts(tmp_path):
+    "A run whose wall time was inflated by a busy machine: the ratio follows the CPU seconds; calibration adds to the run's NFE and seconds."
+    cal = dict(nfe=1000, rollouts=16, seconds=5.0, cpu_seconds=4.0)
+    r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', wall=1.0, cpu=1.0, nfe=4),
+                 'dense': _fake_run(tmp_path/'d', 'dense', wall=20.0, cpu=2.0, nfe=12, calibration=cal)})
+    d, run = r['tasks']['geneval']['arms']['dense'], r['tasks']['geneval']['per_seed']['0']['dense']
     assert (d['step_time_ratio']['median'], d['wall_time_ratio']['median'], d['nfe_ratio']['median']) == (2.0, 20.0, 3.0)
     assert d['cpu_seconds_per_step']['step']['mean'] == 2.0 and d['seconds_per_step']['step']['mean'] == 20.0
-    assert "costs 2.00× Flow-GRPO's in process CPU seconds (wall seconds 20.00×, NFE 3.00×)" in r['findings'][-1]
+    assert run['total_nfe'] == 2 * 12 * 8 + 1000 and run['total_cpu_seconds'] == 4.0 + 2 * 2.0
+    assert [p['seconds'] for p in run['curve']] == [4.0, 8.0]  # the seconds axis starts with the calibration
+    assert d['cost_ratio']['mean'] == 8.0 / 2.0
+    assert any("a step costs 2.00× Flow-GRPO's CPU seconds (wall 20.00×), 96 NFE (3.00×); calibration 1000 NFE and 4 CPU s; "
+               "the whole run 4.00× Flow-GRPO's CPU seconds." in f for f in r['findings'])
+
+@pytest.mark.parametrize('fired', [0.0, 3.0])
+def test_turning_points_that_never_fire_are_said(tmp_path, fired):
+    r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4),
+                 'turning_point': _fake_run(tmp_path/'t', 'turning_point', 2.0, 2.0, 12, turning_points=fired)})
+    said = [f for f in r['findings'] if 'fired no turning point' in f]
+    assert (len(said), r['tasks']['geneval']['arms']['turning_point']['turning_points']) == ((1, 0.0) if fired == 0 else (0, 6.0))
+    assert any("turning_point's window-matched control flow_grpo_early did not run" in f for f in r['findings'])
+
+def test_dense_credit_that_does_not_beat_its_control_is_said(tmp_path):
+    r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4, final=0.50),
+                 'flow_grpo_early': _fake_run(tmp_path/'e', 'flow_grpo', 1.0, 1.0, 4, final=0.60),
+                 'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12, final=0.61)})
+    f = next(f for f in r['findings'] if f.startswith('[geneval] dense vs flow_grpo_early (its window-matched control)'))
+    assert 'not distinguishable' in f and 'does not beat' in f
+    assert r['findings'].index(f) < next(i for i, f in enumerate(r['findings']) if f.startswith('[geneval] dense vs flow_grpo: +0.110'))
+
+def test_learned_score_is_compared_with_seeds(tmp_path):
+    "The score task is judged on strict mini-GenEval and on the learned score it trains; the latter, logged without SEs, needs seeds."
+    base = EvalReport(0.4, 0.1, 4, extra=dict(score=0.5))
+    per_seed = {str(s): {a: run_report(_fake_run(tmp_path/f'{a}{s}', a, 1.0, 1.0, 4, score=sc), base)
+                         for a, sc in (('flow_grpo', 0.6 + s / 100), ('dense', 0.7 + s / 50))} for s in range(3)}
+    sec = lambda n: task_section('score', dict(list(per_seed.items())[:n]), {str(s): (heldout(base), 0.5) for s in range(n)},
+                                 ['flow_grpo', 'dense'], 'continuous', ('strict', 'learned_score'))
+    c = [c for c in sec(3)['comparisons'] if c['metric'] == 'learned_score' and c['arm'] == 'dense' and c['other'] == 'flow_grpo']
+    assert len(c) == 1 and c[0]['is_control'] and c[0]['verdict'] == 'higher' and c[0]['diffs'] == pytest.approx([0.1, 0.11, 0.12])
+    assert {c['metric'] for c in sec(1)['comparisons']} == {'strict'}
+
+def test_readme_results_from_either_report_format(tmp_path):
+    old = ROOT/'results'/'compare'/'report.json'
+    if old.exists() and json.loads(old.read_text()).get('format', 1) < 2:
+        md = results_markdown(json.loads(old.read_text()))
+        assert '| model | held-out strict' in md and json.loads(old.read_text())['findings'][0] in md
+    r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4), 'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12)})
+    r['setup'] |= dict(budget='smoke', steps=2, prompts_per_step=2, group_size=4, seeds=[0], evaluation=dict(images=4),
+                       tasks=dict(geneval=dict(about='a test', arms=['flow_grpo', 'dense'])))
+    md = results_markdown(r)
+    assert md.startswith('`flowgrpo compare --budget smoke`') and '| arm | held-out strict' in md and r['findings'][0] in md
+
+def test_cli(capsys):
+    a = anno_parser(compare_cli).parse_args(['--seeds', '0', '1', '--tasks', 'geneval', '--arms', 'flow_grpo', 'dense', '--set', 'lr=1e-3', '--estimate'])
+    assert (a.seeds, a.tasks, a.arms, a.set, a.estimate) == ([0, 1], ['geneval'], ['flow_grpo', 'dense'], ['lr=1e-3'], True)
+    compare_cli.__wrapped__(seeds=[0, 1], tasks=['geneval'], arms=['flow_grpo', 'dense'], set=['lr=1e-3'], estimate=True)
+    e = estimate_cost(CompareConfig(seeds=(0, 1), tasks=('geneval',), arms=('flow_grpo', 'dense'), overrides=dict(lr=1e-3)))
+    assert capsys.readouterr().out.startswith(f"estimated {e['core_seconds']:.0f} core-seconds (4 runs, 6 jobs)")
+    assert len(job_costs(CompareConfig())) == 5 * (3 + 2) + 5  # the default: 25 runs and one base evaluation per seed

@@ -321,19 +321,20 @@ def test_config_validation(kw, msg):
 # ---------------------------------------------------------------- exploration calibration
 
 @FAST
-@given(st.integers(1, 6), st.integers(0, 12), st.floats(0, 0.3), st.integers(1, 1000))
-def test_calibration_rule(K, iters, clamp_min, seed):
+@given(st.integers(1, 6), st.integers(0, 12), st.floats(0, 0.3), st.integers(1, 1000), st.sampled_from(['hold', 'raise']))
+def test_calibration_rule(K, iters, clamp_min, seed, no_signal):
     gen = torch.Generator().manual_seed(seed)
     trained = torch.rand(K, generator=gen) < 0.6
     psi0 = torch.rand(K, generator=gen)
     fn = lambda psi: torch.randint(-1, 2, (5, K), generator=gen).float()
-    cal = calibrate_exploration(fn, psi0, iters, eps1=2, eps2=0.05, clamp_min=clamp_min, trained=trained)
+    cal = calibrate_exploration(fn, psi0, iters, eps1=2, eps2=0.05, clamp_min=clamp_min, trained=trained, no_signal=no_signal)
     assert len(cal.history) == iters
     assert torch.equal(cal.psi[~trained], psi0[~trained])
     psi = psi0.clone()
     for h, nxt in zip(cal.history, [h.psi for h in cal.history[1:]] + [cal.psi]):
         assert torch.equal(h.psi, psi)
         step = torch.where((h.n_pos - h.n_neg).abs() < 2, 0.05, -0.05)
+        if no_signal == 'hold': step = torch.where(h.n_pos + h.n_neg < 2, 0.0, step)  # no gain either way: psi stays
         psi = torch.where(trained, (psi + step).clamp(min=clamp_min), psi)
         torch.testing.assert_close(nxt, psi)
         assert ((h.n_pos + h.n_neg) <= 5).all()
@@ -346,6 +347,8 @@ def test_calibration_bad_input():
     with pytest.raises(ValueError, match="trained="): calibrate_exploration(fn, torch.ones(3), 2, trained=torch.ones(2, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"returned torch.Size\(\[4, 3\]\) in round 0"):
         calibrate_exploration(fn, torch.ones(5), 2)
-    cal = calibrate_exploration(fn, torch.ones(3), 2)
-    cal = calibrate_exploration(fn, torch.ones(3), 2)  # all-zero rewards are balanced: psi grows on trained steps
+    cal = calibrate_exploration(fn, torch.ones(3), 2)  # all-zero rewards carry no signal: psi holds by default
+    assert cal.to_dict()['psi'] == pytest.approx([1.0, 1.0, 1.0])
+    cal = calibrate_exploration(fn, torch.ones(3), 2, no_signal='raise')  # the literal rule reads them as balanced
     assert cal.to_dict()['psi'] == pytest.approx([1.02, 1.02, 1.0])
+    with pytest.raises(ValueError, match="no_signal='never'"): calibrate_exploration(fn, torch.ones(3), 2, no_signal='never')

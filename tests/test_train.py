@@ -26,6 +26,7 @@ def final_state(out, step=STEPS) -> dict:
     ck = Path(out)/'checkpoints'/f'ckpt-{step:06d}'
     st = {f.name: load_file(f) for f in ck.glob('*.safetensors')}
     st['state.json'] = {k: v for k, v in json.loads((ck/'state.json').read_text()).items() if k != 'files'}
+    for k in ('seconds', 'cpu_seconds'): ((st['state.json'].get('calibration') or {}).get('cost') or {}).pop(k, None)  # timings
     # the log's training rows without timings (a clean stop adds an evaluation at its last step: evaluations read the
     # state, they never change it, so they are left out of the comparison)
     st['metrics'] = [{k: v for k, v in json.loads(l).items() if not k.startswith(('sec_', 'cpu_', 'eval_'))}

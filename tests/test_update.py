@@ -1,0 +1,54 @@
+"The update's shortcuts change nothing: pairs with zero advantage left out, and the per-step gradient diagnostic."
+import copy
+import pytest, torch
+from flowgrpo_nb.config import preset_config
+from flowgrpo_nb.task import load_policy, load_task
+from flowgrpo_nb.train import GRPOTrainer
+
+@pytest.fixture(scope='module')
+def base():
+    torch.set_num_threads(1)
+    return load_policy('tiny'), load_task('partial', None, None, 'tiny')
+
+def trainer(base, tmp_path, name, **kw):
+    pol, task = base
+    cfg = preset_config('dense+smoke', calibrate=False, log_with='none', eval_images=0, prompts_per_step=4, group_size=4,
+                        minibatch=8, **kw)
+    return GRPOTrainer(cfg, tmp_path/name, policy=copy.deepcopy(pol), task=task, progress=False)
+
+def test_skipping_zero_advantages_keeps_the_gradient(base, tmp_path):
+    "One step with and without the skip from the same rollout: same gradient and adapter (up to float summation order)."
+    a, b = trainer(base, tmp_path, 'skip', skip_zero_adv=True), trainer(base, tmp_path, 'full', skip_zero_adv=False)
+    c = a.collect(0)
+    assert (c['advantages'][:, c['rollout'].trained] == 0).any()  # there is something to skip
+    sa, sb = a.update(c['rollout'], c['advantages']), b.update(c['rollout'], c['advantages'])
+    assert 0 < sa['skipped'] < 1 and sb['skipped'] == 0
+    for pa, pb in zip(a.params, b.params):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-9)
+        torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)
+    assert sa['loss'] == pytest.approx(sb['loss'], rel=1e-5, abs=1e-7)  # a mean of ~0 (advantages are centred)
+
+def test_all_pairs_skipped_still_steps_adam(base, tmp_path):
+    "Advantages all zero: the skip gives zero gradients (AdamW steps its moments), exactly as without the skip."
+    a, b = trainer(base, tmp_path, 'skip0', skip_zero_adv=True), trainer(base, tmp_path, 'full0', skip_zero_adv=False)
+    c = a.collect(0)
+    for t in (a, b): t.update(c['rollout'], c['advantages'])      # a first step that moves the adapter
+    zero = torch.zeros_like(c['advantages'])
+    sa, sb = a.update(c['rollout'], zero), b.update(c['rollout'], zero)
+    assert sa['skipped'] == 1 and all(p.grad is not None and not p.grad.any() for p in a.params)
+    for pa, pb in zip(a.params, b.params): torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)
+
+def test_grad_shares_are_a_diagnostic(base, tmp_path):
+    "Shares sum to 1, are 0 where the credit is 0, and the update after them is bitwise the update without them."
+    a, b = trainer(base, tmp_path, 'diag'), trainer(base, tmp_path, 'nodiag')
+    c = a.collect(0)
+    ro, A = c['rollout'], c['advantages']
+    shares = a.grad_shares(ro, A)
+    ks = ro.trained.nonzero().flatten().tolist()
+    assert sorted(shares) == sorted(f'grad_share_{k}' for k in ks)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    mb = slice(0, a.cfg.minibatch)
+    for k in ks:
+        if not A[mb, k].any(): assert shares[f'grad_share_{k}'] == 0
+    a.update(ro, A); b.update(ro, A)
+    for pa, pb in zip(a.params, b.params): assert torch.equal(pa, pb)
