@@ -2,8 +2,12 @@
 evaluation call) timed per rows-per-call, threads and attention kernel, against the machine's fp32 matmul peak
 measured in the same run, with a breakdown of a forward's time by kind of operator (torch.profiler).
 
+It also replays the forward's own linear layers alone (same shapes and weights, `F.linear`): their GFLOP/s is
+the bound the forward could reach if everything else (GELU, attention, norms, copies) took no time.
+
 Not a test: it prints tables. Rows are transformer rows (a guided sample is 2 rows: conditional and unconditional).
-Numbers only mean something on an idle machine. Example (about a minute; `--compile` adds ~1.5 min per shape):
+Numbers only mean something on an idle machine. Example (about a minute; `--compile` adds 20 s to 2.5 min: the
+regional compilation of the transformer blocks, dynamic in the rows, with a warm or a cold inductor cache):
 
     .venv/bin/python benchmarks/network.py --rows 64,256,1024 --threads 1,2
 """
@@ -47,6 +51,18 @@ def inputs(policy, rows:int):
     tr = policy.module.transformer
     return lambda m=tr: m(hidden_states=x, encoder_hidden_states=h, pooled_projections=p, timestep=t, return_dict=False)[0]
 
+def linear_bound(policy, f) -> tuple[float, float]:
+    "(seconds, FLOPs) of the forward's linear layers replayed alone with the shapes and weights of one call of `f`."
+    calls, hooks = [], []
+    for m in policy.module.transformer.modules():
+        if isinstance(m, torch.nn.Linear):
+            hooks.append(m.register_forward_hook(lambda m, a, o: calls.append((a[0].detach(), m.weight, m.bias))))
+    try: f()
+    finally:
+        for h in hooks: h.remove()
+    replay = lambda: [torch.nn.functional.linear(x, w, b) for x, w, b in calls]
+    return median_time(replay), sum(2 * x.numel() * w.shape[0] for x, w, b in calls)
+
 def kind_of(name:str) -> str:
     return next((k for k, keys in KINDS.items() if any(s in name for s in keys)), 'other')
 
@@ -86,11 +102,17 @@ def main(rows:str='64,256,1024',  # transformer rows per call (comma-separated)
         f = inputs(policy, rs[0])
         print(f"\nwhere a forward of {rs[0]} rows spends its time ({ts[0]} thread(s), self CPU time):")
         for k, v in breakdown(f).items(): print(f"  {k:<12} {100 * v:5.1f}%")
+        s, lf = linear_bound(policy, f)
+        g = lf / s / 1e9
+        print(f"its linear layers alone: {s * 1e3:.1f} ms for {lf / 1e9:.2f} GFLOP ({100 * lf / (rs[0] * flop):.0f}% of the forward's FLOPs) "
+              f"= {g:.1f} GFLOP/s, {100 * g / peaks[ts[0]]:.0f}% of the {ts[0]}-thread peak: the most the forward could reach")
         if compile:
             import copy
-            m = torch.compile(copy.deepcopy(policy.module.transformer))
-            c = _time(lambda: f(m))
-            s = median_time(lambda: f(m))
+            tr = copy.deepcopy(policy.module.transformer)
+            for b in tr.transformer_blocks: b.compile(dynamic=True)  # regional compilation: each block, any number of rows
+            e = median_time(f)
+            c = _time(lambda: f(tr))
+            s = median_time(lambda: f(tr))
             g = rs[0] * flop / s / 1e9
-            print(f"\ntorch.compile, {rs[0]} rows, {ts[0]} thread(s): compile {c:.0f} s, then {s * 1e3:.1f} ms ({g:.1f} GFLOP/s, "
-                  f"{100 * g / peaks[ts[0]]:.0f}% of peak)")
+            print(f"\ntorch.compile of the blocks, {rs[0]} rows, {ts[0]} thread(s): first call {c:.0f} s, then {s * 1e3:.1f} ms vs "
+                  f"{e * 1e3:.1f} eager ({e / s:.2f}x; {g:.1f} GFLOP/s, {100 * g / peaks[ts[0]]:.0f}% of peak)")

@@ -1,0 +1,45 @@
+"The benchmark scripts run end to end at their smallest sizes and print what their docstrings promise (not timings)."
+import json, re, subprocess, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+def bench(name:str, *args:str, timeout:int=600) -> str:
+    res = subprocess.run([sys.executable, str(ROOT/'benchmarks'/name), *args], capture_output=True, text=True, timeout=timeout,
+                         env={'OMP_NUM_THREADS': '1', 'PATH': '/usr/bin:/bin', 'HOME': str(Path.home())})
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+def test_network_bound():
+    out = bench('network.py', '--rows', '4', '--threads', '1')
+    peak = float(re.search(r'1 thread\(s\) (\d+) GFLOP/s', out).group(1))
+    assert peak > 1
+    m = re.search(r'linear layers alone: [\d.]+ ms for [\d.]+ GFLOP \((\d+)% of the forward\'s FLOPs\) = ([\d.]+) GFLOP/s, (\d+)% of', out)
+    assert m, out
+    share, rate, frac = int(m.group(1)), float(m.group(2)), int(m.group(3))
+    assert 90 <= share <= 100        # the linears are nearly all of the forward's FLOPs: the bound is meaningful
+    assert rate > 0 and 0 < frac <= 150  # a fraction of the peak measured in the same run (a noisy VM can exceed it a little)
+    for kind in ('matmul', 'gelu', 'attention'): assert re.search(rf'\n\s+{kind}\s+[\d.]+%', out), kind
+
+def test_profile_json(tmp_path):
+    js = tmp_path/'p.json'
+    out = bench('profile.py', '--budget', 'smoke', '--steps', '1', '--threads', '1', '--methods', 'flow_grpo,dense', '--json', str(js))
+    d = json.loads(js.read_text())
+    assert set(d['methods']) == {'flow_grpo', 'dense'} and d['peak_gflops']['1']['best'] > 0
+    ph = d['methods']['dense']['phases']
+    assert {'rollout', 'values', 'update', 'evaluation', 'calibration'} <= set(ph)
+    assert ph['values']['nfe'] > 0 and d['methods']['flow_grpo']['phases'].get('values', {}).get('nfe', 0) == 0
+    assert all(0 <= p['peak_fraction'] < 2 for p in ph.values())
+    assert 'phase' in out and '% peak' in out
+
+def test_job_ab_modes(tmp_path):
+    out = bench('job_ab.py', '--budget', 'smoke', '--arms', 'flow_grpo,dense', '--steps', '1', '--prompts', '2', '--group', '4', '--reps', '1')
+    before = re.search(r'rep 0 before .*held-out \(skipped\) flow_grpo [\d.]+ \((\d+)%\) dense [\d.]+ \((\d+)%\)', out)
+    now = re.search(r'rep 0 now .*held-out \(skipped\) flow_grpo [\d.]+ \((\d+)%\) dense [\d.]+ \((\d+)%\)', out)
+    assert before and now, out
+    assert before.groups() == ('0', '0')  # the old way evaluates every pair
+    assert re.search(r'wall: before / now = [\d.]+x', out) and re.search(r'cpu: before / now = [\d.]+x', out)
+
+def test_job_ab_bad_arm():
+    res = subprocess.run([sys.executable, str(ROOT/'benchmarks'/'job_ab.py'), '--arms', 'flow_grpo,nope'], capture_output=True, text=True)
+    assert res.returncode != 0 and "arms='flow_grpo,nope'" in res.stderr and 'Traceback' not in res.stderr
