@@ -86,18 +86,20 @@ def main(rows:str='64,256,1024',  # transformer rows per call (comma-separated)
     flop = fc.get_total_flops()
     peaks = {t: peak(t) for t in ts}
     print(f"one row: {flop / 1e6:.1f} MFLOP forward; fp32 matmul peak " + ', '.join(f'{t} thread(s) {p:.0f} GFLOP/s' for t, p in peaks.items()))
-    print(f"{'rows':>6} {'threads':>7} {'attention':>10} {'ms':>8} {'GFLOP/s':>8} {'% peak':>7}")
+    print(f"{'rows':>6} {'threads':>7} {'attention':>10} {'ms':>8} {'GFLOP/s':>8} {'% peak':>7} {'linears alone % peak':>21}")
     with torch.no_grad():
         for t in ts:
             torch.set_num_threads(t)
             for r in rs:
                 f = inputs(policy, r)
+                ls, lf = linear_bound(policy, f)
                 for name, backend in (('default', None), ('math', SDPBackend.MATH)):
                     if backend is None: s = median_time(f)
                     else:
                         with sdpa_kernel(backend): s = median_time(f)
                     g = r * flop / s / 1e9
-                    print(f"{r:>6} {t:>7} {name:>10} {s * 1e3:>8.1f} {g:>8.1f} {100 * g / peaks[t]:>6.0f}%")
+                    lin = f"{100 * lf / ls / 1e9 / peaks[t]:>20.0f}%" if backend is None else ''
+                    print(f"{r:>6} {t:>7} {name:>10} {s * 1e3:>8.1f} {g:>8.1f} {100 * g / peaks[t]:>6.0f}% {lin}")
         torch.set_num_threads(ts[0])
         f = inputs(policy, rs[0])
         print(f"\nwhere a forward of {rs[0]} rows spends its time ({ts[0]} thread(s), self CPU time):")
