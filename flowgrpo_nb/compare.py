@@ -314,7 +314,6 @@ def measured_cpu(report:dict, out:Path, bases:dict) -> dict:
     return dict(train=sum(r['total_cpu_seconds'] for r in runs), evaluation=sum(r['eval_cpu_seconds'] for r in runs), base=sum(base),
                 total=sum(r['total_cpu_seconds'] + r['eval_cpu_seconds'] for r in runs) + sum(base))
 
-
 # %% ../nbs/06b_compare.ipynb #e9568493
 def compare(out:str|Path='runs/compare',   # the run folder of the comparison
             ccfg:CompareConfig|None=None,   # budget, seeds, tasks, arms
@@ -379,8 +378,8 @@ NO_CALIBRATION = dict(nfe=0, rollouts=0, seconds=0.0, cpu_seconds=0.0)
 def _metrics(d:Path) -> list[dict]: return [json.loads(l) for l in (d/'metrics.jsonl').read_text().splitlines() if l]
 
 def reach(curve:list[dict], target:float) -> dict:
-    "First point of `curve` (step, seconds, eval) at or above `target`: its step and seconds, or None."
-    hit = next((c for c in curve if c['eval'] >= target), None)
+    "First trained point of `curve` (step > 0; the base model's point does not count) at or above `target`, or None."
+    hit = next((c for c in curve if c['step'] > 0 and c['eval'] >= target), None)
     return dict(steps=hit and hit['step'], seconds=hit and hit['seconds'])
 
 def _median(rows:list, k:str): return float(np.median([m[k] for m in rows])) if rows and all(k in m for m in rows) else None
@@ -462,6 +461,8 @@ def arm_summary(per_seed:dict, arm:str) -> dict:
         learned_score=A(lambda r: r['learned_score']), partial=A(lambda r: r['heldout']['overall'].get('partial')),
         steps_to_flow_grpo=A(lambda r: r['reach_flow_grpo']['steps']), seconds_to_flow_grpo=A(lambda r: r['reach_flow_grpo']['seconds']),
         reached=f"{sum(r['reach_flow_grpo']['steps'] is not None for r in reps)}/{len(reps)}",
+        reached_by={st: sum(r['reach_flow_grpo']['steps'] is not None and r['reach_flow_grpo']['steps'] <= st for r in reps)
+                    for st in sorted({c['step'] for r in reps for c in r['curve'] if c['step'] > 0})},
         step_time_ratio=A(lambda r: r['step_time_ratio']), wall_time_ratio=A(lambda r: r['wall_time_ratio']),
         nfe_ratio=A(lambda r: r['nfe_ratio']), cost_ratio=A(lambda r: r['cost_ratio']),
         nfe_per_step=reps[0]['nfe_per_step'], nfe_per_sample=reps[0]['nfe_per_sample'],
@@ -602,9 +603,9 @@ def other_findings(report:dict) -> list[str]:
     for t, sec in report['tasks'].items():
         for a, r in sec['arms'].items():
             if a == 'flow_grpo': continue
-            s, sec_ = r['steps_to_flow_grpo'], r['seconds_to_flow_grpo']
-            rng = f" (median; {s['min']:.0f}–{s['max']:.0f})" if s and s['max'] > s['min'] else ''
-            reach_ = f", after {s['median']:.0f} steps{rng} and {sec_['median']:.0f} CPU s" if s else ''
+            s, sec_, n = r['steps_to_flow_grpo'], r['seconds_to_flow_grpo'], len(report['tasks'][t]['per_seed'])
+            by = ', '.join(f"by step {st} in {k}/{n}" for st, k in r['reached_by'].items())
+            reach_ = f" ({by}; median {sec_['median']:.0f} CPU s to get there)" if s else ''
             cal = r['calibration']['nfe']
             out.append(f"[{t}] {a} reached Flow-GRPO's final score in {r['reached']} seeds{reach_}; a step costs {_x(r['step_time_ratio'])} "
                        f"Flow-GRPO's CPU seconds (wall {_x(r['wall_time_ratio'])}), {sum(r['nfe_per_step'].values()):.0f} NFE "
@@ -717,7 +718,7 @@ def results_rows(report:dict, task:str) -> tuple[list, list]:
     sec = report['tasks'][task]
     n = len(sec['per_seed'])
     head = ['arm', f"held-out strict (mean [95% CI], {n} seed{'s' * (n > 1)})", 'vs Flow-GRPO', 'vs window-matched control',
-            'held-out learned score (vs Flow-GRPO)', "reached Flow-GRPO's score (steps)", 'CPU s per step (× Flow-GRPO)', 'NFE per step',
+            'held-out learned score (vs Flow-GRPO)', "reached Flow-GRPO's score (by step: seeds)", 'CPU s per step (× Flow-GRPO)', 'NFE per step',
             'calibration (NFE, CPU s)', 'run CPU s (× Flow-GRPO)']
     b, bl = sec['base']['overall'], sec['base'].get('learned_score')
     rows = [[('base', None), (f"{b['strict']:.3f} ± {b['se']:.3f} (SE)", None), ('—', None), ('—', None),
@@ -736,7 +737,7 @@ def results_rows(report:dict, task:str) -> tuple[list, list]:
                      (_diff_cell(fg) if a != 'flow_grpo' else '—', fg and fg['verdict']),
                      ((f"vs {ctl['other']}: " if ctl and ctl['other'] != 'flow_grpo' else '') + ctl_text, ctl and ctl['verdict']),
                      ('—' if ls is None else f"{ls['mean']:.3f}" + (f"; {_diff_cell(fl)}" if fl else ''), fl and fl['verdict']),
-                     (r['reached'] + (f", {s['median']:.0f}" if s else ''), None),
+                     (', '.join(f"{st}: {k}/{n}" for st, k in r['reached_by'].items()), None),
                      (f"{r['cpu_seconds_per_step']['step']['mean']:.2f} ({_x(r['step_time_ratio'])})", None),
                      (f"{sum(r['nfe_per_step'].values()):.0f}", None),
                      ('—' if not (cal['nfe'] and cal['nfe']['mean']) else f"{cal['nfe']['mean']:.0f}, {cal['cpu_seconds']['mean']:.1f}", None),

@@ -212,3 +212,10 @@ def test_cli(capsys):
     e = estimate_cost(CompareConfig(seeds=(0, 1), tasks=('geneval',), arms=('flow_grpo', 'dense'), overrides=dict(lr=1e-3)))
     assert capsys.readouterr().out.startswith(f"estimated {e['core_seconds']:.0f} core-seconds (4 runs, 6 jobs)")
     assert len(job_costs(CompareConfig())) == 5 * (3 + 2) + 5  # the default: 25 runs and one base evaluation per seed
+
+def test_reach_ignores_the_base_point():
+    "A seed where Flow-GRPO ends below the base model is not 'reached' at step 0: only trained evaluations count."
+    from flowgrpo_nb.compare import reach
+    curve = [dict(step=0, seconds=0.0, eval=0.47), dict(step=12, seconds=5.0, eval=0.45), dict(step=24, seconds=9.0, eval=0.46)]
+    assert reach(curve, 0.458) == dict(steps=24, seconds=9.0)
+    assert reach(curve, 0.465) == dict(steps=None, seconds=None)
