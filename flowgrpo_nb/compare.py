@@ -6,13 +6,14 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/compare.html.md"""
 
 # %% auto #0
 __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'DEFAULT_ARMS', 'BUDGETS', 'COSTS', 'ZERO_SHARE', 'LIMIT', 'PHASES', 'STEP_TIME_RATIO',
-           'NO_CALIBRATION', 'DENSE_CREDIT', 'METRICS', 'COLORS', 'VERDICT_COLORS', 'ARM_HEAD', 'CSS', 'Arm',
-           'arm_config', 'arm_settings', 'CompareConfig', 'step_cost', 'eval_cost', 'n_evals', 'run_cost', 'job_costs',
-           'schedule', 'estimate_cost', 'base_eval', 'run_dir', 'usable_cores', 'default_workers', 'load_tasks',
-           'run_jobs', 'measured_cpu', 'compare', 'heldout', 'eval_from_metrics', 'reach', 'run_report', 'paired',
-           'per_seed_ratios', 'arm_summary', 'task_comparisons', 'base_summary', 'task_section', 'setup',
-           'build_report', 'comparison_findings', 'other_findings', 'findings', 'fig_curves', 'fig_differences',
-           'fig_categories', 'fig_costs', 'report_figures', 'results_rows', 'markdown_table', 'html_table', 'arms_rows',
+           'NO_CALIBRATION', 'FAMILIES', 'WINDOW_MATCH', 'DENSE_CREDIT', 'METRICS', 'COLORS', 'VERDICT_COLORS',
+           'ARM_HEAD', 'CSS', 'Arm', 'arm_config', 'arm_settings', 'CompareConfig', 'step_cost', 'eval_cost', 'n_evals',
+           'run_cost', 'job_costs', 'schedule', 'estimate_cost', 'base_eval', 'run_dir', 'usable_cores',
+           'default_workers', 'load_tasks', 'run_jobs', 'measured_cpu', 'compare', 'heldout', 'eval_from_metrics',
+           'reach', 'grad_share', 'run_report', 'paired', 'holm', 'correct', 'per_seed_ratios', 'arm_summary',
+           'window_match', 'task_comparisons', 'base_summary', 'task_section', 'setup', 'build_report',
+           'comparison_findings', 'other_findings', 'findings', 'fig_curves', 'fig_differences', 'fig_categories',
+           'fig_costs', 'fig_gradient', 'report_figures', 'results_rows', 'markdown_table', 'html_table', 'arms_rows',
            'setup_html', 'report_html', 'write_report', 'results_markdown', 'compare_cli']
 
 # %% ../nbs/06b_compare.ipynb #c862115e
@@ -33,7 +34,7 @@ from .rollout import lookahead_nfe
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from .config import GRPOConfig, preset_config, config_diff, parse_overrides
 from .checkpoint import list_checkpoints
-from .train import GRPOTrainer, load_run_policy, eval_settings, EVAL_SEED
+from .train import GRPOTrainer, load_run_policy, eval_settings, EVAL_SEED, check_base
 
 # %% ../nbs/06b_compare.ipynb #133d8253
 @dataclass
@@ -211,7 +212,7 @@ def estimate_cost(ccfg:CompareConfig, workers:int=2) -> dict:
 def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, progress:bool=True) -> EvalReport:
     "The evaluation of `policy` that a trainer run of `cfg` would make before its first step; cached in `path`."
     ev = eval_settings(cfg)
-    key = dict(task=task.name, **ev)
+    key = dict(task=task.name, **ev, weights=policy.base_fingerprint())
     if path is not None and path.exists():
         d = json.loads(path.read_text())
         if d.get('key') == key: return EvalReport.from_dict(d)
@@ -231,7 +232,9 @@ def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:b
         diff = config_diff(GRPOConfig.from_dict(json.loads((d/'config.json').read_text()), str(d/'config.json')), cfg)
         if diff: raise ValueError(f"{d} holds a run with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
                                   "use another --out, or delete that folder")
-    if (d/'summary.json').exists() and json.loads((d/'summary.json').read_text())['steps'] >= cfg.steps: return
+    if (d/'summary.json').exists() and json.loads((d/'summary.json').read_text())['steps'] >= cfg.steps:
+        if policy is not None: check_base(d, policy.base_fingerprint(), 'reuse')  # a finished run of other base weights is not reused
+        return
     tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(list_checkpoints(d)), progress=progress)
     tr.train()
     tr.acc.end_training()
@@ -384,10 +387,16 @@ def reach(curve:list[dict], target:float) -> dict:
 
 def _median(rows:list, k:str): return float(np.median([m[k] for m in rows])) if rows and all(k in m for m in rows) else None
 
+def grad_share(rows:list, K:int) -> list|None:
+    "[K] mean share of each denoising step in the gradient norm over the logged rows that diagnosed it (None: none did)."
+    diag = [m for m in rows if any(k.startswith('grad_share_') for k in m)]
+    return [float(np.mean([m.get(f'grad_share_{k}', 0.0) for m in diag])) for k in range(K)] if diag else None
+
 # %% ../nbs/06b_compare.ipynb #7f977b22
 def run_report(d:Path, base:EvalReport) -> dict:
     "One run's numbers from its folder `d`; `base` is the base model's evaluation of the run's seed (its step 0)."
     ms, cfg = _metrics(d), json.loads((d/'config.json').read_text())
+    run_cfg = GRPOConfig.from_dict(cfg, str(d/'config.json'))
     steps, evals = [m for m in ms if 'sec_step' in m], [m for m in ms if 'eval_overall' in m and m['step'] > 0]
     if not evals: raise ValueError(f"{d/'metrics.jsonl'}: no evaluation after step 0; the comparison needs the run's final evaluation")
     cal = {**NO_CALIBRATION, **((json.loads((d/'summary.json').read_text()).get('calibration_cost') if (d/'summary.json').exists() else None) or {})}
@@ -405,7 +414,8 @@ def run_report(d:Path, base:EvalReport) -> dict:
         calibration=cal, steps=steps[-1]['step'] if steps else 0, train_seconds=steps[-1]['sec_total'] if steps else 0.0,
         total_nfe=sum(nfe.values()) * len(steps) + cal['nfe'], total_cpu_seconds=float(cpu[steps[-1]['step']]) if steps else cal['cpu_seconds'],
         eval_cpu_seconds=sum(m.get('cpu_eval', 0.0) for m in evals),
-        turning_points=sum(tps) if tps else None, adv_zero=_median(steps, 'adv_zero'), skipped=_median(steps, 'skipped'))
+        turning_points=sum(tps) if tps else None, adv_zero=_median(steps, 'adv_zero'), skipped=_median(steps, 'skipped'),
+        window=list(run_cfg.rollout_config().window), grad_share=grad_share(steps, run_cfg.K))
 
 # %% ../nbs/06b_compare.ipynb #45212444
 def _t(n:int) -> float: return float(stats.t.ppf(0.975, n - 1))
@@ -431,6 +441,27 @@ def paired(a, b, a_se=None, b_se=None) -> dict:
     verdict = 'higher' if lo > 0 else 'lower' if hi < 0 else 'not distinguishable'
     return dict(n=n, diffs=d.tolist(), mean=m, sd=sd, se=se, ci=[lo, hi], t=t, p=p, higher_in=int((d > 0).sum()), verdict=verdict, basis=basis)
 
+# %% ../nbs/06b_compare.ipynb #f47b0019
+def holm(ps:list) -> list:
+    "Holm's step-down adjusted p-values of one family of tests (valid under any dependence between them)."
+    out, run, m = [0.0] * len(ps), 0.0, len(ps)
+    for i, j in enumerate(np.argsort(ps, kind='stable')):
+        run = max(run, min(1.0, (m - i) * ps[j]))
+        out[j] = run
+    return out
+
+FAMILIES = dict(arms="the comparisons between two arms, over every task and metric of the report", base="the comparisons with the base model")
+
+def correct(sections:dict, alpha:float=0.05):
+    "Holm-correct each family of the comparisons in the task `sections` (in place): `p_holm`, the corrected `verdict`, `verdict_alone`."
+    fams = {}
+    for sec in sections.values():
+        for c in sec['comparisons']: fams.setdefault('base' if c['kind'] == 'base' else 'arms', []).append(c)
+    for f, cs in fams.items():
+        for c, p in zip(cs, holm([c['p'] for c in cs])):
+            alone = c.get('verdict_alone', c['verdict'])
+            c.update(family=f, family_size=len(cs), p_holm=p, verdict_alone=alone, verdict=alone if p < alpha else 'not distinguishable')
+
 # %% ../nbs/06b_compare.ipynb #a6dcce85
 def _strict(per_seed:dict, arm:str, k:str='strict') -> list: return [ms[arm]['heldout']['overall'][k] for ms in per_seed.values()]
 
@@ -448,7 +479,7 @@ def per_seed_ratios(per_seed:dict):
             r['nfe_ratio'] = _ratio(sum(r['nfe_per_step'].values()), sum(f['nfe_per_step'].values()))
             r['cost_ratio'] = _ratio(r['total_cpu_seconds'], f['total_cpu_seconds'])
 
-# %% ../nbs/06b_compare.ipynb #751d096f
+# %% ../nbs/06b_compare.ipynb #5f617380
 def arm_summary(per_seed:dict, arm:str) -> dict:
     "One arm's numbers over seeds (each an `_agg`: mean, spread, 95% CI)."
     reps = [ms[arm] for ms in per_seed.values()]
@@ -471,7 +502,20 @@ def arm_summary(per_seed:dict, arm:str) -> dict:
         calibration=dict(nfe=A(lambda r: r['calibration']['nfe']), cpu_seconds=A(lambda r: r['calibration']['cpu_seconds'])),
         total_nfe=A(lambda r: r['total_nfe']), total_cpu_seconds=A(lambda r: r['total_cpu_seconds']),
         turning_points=None if any(t is None for t in tps) else float(sum(tps)),
-        adv_zero=A(lambda r: r.get('adv_zero')), skipped=A(lambda r: r.get('skipped')))
+        adv_zero=A(lambda r: r.get('adv_zero')), skipped=A(lambda r: r.get('skipped')),
+        grad_share=None if any(r.get('grad_share') is None for r in reps) else np.mean([r['grad_share'] for r in reps], 0).tolist())
+
+# %% ../nbs/06b_compare.ipynb #55de2361
+WINDOW_MATCH = 0.9  # a control matches an arm's window when at least this share of the arm's gradient is on the control's trained steps
+
+def window_match(per_seed:dict, arm:str, control:str) -> dict|None:
+    "Where `arm`'s gradient lies against `control`'s trained window: the share inside per seed (an `_agg`), the mean share of each step outside (None: not diagnosed)."
+    runs = [(ms[arm], ms[control]) for ms in per_seed.values()]
+    if any(r.get('grad_share') is None or 'window' not in c for r, c in runs): return None
+    s, e = runs[0][1]['window']
+    inside = _agg([sum(r['grad_share'][s:e]) for r, _ in runs])
+    outside = {k: float(np.mean([r['grad_share'][k] for r, _ in runs])) for k in range(len(runs[0][0]['grad_share'])) if not s <= k < e}
+    return dict(control=control, window=[s, e], inside=inside, outside=outside, matched=inside['mean'] >= WINDOW_MATCH)
 
 # %% ../nbs/06b_compare.ipynb #f85183c6
 def _scores(per_seed:dict, arm:str, metric:str) -> tuple[list, list|None]:
@@ -497,7 +541,7 @@ def task_comparisons(per_seed:dict, base:dict, arms:list, levels:str, metrics:tu
                 out.append(dict(arm=a, other=o, kind=kind, is_control=o == c, metric=metric, **paired(x, y, x_se, y_se)))
     return out
 
-# %% ../nbs/06b_compare.ipynb #f8967f31
+# %% ../nbs/06b_compare.ipynb #79140f48
 def base_summary(base:dict) -> dict:
     "The base model's evaluations over seeds {seed: heldout}: per category and overall the mean score, the SE of that mean, images and spread."
     hs = list(base.values())
@@ -510,12 +554,19 @@ def base_summary(base:dict) -> dict:
 def task_section(task:str, per_seed:dict, base:dict, arms:list, levels:str, metrics:tuple=('strict',)) -> dict:
     "One task's part of the report, from its runs {seed: {arm: run_report}} and base evaluations {seed: (heldout, learned score)}."
     per_seed_ratios(per_seed)
-    return dict(task=task, levels=levels, arms={a: arm_summary(per_seed, a) for a in arms},
+    summary, comps = {a: arm_summary(per_seed, a) for a in arms}, task_comparisons(per_seed, base, arms, levels, metrics)
+    for a in arms:
+        c = ARMS[a].control_for(levels)
+        if c in arms and c != a: summary[a]['control_window'] = window_match(per_seed, a, c)
+    for c in comps:
+        w = summary[c['arm']].get('control_window') if c['is_control'] else None
+        if w: c['window_share'] = w['inside']['mean']
+    return dict(task=task, levels=levels, arms=summary,
                 base=dict(**base_summary({s: h for s, (h, _) in base.items()}), learned_score=_agg([l for _, l in base.values()]),
                           per_seed={s: h for s, (h, _) in base.items()}),
-                comparisons=task_comparisons(per_seed, base, arms, levels, metrics), per_seed=per_seed)
+                comparisons=comps, per_seed=per_seed)
 
-# %% ../nbs/06b_compare.ipynb #af8d5dbd
+# %% ../nbs/06b_compare.ipynb #4751eddb
 def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
     "What was compared, under which settings: base model, budget, seeds, evaluation, tasks, and every arm's choices."
     cfg, t0 = ccfg.train_config('flow_grpo', ccfg.seeds[0]), ccfg.tasks[0]
@@ -532,7 +583,8 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
         arms={a: arm_settings(a, ccfg.train_config(a, ccfg.seeds[0]), TASKS[next(t for t in ccfg.tasks if a in ccfg.task_arms(t))]['levels'])
               | dict(controls={t: ARMS[a].control_for(TASKS[t]['levels']) for t in ccfg.tasks if a in ccfg.task_arms(t)}) for a in arms},
         statistics='paired per-seed differences; 95% CI of their mean with Student t (n - 1 degrees of freedom); '
-                   'verdict higher/lower when the CI excludes 0', step_time_ratio=STEP_TIME_RATIO)
+                   "verdict higher/lower when Holm's correction over its family keeps p below 0.05 (families: "
+                   + '; '.join(FAMILIES.values()) + ')', step_time_ratio=STEP_TIME_RATIO)
 
 def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:bool=False) -> dict:
     "report.json's content from the runs in `out` and the base evaluations {('base', evaluation, seed, task): EvalReport}."
@@ -543,24 +595,32 @@ def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:boo
         per_seed = {str(s): {a: run_report(run_dir(out, t, s, a), base[s]) for a in ccfg.task_arms(t)} for s in ccfg.seeds}
         sections[t] = task_section(t, per_seed, {str(s): (heldout(r), r.extra.get('score')) for s, r in base.items()},
                                    list(ccfg.task_arms(t)), TASKS[t]['levels'], TASKS[t]['metrics'])
+    correct(sections)
     report = dict(format=2, config=asdict(ccfg), budget=BUDGETS[ccfg.budget], setup=setup(ccfg, tasks, out), tasks=sections)
     report['findings'] = findings(report)
     return report
 
-# %% ../nbs/06b_compare.ipynb #d6be2532
+# %% ../nbs/06b_compare.ipynb #ab3260bc
 DENSE_CREDIT = ('stepwise', 'dense', 'turning_point')  # methods whose credit is per step
 METRICS = dict(strict='strict score', learned_score='learned score')
 
 def _ci(c:dict) -> str:
     return f"{c['mean']:+.3f}, 95% CI [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]"
 
+def _its_control(c:dict) -> str:
+    ws = c.get('window_share')
+    return 'its window-matched control' if ws is None or ws >= WINDOW_MATCH else f"its control, whose window holds {ws:.0%} of {c['arm']}'s gradient"
+
 def _said(c:dict, tag:str) -> str:
-    who = f"{c['arm']} vs {c['other']}" + (' (its window-matched control)' if c['is_control'] else '')
+    who = f"{c['arm']} vs {c['other']}" + (f' ({_its_control(c)})' if c['is_control'] else '')
     n = c['n']
     basis = f"over {n} seeds, higher in {c['higher_in']}/{n}" if n > 1 else 'one seed: the two trained models, not the methods'
-    return f"{tag}{who}: {_ci(c)} held-out {METRICS[c.get('metric', 'strict')]} ({basis}): {c['verdict']}."
+    if 'p_holm' in c: basis += f"; p = {c['p']:.2g}, Holm-adjusted {c['p_holm']:.2g} over {c['family_size']} comparisons"
+    alone = c.get('verdict_alone', c['verdict'])
+    v = c['verdict'] + (f" after Holm's correction (on its own: {alone})" if alone != c['verdict'] else '')
+    return f"{tag}{who}: {_ci(c)} held-out {METRICS[c.get('metric', 'strict')]} ({basis}): {v}."
 
-# %% ../nbs/06b_compare.ipynb #55de2361
+# %% ../nbs/06b_compare.ipynb #0e4bf8c1
 def _method(report:dict, arm:str) -> str: return report['setup']['arms'][arm]['method']
 
 def _not_beaten(report:dict, c:dict) -> bool:
@@ -572,11 +632,11 @@ def comparison_findings(report:dict) -> list[str]:
     sig = sorted([x for x in cs if x[1]['verdict'] != 'not distinguishable'], key=lambda x: x[1]['p'])
     out = [_said(c, tag) + (f" {c['arm']}'s per-step credit does not beat Flow-GRPO's credit on the window it effectively trains."
                             if _not_beaten(report, c) else '') for tag, c in sig]
-    out += [_said(c, tag) + f" {c['arm']}'s per-step credit does not beat its window-matched control." for tag, c in cs
+    out += [_said(c, tag) + f" {c['arm']}'s per-step credit does not beat {_its_control(c).split(',')[0]}." for tag, c in cs
             if (tag, c) not in sig and _not_beaten(report, c)]
     return out + [_said(c, tag) for tag, c in cs if (tag, c) not in sig and not _not_beaten(report, c)]
 
-# %% ../nbs/06b_compare.ipynb #00a73bc9
+# %% ../nbs/06b_compare.ipynb #1aaa5540
 def _x(a, k='median', f='{:.2f}×') -> str: return '—' if a is None else f.format(a[k])
 
 def other_findings(report:dict) -> list[str]:
@@ -590,6 +650,16 @@ def other_findings(report:dict) -> list[str]:
             elif _method(report, a) == 'turning_point' and r['turning_points']:
                 n = sum(ms[a]['steps'] for ms in sec['per_seed'].values())
                 out.append(f"[{t}] {a} kept {r['turning_points']:.0f} turning points over {n} steps of {len(sec['per_seed'])} seed(s).")
+            w = r.get('control_window')
+            if w and report['setup']['arms'][a]['window'] != w['window']:
+                (s, e), i = w['window'], w['inside']
+                far = ', '.join(f"{v:.0%} at step {k}" for k, v in w['outside'].items() if v >= 0.05) or 'under 5% at any step'
+                spread = f"{i['min']:.0%}–{i['max']:.0%} over {i['n']} seeds" if i['n'] > 1 else 'one seed'
+                out.append(f"[{t}] {a}'s gradient (each step's share of its gradient norm where the trainer diagnosed it) lies {i['mean']:.0%} "
+                           f"({spread}) on its control {w['control']}'s trained steps {s}–{e - 1}; "
+                           f"outside them {far}: " + (f"the control trains the window {a} effectively trains." if w['matched'] else
+                           f"below {WINDOW_MATCH:.0%}, so {w['control']} matches {a}'s window only in part and {a} vs {w['control']} "
+                           "still mixes credit with window."))
             want = report['setup']['arms'][a]['controls'].get(t)
             if want and want != 'flow_grpo' and want not in sec['arms']:
                 out.append(f"[{t}] {a}'s window-matched control {want} did not run in this budget (--budget long runs it): "
@@ -674,7 +744,7 @@ def fig_differences(report:dict, task:str|None=None) -> go.Figure:
     return fig.update_layout(title=f"{sec.get('task', '')}: paired differences of held-out scores (95% CI)", xaxis_title='difference',
                              height=160 + 28 * len(cs), width=800, yaxis=dict(categoryorder='array', categoryarray=[_label(c) for c in cs]))
 
-# %% ../nbs/06b_compare.ipynb #a5aaccfb
+# %% ../nbs/06b_compare.ipynb #d11d5700
 def fig_categories(report:dict, task:str|None=None) -> go.Figure:
     "Per-category held-out strict scores of the base model and every arm (95% CI over seeds; one seed: SE)."
     sec, fig = _section(report, task), go.Figure()
@@ -702,16 +772,27 @@ def fig_costs(report:dict, task:str|None=None) -> go.Figure:
         fig.add_bar(x=list(M), y=[M[m]['nfe_per_sample'][kind] for m in M], name=f'NFE {kind}', row=1, col=2)
     return fig.update_layout(barmode='stack', height=400, width=900, title=f"{sec.get('task', '')}: cost of a training step")
 
+def fig_gradient(report:dict, task:str|None=None) -> go.Figure:
+    "Where each arm's gradient is: every denoising step's share of the gradient norm (mean over seeds and diagnosed steps)."
+    sec, fig = _section(report, task), go.Figure()
+    for m, r in _arms(sec).items():
+        if r.get('grad_share'): fig.add_bar(x=list(range(len(r['grad_share']))), y=r['grad_share'], name=m, marker_color=COLORS.get(m))
+    return fig.update_layout(barmode='group', title=f"{sec.get('task', '')}: share of the gradient norm per denoising step",
+                             xaxis_title='denoising step k', yaxis_title='share of the gradient norm', height=400, width=900)
+
 def report_figures(report:dict, task:str|None=None) -> dict:
     "The figures of one task of `report` (default: the first)."
     figs = dict(curve_steps=fig_curves(report, 'step', task), curve_seconds=fig_curves(report, 'seconds', task),
                 categories=fig_categories(report, task), costs=fig_costs(report, task))
     if _section(report, task).get('comparisons'): figs['differences'] = fig_differences(report, task)
+    if any(r.get('grad_share') for r in _arms(_section(report, task)).values()): figs['gradient'] = fig_gradient(report, task)
     return figs
 
-# %% ../nbs/06b_compare.ipynb #205580b4
+# %% ../nbs/06b_compare.ipynb #b8305976
 def _diff_cell(c:dict|None) -> str:
-    return '—' if c is None else f"{c['mean']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] {c['verdict']}"
+    if c is None: return '—'
+    alone = c.get('verdict_alone', c['verdict'])
+    return f"{c['mean']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] {c['verdict']}" + (f" after Holm (alone: {alone})" if alone != c['verdict'] else '')
 
 def results_rows(report:dict, task:str) -> tuple[list, list]:
     "(header, rows) of a task's results table; a row's cells are (text, verdict or None)."
@@ -732,6 +813,8 @@ def results_rows(report:dict, task:str) -> tuple[list, list]:
         want = report['setup']['arms'][a]['controls'].get(task)
         ctl_text = (_diff_cell(ctl) if ctl and ctl['other'] != 'flow_grpo' else 'is Flow-GRPO' if ctl else
                     f'{want} not run' if want else '—')
+        if ctl and ctl.get('window_share') is not None and ctl['window_share'] < WINDOW_MATCH:
+            ctl_text += f" (its window: {ctl['window_share']:.0%} of the gradient)"
         h, s, cal = r['heldout_strict'], r['steps_to_flow_grpo'], r['calibration']
         rows.append([(a, None), (f"{h['mean']:.3f} [{h['ci'][0]:.3f}, {h['ci'][1]:.3f}]" if n > 1 else f"{h['mean']:.3f} ± {r['heldout_se']:.3f} (SE)", None),
                      (_diff_cell(fg) if a != 'flow_grpo' else '—', fg and fg['verdict']),
@@ -820,7 +903,14 @@ def write_report(report:dict, out:str|Path, png:bool=True):
         for name, f in fs.items():
             if png: write_png(f, out/'figures'/f'{t}_{name}.png')
 
-# %% ../nbs/06b_compare.ipynb #8f87b455
+# %% ../nbs/06b_compare.ipynb #1b2e5531
+def _bold_rule(report:dict) -> str:
+    "What a bold verdict means in the README's tables: after Holm's correction (a report without it: the CI excludes 0)."
+    fam = [c.get('family_size') for sec in report['tasks'].values() for c in sec['comparisons'] if c['kind'] != 'base']
+    if not fam or None in fam: return '**bold** verdicts exclude 0.'
+    return (f"a verdict is **bold** when it holds after Holm's correction for the {max(fam)} comparisons between arms (a difference "
+            "whose own interval excludes 0 but that does not hold in the family is *not distinguishable*; the findings say which).")
+
 def results_markdown(report:dict) -> str:
     "Markdown of a report's setup, tables and findings."
     if report.get('format', 1) < 2: return _results_markdown_v1(report)
@@ -829,7 +919,7 @@ def results_markdown(report:dict) -> str:
     parts = [f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × "
              f"{s['group_size']} samples per run, seeds {', '.join(map(str, s['seeds']))}, {s['evaluation']['images']} held-out images per "
              f"evaluation (the same noise for every run of a seed and the base model); tasks: {tasks}. Differences are paired per seed, "
-             "with 95% confidence intervals over seeds (Student t); **bold** verdicts exclude 0."]
+             "with 95% confidence intervals over seeds (Student t); " + _bold_rule(report)]
     parts.append('\n'.join(f'- {f}' for f in report['findings']))
     for t in report['tasks']: parts += [f"**{t}**: trained on {s['tasks'][t]['about']}", markdown_table(*results_rows(report, t))]
     return '\n\n'.join(parts + ['The arms:', markdown_table(*arms_rows(report))])

@@ -62,10 +62,27 @@ def test_base_eval_cache(task, tmp_path):
     a = base_eval(load_policy('tiny'), task, cfg, path, progress=False)
     d = json.loads(path.read_text())
     d['overall'] = -1.0; path.write_text(json.dumps(d))  # a marker: a reused cache returns it
-    assert base_eval(None, task, cfg, path).overall == -1.0
+    assert base_eval(load_policy('tiny'), task, cfg, path).overall == -1.0
+    other_weights = load_policy('tiny')
+    with torch.no_grad(): next(other_weights.module.parameters()).add_(0.5)  # other base weights: evaluated afresh
+    assert base_eval(other_weights, task, cfg, path, progress=False).overall != -1.0
+    d['overall'] = -1.0; path.write_text(json.dumps(d))
     other = Task('other', task.train_prompts, task.eval_prompts, task.reward, task.evaluate)
     assert base_eval(load_policy('tiny'), other, cfg, path).overall != -1.0 and json.loads(path.read_text())['key']['task'] == 'other'
     assert isinstance(a, EvalReport) and a.n == cfg.eval_images
+
+def test_finished_run_of_other_base_weights_is_not_reused(task, tmp_path):
+    "A finished run is reused only when it was trained on the base weights of the given policy."
+    from flowgrpo_nb.compare import _train_one
+    cfg, d = CompareConfig(budget='smoke').train_config('flow_grpo', 0), tmp_path/'run'
+    d.mkdir()
+    (d/'config.json').write_text(json.dumps(cfg.to_dict())); (d/'summary.json').write_text(json.dumps(dict(steps=cfg.steps)))
+    policy = load_policy('tiny')
+    (d/'base.json').write_text(json.dumps(dict(fingerprint=policy.base_fingerprint())))
+    _train_one(cfg, d, policy, task, False)  # the same weights: reused, nothing trained
+    assert not (d/'metrics.jsonl').exists()
+    (d/'base.json').write_text(json.dumps(dict(fingerprint='0' * 16)))
+    with pytest.raises(ValueError, match='other base weights'): _train_one(cfg, d, policy, task, False)
 
 def test_heldout_keeps_category_fields():
     rep = EvalReport(0.5, 0.1, 4, dict(a=dict(score=1.0, se=0.0, n=2, partial=1.0), b=dict(score=0.0, se=0.0, n=2)),
@@ -134,7 +151,7 @@ def test_workers_need_a_picklable_task(task, tmp_path):
 def _fake_run(d, method, wall, cpu, nfe, final=0.5, steps=2, calibration=None, turning_points=None, score=None):
     "A run folder with `steps` steps of the given wall / CPU seconds and NFE per sample, and a final evaluation."
     d.mkdir(parents=True)
-    (d/'config.json').write_text(json.dumps(dict(prompts_per_step=2, group_size=4, method=method, eval_images=4)))
+    (d/'config.json').write_text(json.dumps(dict(prompts_per_step=2, group_size=4, minibatch=8, method=method, eval_images=4)))
     (d/'summary.json').write_text(json.dumps(dict(steps=steps, calibration_cost=calibration)))
     ms = [dict(step=i + 1, sec_total=(i + 1) * wall, reward=0.5, nfe_rollout=nfe, nfe_lookahead=0.0,
                **({} if turning_points is None else dict(turning_points=turning_points)),
