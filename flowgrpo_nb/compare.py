@@ -8,7 +8,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/compare.html.md"""
 __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'DEFAULT_ARMS', 'BUDGETS', 'COSTS', 'ZERO_SHARE', 'LIMIT', 'PHASES', 'STEP_TIME_RATIO',
            'NO_CALIBRATION', 'FAMILIES', 'WINDOW_MATCH', 'DENSE_CREDIT', 'METRICS', 'COLORS', 'VERDICT_COLORS',
            'ARM_HEAD', 'CSS', 'Arm', 'arm_config', 'arm_settings', 'CompareConfig', 'step_cost', 'eval_cost', 'n_evals',
-           'run_cost', 'job_costs', 'schedule', 'estimate_cost', 'base_eval', 'run_dir', 'usable_cores',
+           'run_cost', 'job_costs', 'schedule', 'estimate_cost', 'base_eval', 'run_dir', 'finished', 'usable_cores',
            'default_workers', 'load_tasks', 'run_jobs', 'measured_cpu', 'compare', 'heldout', 'eval_from_metrics',
            'reach', 'grad_share', 'run_report', 'paired', 'holm', 'correct', 'per_seed_ratios', 'arm_summary',
            'window_match', 'task_comparisons', 'base_summary', 'task_section', 'setup', 'build_report',
@@ -44,17 +44,19 @@ class Arm:
     control:str|dict|None=None  # the window-matched control; a dict: one per kind of reward ('few' levels or 'continuous')
     why:str=''                  # what the arm measures
     window_of:str|None=None     # train the window of this arm (its window at step 0)
+    window:tuple|None=None      # (window_start, window_size) over the preset's
     also:tuple=()               # further arms it is compared with
     def control_for(self, levels:str) -> str|None:
         "The control under a reward with `levels` ('few' or 'continuous')."
         return self.control.get(levels) if isinstance(self.control, dict) else self.control
 
 # %% ../nbs/06b_compare.ipynb #7290e1a7
-_EFFECTIVE = dict(few='flow_grpo_early', continuous='flow_grpo')  # where dense credit is nonzero under each kind of reward
+_EFFECTIVE = dict(few='flow_grpo_first4', continuous='flow_grpo')  # where dense credit's gradient lies under each kind of reward
 
 ARMS = {
     'flow_grpo':           Arm('flow_grpo', why='the reference: Flow-GRPO on every step but the last'),
     'flow_grpo_early':     Arm('flow_grpo_early', why='Flow-GRPO on steps 0-2 only (Flow-GRPO-Fast-like): the window effect'),
+    'flow_grpo_first4':    Arm('flow_grpo', window=(0, 4), why="Flow-GRPO on steps 0-3, where dense credit's gradient lies under a reward with few levels"),
     'mix_grpo':            Arm('mix_grpo', 'flow_grpo_early', 'a 3-step window sliding to later steps (MixGRPO-like)'),
     'flow_grpo_mid':       Arm('flow_grpo', window_of='stepwise', why="Flow-GRPO on Stepwise's window"),
     'stepwise':            Arm('stepwise', 'flow_grpo_mid', 'Tweedie gains (DDIM-like SDE, shared noise)'),
@@ -70,6 +72,7 @@ def arm_config(name:str, **fields) -> GRPOConfig:
     "The `GRPOConfig` of arm `name`: its preset, then `fields`."
     if name not in ARMS: raise ValueError(f"arm {name!r} is unknown; allowed: {', '.join(ARMS)}")
     a = ARMS[name]
+    if a.window: fields = dict(window_start=a.window[0], window_size=a.window[1]) | fields
     if a.window_of:
         s, e = arm_config(a.window_of, **fields).rollout_config().window
         fields = dict(window_start=s, window_size=e - s) | fields
@@ -93,10 +96,10 @@ TASKS = {  # task -> the training reward, its kind, and the evaluation that judg
                     about='the learned score, a continuous reward'),
 }
 _TRAIN = dict(prompts_per_step=2, group_size=8, minibatch=16, calib_iters=4, calib_samples=16)
-DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_early', 'dense'), score=('flow_grpo', 'dense'))
+DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_first4', 'dense'), score=('flow_grpo', 'dense'))
 BUDGETS = {
     'smoke':   dict(seeds=(0,), steps=2, eval_every=0, eval_images=24, arms=DEFAULT_ARMS,
-                    train=dict(K=4, prompts_per_step=2, group_size=4, minibatch=8, calib_iters=1, calib_samples=4, lora_rank=4)),
+                    train=dict(K=5, prompts_per_step=2, group_size=4, minibatch=8, calib_iters=1, calib_samples=4, lora_rank=4)),
     'default': dict(seeds=(0, 1, 2, 3, 4), steps=24, eval_every=12, eval_images=240, arms=DEFAULT_ARMS, train=_TRAIN),
     'long':    dict(seeds=(0, 1, 2, 3, 4), steps=24, eval_every=12, eval_images=240, train=_TRAIN,
                     arms={t: tuple(ARMS) for t in TASKS}),
@@ -226,13 +229,15 @@ def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, pro
 # %% ../nbs/06b_compare.ipynb #2f4044aa
 def run_dir(out:Path, task:str, seed:int, arm:str) -> Path: return Path(out)/task/f'seed{seed}'/arm
 
+def finished(d:Path, cfg:GRPOConfig) -> bool: return (d/'summary.json').exists() and json.loads((d/'summary.json').read_text())['steps'] >= cfg.steps
+
 def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:bool):
     "Train (or resume, or reuse) one run in `d` from `policy` (None: the trainer loads the config's)."
     if (d/'config.json').exists():
         diff = config_diff(GRPOConfig.from_dict(json.loads((d/'config.json').read_text()), str(d/'config.json')), cfg)
         if diff: raise ValueError(f"{d} holds a run with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
                                   "use another --out, or delete that folder")
-    if (d/'summary.json').exists() and json.loads((d/'summary.json').read_text())['steps'] >= cfg.steps:
+    if finished(d, cfg):
         if policy is not None: check_base(d, policy.base_fingerprint(), 'reuse')  # a finished run of other base weights is not reused
         return
     tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(list_checkpoints(d)), progress=progress)
@@ -344,6 +349,8 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     (out/'compare.json').write_text(json.dumps(asdict(ccfg), indent=1))
     t0, c0 = time.perf_counter(), time.process_time()
     jobs = schedule(costs, workers)[0]
+    runs = [k for k in jobs if k[0] != 'base']
+    reused = sum(finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0])) for k in runs)  # wall_seconds counts only the rest
     if workers == 1:
         threads0 = torch.get_num_threads()
         if threads: torch.set_num_threads(threads)
@@ -355,7 +362,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     report['wall_seconds'] = time.perf_counter() - t0
     report['timing'] = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(), step_time_ratio=STEP_TIME_RATIO,
                             estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
-                            main_process_cpu_seconds=time.process_time() - c0)
+                            main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=reused)
     write_report(report, out, png)
     return report
 
@@ -689,7 +696,7 @@ def findings(report:dict) -> list[str]:
     return comparison_findings(report) + other_findings(report)
 
 # %% ../nbs/06b_compare.ipynb #2b70f2ac
-COLORS = dict(base='#7f7f7f', flow_grpo='#1f77b4', flow_grpo_early='#17becf', mix_grpo='#bcbd22', flow_grpo_mid='#aec7e8',
+COLORS = dict(base='#7f7f7f', flow_grpo='#1f77b4', flow_grpo_early='#17becf', flow_grpo_first4='#8c564b', mix_grpo='#bcbd22', flow_grpo_mid='#aec7e8',
               stepwise='#2ca02c', stepwise_ode='#98df8a', dense='#d62728', dense_early='#ff9896', turning_point='#9467bd',
               turning_point_early='#c5b0d5')
 VERDICT_COLORS = {'higher': '#2ca02c', 'lower': '#d62728', 'not distinguishable': '#7f7f7f'}
@@ -885,7 +892,8 @@ def report_html(report:dict, figures:dict) -> str:
         for f in figs.values():
             parts.append(f.to_html(full_html=False, include_plotlyjs=first)); first = False
     tm = report.get('timing', {})
-    foot = (f"<p>{report['wall_seconds']:.0f} s wall, {tm.get('workers')} worker(s) × {tm.get('threads_per_worker')} thread(s), "
+    foot = (f"<p>{report['wall_seconds']:.0f} s wall" + (f" ({tm['runs_reused']} of {tm['runs']} runs reused from an earlier invocation, not counted)"
+                                                        if tm.get('runs_reused') else '') + f", {tm.get('workers')} worker(s) × {tm.get('threads_per_worker')} thread(s), "
             f"{tm['cpu_seconds']['total']:.0f} CPU seconds measured by the jobs; estimated {tm['estimate']['wall_seconds']:.0f} s wall, "
             f"{tm['estimate']['core_seconds']:.0f} core-seconds in all.</p>") if 'wall_seconds' in report and tm.get('estimate') else ''
     items = ''.join(f'<li>{html.escape(s)}</li>' for s in report['findings'])
@@ -968,5 +976,6 @@ def compare_cli(out:str='runs/compare',   # run folder of the comparison
     for t in report['tasks']: print(f'\n{t}:\n' + markdown_table(*results_rows(report, t)))
     print('', *report['findings'], sep='\n')
     tm = report['timing']
-    print(f"\nreport: {Path(out)/'report.html'} ({report['wall_seconds']:.0f} s, {tm['workers']} worker(s) × {tm['threads_per_worker']} thread(s), "
+    again = f", {tm['runs_reused']} of {tm['runs']} runs reused from earlier" if tm.get('runs_reused') else ''
+    print(f"\nreport: {Path(out)/'report.html'} ({report['wall_seconds']:.0f} s{again}, {tm['workers']} worker(s) × {tm['threads_per_worker']} thread(s), "
           f"{tm['cpu_seconds']['total']:.0f} CPU seconds in the jobs; " + _estimate_line(tm['estimate']) + ')')

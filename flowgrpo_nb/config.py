@@ -152,7 +152,7 @@ _FLOW = dict(method='flow_grpo', sampler='flow_sde', level=0.7, global_std=True)
 _STEPWISE = dict(method='stepwise', sampler='ddim', level=1.0, shared_noise=True, trim_degenerate=True)
 _DENSE = dict(method='dense', sampler='flow_sde', level=0.7, lookahead=LOOKAHEAD['dense'], calibrate=True)
 _TP = dict(method='turning_point', sampler='flow_sde', level=0.7, lookahead=LOOKAHEAD['turning_point'])
-EARLY = dict(window_start=0, window_size=3)  # the first 3 steps: where dense credit is nonzero under a reward with few levels
+EARLY = dict(window_start=0, window_size=3)  # the first 3 steps (Flow-GRPO-Fast-like; where dense credit lies is measured by the comparison)
 
 PRESETS = {
     'flow_grpo':           _FLOW,

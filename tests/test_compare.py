@@ -50,6 +50,9 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     assert json.loads((tmp_path/'geneval'/'seed0'/'dense'/'config.json').read_text())['method'] == 'dense'
     assert report['setup']['tasks']['geneval']['name'] == 'brightness'
     assert (tmp_path/'report.html').exists() and report['findings']
+    again = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=1, png=False)  # every run reused
+    assert (report['timing']['runs_reused'], again['timing']['runs_reused'], again['timing']['runs']) == (0, 2, 2)
+    assert again['findings'] == report['findings'] and again['tasks']['geneval']['base'] == sec['base']
 
 def test_base_eval_is_the_trainers_first_evaluation(task, tmp_path):
     "The base point of a seed is what a run of that seed would have evaluated before its first step (eval_start=True)."
@@ -190,13 +193,13 @@ def test_turning_points_that_never_fire_are_said(tmp_path, fired):
                  'turning_point': _fake_run(tmp_path/'t', 'turning_point', 2.0, 2.0, 12, turning_points=fired)})
     said = [f for f in r['findings'] if 'fired no turning point' in f]
     assert (len(said), r['tasks']['geneval']['arms']['turning_point']['turning_points']) == ((1, 0.0) if fired == 0 else (0, 6.0))
-    assert any("turning_point's window-matched control flow_grpo_early did not run" in f for f in r['findings'])
+    assert any("turning_point's window-matched control flow_grpo_first4 did not run" in f for f in r['findings'])
 
 def test_dense_credit_that_does_not_beat_its_control_is_said(tmp_path):
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4, final=0.50),
-                 'flow_grpo_early': _fake_run(tmp_path/'e', 'flow_grpo', 1.0, 1.0, 4, final=0.60),
+                 'flow_grpo_first4': _fake_run(tmp_path/'e', 'flow_grpo', 1.0, 1.0, 4, final=0.60),
                  'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12, final=0.61)})
-    f = next(f for f in r['findings'] if f.startswith('[geneval] dense vs flow_grpo_early (its window-matched control)'))
+    f = next(f for f in r['findings'] if f.startswith('[geneval] dense vs flow_grpo_first4 (its window-matched control)'))
     assert 'not distinguishable' in f and 'does not beat' in f
     assert r['findings'].index(f) < next(i for i, f in enumerate(r['findings']) if f.startswith('[geneval] dense vs flow_grpo: +0.110'))
 
