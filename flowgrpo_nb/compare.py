@@ -8,13 +8,14 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/compare.html.md"""
 __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'DEFAULT_ARMS', 'BUDGETS', 'COSTS', 'ZERO_SHARE', 'LIMIT', 'PHASES', 'STEP_TIME_RATIO',
            'NO_CALIBRATION', 'FAMILIES', 'WINDOW_MATCH', 'DENSE_CREDIT', 'METRICS', 'COLORS', 'VERDICT_COLORS',
            'ARM_HEAD', 'CSS', 'Arm', 'arm_config', 'arm_settings', 'CompareConfig', 'step_cost', 'eval_cost', 'n_evals',
-           'run_cost', 'job_costs', 'schedule', 'estimate_cost', 'base_eval', 'run_dir', 'finished', 'usable_cores',
-           'default_workers', 'load_tasks', 'run_jobs', 'measured_cpu', 'compare', 'heldout', 'eval_from_metrics',
-           'reach', 'grad_share', 'run_report', 'paired', 'holm', 'correct', 'per_seed_ratios', 'arm_summary',
-           'window_match', 'task_comparisons', 'base_summary', 'task_section', 'setup', 'build_report',
-           'comparison_findings', 'other_findings', 'findings', 'fig_curves', 'fig_differences', 'fig_categories',
-           'fig_costs', 'fig_gradient', 'report_figures', 'results_rows', 'markdown_table', 'html_table', 'arms_rows',
-           'setup_html', 'report_html', 'write_report', 'results_markdown', 'compare_cli']
+           'run_cost', 'job_costs', 'schedule', 'estimate_cost', 'base_eval', 'run_dir', 'finished',
+           'earlier_invocations', 'usable_cores', 'default_workers', 'load_tasks', 'run_jobs', 'measured_cpu',
+           'compare', 'heldout', 'eval_from_metrics', 'reach', 'grad_share', 'run_report', 'paired', 'holm', 'correct',
+           'per_seed_ratios', 'arm_summary', 'window_match', 'task_comparisons', 'base_summary', 'task_section',
+           'setup', 'build_report', 'comparison_findings', 'other_findings', 'findings', 'fig_curves',
+           'fig_differences', 'fig_categories', 'fig_costs', 'fig_gradient', 'report_figures', 'results_rows',
+           'markdown_table', 'html_table', 'arms_rows', 'setup_html', 'report_html', 'write_report', 'results_markdown',
+           'compare_cli']
 
 # %% ../nbs/06b_compare.ipynb #c862115e
 import copy, html, importlib, json, math, multiprocessing, os, pickle, time
@@ -99,7 +100,7 @@ _TRAIN = dict(prompts_per_step=2, group_size=8, minibatch=16, calib_iters=4, cal
 DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_first4', 'dense'), score=('flow_grpo', 'dense'))
 BUDGETS = {
     'smoke':   dict(seeds=(0,), steps=2, eval_every=0, eval_images=24, arms=DEFAULT_ARMS,
-                    train=dict(K=5, prompts_per_step=2, group_size=4, minibatch=8, calib_iters=1, calib_samples=4, lora_rank=4)),
+                    train=dict(K=6, prompts_per_step=2, group_size=4, minibatch=8, calib_iters=1, calib_samples=4, lora_rank=4)),
     'default': dict(seeds=(0, 1, 2, 3, 4), steps=24, eval_every=12, eval_images=240, arms=DEFAULT_ARMS, train=_TRAIN),
     'long':    dict(seeds=(0, 1, 2, 3, 4), steps=24, eval_every=12, eval_images=240, train=_TRAIN,
                     arms={t: tuple(ARMS) for t in TASKS}),
@@ -231,6 +232,21 @@ def run_dir(out:Path, task:str, seed:int, arm:str) -> Path: return Path(out)/tas
 
 def finished(d:Path, cfg:GRPOConfig) -> bool: return (d/'summary.json').exists() and json.loads((d/'summary.json').read_text())['steps'] >= cfg.steps
 
+def earlier_invocations(out:Path) -> list[dict]:
+    "The invocations of `compare` that wrote `out`'s report.json before this one: wall seconds and runs each trained (none: no readable report)."
+    try: tm = (r := json.loads((Path(out)/'report.json').read_text())).get('timing', {})
+    except (OSError, ValueError): return []
+    return tm.get('invocations') or [dict(wall_seconds=r.get('wall_seconds'), runs_trained=tm.get('runs', 0) - tm.get('runs_reused', 0))]
+
+def _check_reused(keys:list, out:Path, ccfg:CompareConfig, policy:Policy|None):
+    "Before any work: every finished run about to be reused was trained on the base weights of this comparison (one model load per backend)."
+    fps = {}
+    for task, seed, arm in keys:
+        cfg = ccfg.train_config(arm, seed, task)
+        b = json.dumps(cfg.backend(), sort_keys=True)
+        if b not in fps: fps[b] = (policy or load_policy(**cfg.backend())).base_fingerprint()
+        check_base(run_dir(out, task, seed, arm), fps[b], 'reuse')
+
 def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:bool):
     "Train (or resume, or reuse) one run in `d` from `policy` (None: the trainer loads the config's)."
     if (d/'config.json').exists():
@@ -350,7 +366,8 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     t0, c0 = time.perf_counter(), time.process_time()
     jobs = schedule(costs, workers)[0]
     runs = [k for k in jobs if k[0] != 'base']
-    reused = sum(finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0])) for k in runs)  # wall_seconds counts only the rest
+    reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]  # wall_seconds counts only the rest
+    _check_reused(reused, out, ccfg, policy)
     if workers == 1:
         threads0 = torch.get_num_threads()
         if threads: torch.set_num_threads(threads)
@@ -362,7 +379,8 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     report['wall_seconds'] = time.perf_counter() - t0
     report['timing'] = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(), step_time_ratio=STEP_TIME_RATIO,
                             estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
-                            main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=reused)
+                            main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
+    report['timing']['invocations'] = earlier_invocations(out) + [dict(wall_seconds=report['wall_seconds'], runs_trained=len(runs) - len(reused))]
     write_report(report, out, png)
     return report
 
@@ -422,7 +440,7 @@ def run_report(d:Path, base:EvalReport) -> dict:
         total_nfe=sum(nfe.values()) * len(steps) + cal['nfe'], total_cpu_seconds=float(cpu[steps[-1]['step']]) if steps else cal['cpu_seconds'],
         eval_cpu_seconds=sum(m.get('cpu_eval', 0.0) for m in evals),
         turning_points=sum(tps) if tps else None, adv_zero=_median(steps, 'adv_zero'), skipped=_median(steps, 'skipped'),
-        window=list(run_cfg.rollout_config().window), grad_share=grad_share(steps, run_cfg.K))
+        window=list(run_cfg.rollout_config().window), slide=run_cfg.window_slide, K=run_cfg.K, grad_share=grad_share(steps, run_cfg.K))
 
 # %% ../nbs/06b_compare.ipynb #45212444
 def _t(n:int) -> float: return float(stats.t.ppf(0.975, n - 1))
@@ -518,7 +536,8 @@ WINDOW_MATCH = 0.9  # a control matches an arm's window when at least this share
 def window_match(per_seed:dict, arm:str, control:str) -> dict|None:
     "Where `arm`'s gradient lies against `control`'s trained window: the share inside per seed (an `_agg`), the mean share of each step outside (None: not diagnosed)."
     runs = [(ms[arm], ms[control]) for ms in per_seed.values()]
-    if any(r.get('grad_share') is None or 'window' not in c for r, c in runs): return None
+    if any(r.get('grad_share') is None or 'window' not in c or r.get('slide') or c.get('slide') or len(r['grad_share']) != c.get('K', len(r['grad_share']))
+           for r, c in runs): return None  # not logged, a sliding window (no fixed window to match), or another schedule
     s, e = runs[0][1]['window']
     inside = _agg([sum(r['grad_share'][s:e]) for r, _ in runs])
     outside = {k: float(np.mean([r['grad_share'][k] for r, _ in runs])) for k in range(len(runs[0][0]['grad_share'])) if not s <= k < e}
@@ -616,7 +635,8 @@ def _ci(c:dict) -> str:
 
 def _its_control(c:dict) -> str:
     ws = c.get('window_share')
-    return 'its window-matched control' if ws is None or ws >= WINDOW_MATCH else f"its control, whose window holds {ws:.0%} of {c['arm']}'s gradient"
+    if ws is None: return 'its window-matched control, by its preset: the runs logged no gradient shares to check it'
+    return 'its window-matched control' if ws >= WINDOW_MATCH else f"its control, whose window holds {ws:.0%} of {c['arm']}'s gradient"
 
 def _said(c:dict, tag:str) -> str:
     who = f"{c['arm']} vs {c['other']}" + (f' ({_its_control(c)})' if c['is_control'] else '')
@@ -637,9 +657,10 @@ def comparison_findings(report:dict) -> list[str]:
     "Sentences on the paired comparisons: significant first, then dense credit that does not beat its control, then the rest."
     cs = [(f'[{t}] ', c) for t, sec in report['tasks'].items() for c in sec['comparisons'] if c['kind'] != 'base']
     sig = sorted([x for x in cs if x[1]['verdict'] != 'not distinguishable'], key=lambda x: x[1]['p'])
-    out = [_said(c, tag) + (f" {c['arm']}'s per-step credit does not beat Flow-GRPO's credit on the window it effectively trains."
-                            if _not_beaten(report, c) else '') for tag, c in sig]
-    out += [_said(c, tag) + f" {c['arm']}'s per-step credit does not beat {_its_control(c).split(',')[0]}." for tag, c in cs
+    out = [_said(c, tag) + (f" {c['arm']}'s per-step credit does not beat {_its_control(c).split(',')[0]} on the held-out "
+                            f"{METRICS[c.get('metric', 'strict')]}." if _not_beaten(report, c) else '') for tag, c in sig]
+    out += [_said(c, tag) + f" {c['arm']}'s per-step credit does not beat {_its_control(c).split(',')[0]} on the held-out "
+            f"{METRICS[c.get('metric', 'strict')]}." for tag, c in cs
             if (tag, c) not in sig and _not_beaten(report, c)]
     return out + [_said(c, tag) for tag, c in cs if (tag, c) not in sig and not _not_beaten(report, c)]
 
@@ -673,10 +694,15 @@ def other_findings(report:dict) -> list[str]:
                            "its comparison with flow_grpo mixes credit and window.")
         for metric, name, b in (('strict', 'held-out strict', sec['base']['overall']['strict']),
                                 ('learned_score', 'held-out learned score', (sec['base'].get('learned_score') or {}).get('mean'))):
-            by = {}
-            for c in sec['comparisons']:
-                if c['kind'] == 'base' and c['metric'] == metric: by.setdefault(c['verdict'], []).append(f"{c['arm']} {c['mean']:+.3f}")
-            if by: out.append(f"[{t}] {name} against the base model ({b:.3f}{' over seeds' if metric != 'strict' else ''}): " + '; '.join(f"{v}: {', '.join(x)}" for v, x in by.items()) + '.')
+            by, cs = {}, [c for c in sec['comparisons'] if c['kind'] == 'base' and c['metric'] == metric]
+            for c in cs: by.setdefault(c['verdict'], []).append(f"{c['arm']} {c['mean']:+.3f}")
+            alone = {}
+            for c in cs:
+                if c.get('verdict_alone', c['verdict']) != c['verdict']: alone.setdefault(c['verdict_alone'], []).append(c['arm'])
+            holm_ = (f" (Holm over the {cs[0]['family_size']} comparisons with the base model" +
+                     ''.join(f"; {v} on its own: {', '.join(a)}" for v, a in alone.items()) + ')') if cs and 'family_size' in cs[0] else ''
+            if by: out.append(f"[{t}] {name} against the base model ({b:.3f}{' over seeds' if metric != 'strict' else ''}): "
+                              + '; '.join(f"{v}: {', '.join(x)}" for v, x in by.items()) + holm_ + '.')
     for t, sec in report['tasks'].items():
         for a, r in sec['arms'].items():
             if a == 'flow_grpo': continue
@@ -748,7 +774,7 @@ def fig_differences(report:dict, task:str|None=None) -> go.Figure:
                         error_x=dict(type='data', symmetric=False, array=[c['ci'][1] - c['mean'] for c in sel],
                                      arrayminus=[c['mean'] - c['ci'][0] for c in sel]))
     fig.add_vline(x=0, line_dash='dot')
-    return fig.update_layout(title=f"{sec.get('task', '')}: paired differences of held-out scores (95% CI)", xaxis_title='difference',
+    return fig.update_layout(title=f"{sec.get('task', '')}: paired differences of held-out scores (95% CI; colour: the verdict after Holm)", xaxis_title='difference',
                              height=160 + 28 * len(cs), width=800, yaxis=dict(categoryorder='array', categoryarray=[_label(c) for c in cs]))
 
 # %% ../nbs/06b_compare.ipynb #d11d5700
@@ -976,6 +1002,8 @@ def compare_cli(out:str='runs/compare',   # run folder of the comparison
     for t in report['tasks']: print(f'\n{t}:\n' + markdown_table(*results_rows(report, t)))
     print('', *report['findings'], sep='\n')
     tm = report['timing']
-    again = f", {tm['runs_reused']} of {tm['runs']} runs reused from earlier" if tm.get('runs_reused') else ''
+    inv = tm.get('invocations', [])
+    again = (f", {tm['runs_reused']} of {tm['runs']} runs reused from earlier; all {len(inv)} invocations "
+             f"{sum(i['wall_seconds'] or 0 for i in inv):.0f} s") if tm.get('runs_reused') else ''
     print(f"\nreport: {Path(out)/'report.html'} ({report['wall_seconds']:.0f} s{again}, {tm['workers']} worker(s) × {tm['threads_per_worker']} thread(s), "
           f"{tm['cpu_seconds']['total']:.0f} CPU seconds in the jobs; " + _estimate_line(tm['estimate']) + ')')

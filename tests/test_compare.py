@@ -52,6 +52,8 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     assert (tmp_path/'report.html').exists() and report['findings']
     again = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=1, png=False)  # every run reused
     assert (report['timing']['runs_reused'], again['timing']['runs_reused'], again['timing']['runs']) == (0, 2, 2)
+    assert [i['runs_trained'] for i in again['timing']['invocations']] == [2, 0]  # the job's own wall time survives a rebuild
+    assert again['timing']['invocations'][0]['wall_seconds'] == report['wall_seconds']
     assert again['findings'] == report['findings'] and again['tasks']['geneval']['base'] == sec['base']
 
 def test_base_eval_is_the_trainers_first_evaluation(task, tmp_path):
@@ -86,6 +88,13 @@ def test_finished_run_of_other_base_weights_is_not_reused(task, tmp_path):
     assert not (d/'metrics.jsonl').exists()
     (d/'base.json').write_text(json.dumps(dict(fingerprint='0' * 16)))
     with pytest.raises(ValueError, match='other base weights'): _train_one(cfg, d, policy, task, False)
+    from flowgrpo_nb.compare import _check_reused, run_dir  # compare checks before any work, loading the config's model when none is given
+    ccfg = CompareConfig(budget='smoke')
+    run = run_dir(tmp_path/'out', 'geneval', 0, 'flow_grpo'); run.mkdir(parents=True)
+    (run/'base.json').write_text(json.dumps(dict(fingerprint='0' * 16)))
+    with pytest.raises(ValueError, match='other base weights'): _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, None)
+    (run/'base.json').write_text(json.dumps(dict(fingerprint=policy.base_fingerprint())))
+    _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, None)
 
 def test_heldout_keeps_category_fields():
     rep = EvalReport(0.5, 0.1, 4, dict(a=dict(score=1.0, se=0.0, n=2, partial=1.0), b=dict(score=0.0, se=0.0, n=2)),
@@ -199,7 +208,7 @@ def test_dense_credit_that_does_not_beat_its_control_is_said(tmp_path):
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4, final=0.50),
                  'flow_grpo_first4': _fake_run(tmp_path/'e', 'flow_grpo', 1.0, 1.0, 4, final=0.60),
                  'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12, final=0.61)})
-    f = next(f for f in r['findings'] if f.startswith('[geneval] dense vs flow_grpo_first4 (its window-matched control)'))
+    f = next(f for f in r['findings'] if f.startswith('[geneval] dense vs flow_grpo_first4 (its window-matched control, by its preset: the runs logged no gradient shares'))
     assert 'not distinguishable' in f and 'does not beat' in f
     assert r['findings'].index(f) < next(i for i, f in enumerate(r['findings']) if f.startswith('[geneval] dense vs flow_grpo: +0.110'))
 
