@@ -533,11 +533,18 @@ def arm_summary(per_seed:dict, arm:str) -> dict:
 # %% ../nbs/06b_compare.ipynb #55de2361
 WINDOW_MATCH = 0.9  # a control matches an arm's window when at least this share of the arm's gradient is on the control's trained steps
 
-def window_match(per_seed:dict, arm:str, control:str) -> dict|None:
-    "Where `arm`'s gradient lies against `control`'s trained window: the share inside per seed (an `_agg`), the mean share of each step outside (None: not diagnosed)."
+def _unchecked(r:dict, c:dict) -> str|None:
+    "Why an arm's run `r` cannot be held against its control's run `c` (None: it can)."
+    if r.get('grad_share') is None or 'window' not in c: return 'the runs logged no gradient shares'
+    if r.get('slide') or c.get('slide'): return 'a sliding window has no fixed window to match'
+    if len(r['grad_share']) != c.get('K', len(r['grad_share'])): return 'the control runs another number of steps'
+
+def window_match(per_seed:dict, arm:str, control:str) -> dict:
+    "Where `arm`'s gradient lies against `control`'s trained window: the share inside per seed (an `_agg`), the mean share of each step outside; or why it cannot be said."
     runs = [(ms[arm], ms[control]) for ms in per_seed.values()]
-    if any(r.get('grad_share') is None or 'window' not in c or r.get('slide') or c.get('slide') or len(r['grad_share']) != c.get('K', len(r['grad_share']))
-           for r, c in runs): return None  # not logged, a sliding window (no fixed window to match), or another schedule
+    why = next((w for r, c in runs if (w := _unchecked(r, c))), None)
+    runs = [(r, c) for r, c in runs if why or sum(r['grad_share']) > 0]  # a seed whose diagnosed steps had no gradient says nothing
+    if why or not runs: return dict(control=control, unchecked=why or 'no gradient at the diagnosed steps')
     s, e = runs[0][1]['window']
     inside = _agg([sum(r['grad_share'][s:e]) for r, _ in runs])
     outside = {k: float(np.mean([r['grad_share'][k] for r, _ in runs])) for k in range(len(runs[0][0]['grad_share'])) if not s <= k < e}
@@ -586,7 +593,8 @@ def task_section(task:str, per_seed:dict, base:dict, arms:list, levels:str, metr
         if c in arms and c != a: summary[a]['control_window'] = window_match(per_seed, a, c)
     for c in comps:
         w = summary[c['arm']].get('control_window') if c['is_control'] else None
-        if w: c['window_share'] = w['inside']['mean']
+        if w and 'inside' in w: c['window_share'] = w['inside']['mean']
+        elif w: c['window_unchecked'] = w['unchecked']
     return dict(task=task, levels=levels, arms=summary,
                 base=dict(**base_summary({s: h for s, (h, _) in base.items()}), learned_score=_agg([l for _, l in base.values()]),
                           per_seed={s: h for s, (h, _) in base.items()}),
@@ -635,7 +643,7 @@ def _ci(c:dict) -> str:
 
 def _its_control(c:dict) -> str:
     ws = c.get('window_share')
-    if ws is None: return 'its window-matched control, by its preset: the runs logged no gradient shares to check it'
+    if ws is None: return 'its window-matched control' + (f" by its preset, unchecked: {c['window_unchecked']}" if c.get('window_unchecked') else '')
     return 'its window-matched control' if ws >= WINDOW_MATCH else f"its control, whose window holds {ws:.0%} of {c['arm']}'s gradient"
 
 def _said(c:dict, tag:str) -> str:
@@ -679,7 +687,7 @@ def other_findings(report:dict) -> list[str]:
                 n = sum(ms[a]['steps'] for ms in sec['per_seed'].values())
                 out.append(f"[{t}] {a} kept {r['turning_points']:.0f} turning points over {n} steps of {len(sec['per_seed'])} seed(s).")
             w = r.get('control_window')
-            if w and report['setup']['arms'][a]['window'] != w['window']:
+            if w and 'inside' in w and report['setup']['arms'][a]['window'] != w['window']:
                 (s, e), i = w['window'], w['inside']
                 far = ', '.join(f"{v:.0%} at step {k}" for k, v in w['outside'].items() if v >= 0.05) or 'under 5% at any step'
                 spread = f"{i['min']:.0%}–{i['max']:.0%} over {i['n']} seeds" if i['n'] > 1 else 'one seed'

@@ -208,7 +208,7 @@ def test_dense_credit_that_does_not_beat_its_control_is_said(tmp_path):
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4, final=0.50),
                  'flow_grpo_first4': _fake_run(tmp_path/'e', 'flow_grpo', 1.0, 1.0, 4, final=0.60),
                  'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12, final=0.61)})
-    f = next(f for f in r['findings'] if f.startswith('[geneval] dense vs flow_grpo_first4 (its window-matched control, by its preset: the runs logged no gradient shares'))
+    f = next(f for f in r['findings'] if f.startswith('[geneval] dense vs flow_grpo_first4 (its window-matched control by its preset, unchecked: the runs logged no gradient shares)'))
     assert 'not distinguishable' in f and 'does not beat' in f
     assert r['findings'].index(f) < next(i for i, f in enumerate(r['findings']) if f.startswith('[geneval] dense vs flow_grpo: +0.110'))
 
@@ -248,3 +248,13 @@ def test_reach_ignores_the_base_point():
     curve = [dict(step=0, seconds=0.0, eval=0.47), dict(step=12, seconds=5.0, eval=0.45), dict(step=24, seconds=9.0, eval=0.46)]
     assert reach(curve, 0.458) == dict(steps=24, seconds=9.0)
     assert reach(curve, 0.465) == dict(steps=None, seconds=None)
+
+def test_every_arm_runs_end_to_end(tmp_path):
+    "All arms of `--budget long` train, evaluate and report at smoke sizes; controls that cannot be checked say why."
+    report = compare(tmp_path, CompareConfig(budget='smoke', tasks=('geneval',), arms=tuple(ARMS)), progress=False, png=False)
+    sec = report['tasks']['geneval']
+    assert set(sec['arms']) == set(ARMS) and all(r['heldout_strict']['n'] == 1 for r in sec['arms'].values())
+    assert sec['arms']['mix_grpo']['control_window']['unchecked'] == 'a sliding window has no fixed window to match'
+    for c in (c for c in sec['comparisons'] if c['is_control']):  # every control is either measured against the arm's gradient or says why not
+        assert 0 <= c.get('window_share', -1) <= 1 + 1e-9 or c['window_unchecked'], c
+    assert report['timing']['runs'] == len(ARMS) and report['timing']['runs_reused'] == 0
