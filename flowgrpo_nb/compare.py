@@ -253,9 +253,7 @@ def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:b
         diff = config_diff(GRPOConfig.from_dict(json.loads((d/'config.json').read_text()), str(d/'config.json')), cfg)
         if diff: raise ValueError(f"{d} holds a run with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
                                   "use another --out, or delete that folder")
-    if finished(d, cfg):
-        if policy is not None: check_base(d, policy.base_fingerprint(), 'reuse')  # a finished run of other base weights is not reused
-        return
+    if finished(d, cfg): return  # `compare` checked its base weights before any work (`_check_reused`)
     tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(list_checkpoints(d)), progress=progress)
     tr.train()
     tr.acc.end_training()
@@ -641,10 +639,11 @@ METRICS = dict(strict='strict score', learned_score='learned score')
 def _ci(c:dict) -> str:
     return f"{c['mean']:+.3f}, 95% CI [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]"
 
-def _its_control(c:dict) -> str:
+def _its_control(c:dict, short:bool=False) -> str:
+    "How a sentence names a comparison's control: matched, matched only in part (its share of the arm's gradient), or unchecked (why)."
     ws = c.get('window_share')
-    if ws is None: return 'its window-matched control' + (f" by its preset, unchecked: {c['window_unchecked']}" if c.get('window_unchecked') else '')
-    return 'its window-matched control' if ws >= WINDOW_MATCH else f"its control, whose window holds {ws:.0%} of {c['arm']}'s gradient"
+    if ws is not None and ws < WINDOW_MATCH: return 'its control' + ('' if short else f", whose window holds {ws:.0%} of {c['arm']}'s gradient")
+    return 'its window-matched control' + (f" by its preset, unchecked: {c['window_unchecked']}" if c.get('window_unchecked') and not short else '')
 
 def _said(c:dict, tag:str) -> str:
     who = f"{c['arm']} vs {c['other']}" + (f' ({_its_control(c)})' if c['is_control'] else '')
@@ -665,9 +664,9 @@ def comparison_findings(report:dict) -> list[str]:
     "Sentences on the paired comparisons: significant first, then dense credit that does not beat its control, then the rest."
     cs = [(f'[{t}] ', c) for t, sec in report['tasks'].items() for c in sec['comparisons'] if c['kind'] != 'base']
     sig = sorted([x for x in cs if x[1]['verdict'] != 'not distinguishable'], key=lambda x: x[1]['p'])
-    out = [_said(c, tag) + (f" {c['arm']}'s per-step credit does not beat {_its_control(c).split(',')[0]} on the held-out "
+    out = [_said(c, tag) + (f" {c['arm']}'s per-step credit does not beat {_its_control(c, short=True)} on the held-out "
                             f"{METRICS[c.get('metric', 'strict')]}." if _not_beaten(report, c) else '') for tag, c in sig]
-    out += [_said(c, tag) + f" {c['arm']}'s per-step credit does not beat {_its_control(c).split(',')[0]} on the held-out "
+    out += [_said(c, tag) + f" {c['arm']}'s per-step credit does not beat {_its_control(c, short=True)} on the held-out "
             f"{METRICS[c.get('metric', 'strict')]}." for tag, c in cs
             if (tag, c) not in sig and _not_beaten(report, c)]
     return out + [_said(c, tag) for tag, c in cs if (tag, c) not in sig and not _not_beaten(report, c)]

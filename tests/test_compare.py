@@ -86,13 +86,12 @@ def test_finished_run_of_other_base_weights_is_not_reused(task, tmp_path):
     (d/'base.json').write_text(json.dumps(dict(fingerprint=policy.base_fingerprint())))
     _train_one(cfg, d, policy, task, False)  # the same weights: reused, nothing trained
     assert not (d/'metrics.jsonl').exists()
-    (d/'base.json').write_text(json.dumps(dict(fingerprint='0' * 16)))
-    with pytest.raises(ValueError, match='other base weights'): _train_one(cfg, d, policy, task, False)
     from flowgrpo_nb.compare import _check_reused, run_dir  # compare checks before any work, loading the config's model when none is given
     ccfg = CompareConfig(budget='smoke')
     run = run_dir(tmp_path/'out', 'geneval', 0, 'flow_grpo'); run.mkdir(parents=True)
     (run/'base.json').write_text(json.dumps(dict(fingerprint='0' * 16)))
-    with pytest.raises(ValueError, match='other base weights'): _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, None)
+    for given in (policy, None):
+        with pytest.raises(ValueError, match='other base weights'): _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, given)
     (run/'base.json').write_text(json.dumps(dict(fingerprint=policy.base_fingerprint())))
     _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, None)
 
