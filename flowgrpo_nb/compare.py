@@ -12,7 +12,7 @@ __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'DEFAULT_ARMS', 'BUDGETS', 'COSTS', 'ZER
            'earlier_invocations', 'usable_cores', 'default_workers', 'load_tasks', 'run_jobs', 'measured_cpu',
            'compare', 'heldout', 'eval_from_metrics', 'reach', 'grad_share', 'run_report', 'paired', 'holm', 'correct',
            'per_seed_ratios', 'arm_summary', 'window_match', 'task_comparisons', 'base_summary', 'task_section',
-           'setup', 'build_report', 'comparison_findings', 'other_findings', 'findings', 'fig_curves',
+           'setup', 'build_report', 'comparison_findings', 'other_findings', 'findings', 'check_report', 'fig_curves',
            'fig_differences', 'fig_categories', 'fig_costs', 'fig_gradient', 'report_figures', 'results_rows',
            'markdown_table', 'html_table', 'arms_rows', 'setup_html', 'report_html', 'write_report', 'results_markdown',
            'compare_cli']
@@ -441,28 +441,29 @@ def run_report(d:Path, base:EvalReport) -> dict:
         window=list(run_cfg.rollout_config().window), slide=run_cfg.window_slide, K=run_cfg.K, grad_share=grad_share(steps, run_cfg.K))
 
 # %% ../nbs/06b_compare.ipynb #45212444
-def _t(n:int) -> float: return float(stats.t.ppf(0.975, n - 1))
+def _t(n:int) -> float: return float(stats.t.ppf(0.975, n - 1))  # the 95% two-sided t quantile (the curves' error bars)
 
 def _agg(vals:list) -> dict|None:
     "Mean, median, spread (sample std over seeds; 0 for one), 95% CI of the mean, and n of numbers, None-aware."
     v = np.array([x for x in vals if x is not None], float)
     if not len(v): return None
-    sd = float(v.std(ddof=1)) if len(v) > 1 else 0.0
-    h = _t(len(v)) * sd / math.sqrt(len(v)) if len(v) > 1 else 0.0
-    return dict(mean=float(v.mean()), median=float(np.median(v)), spread=sd, ci=[float(v.mean()) - h, float(v.mean()) + h],
-                min=float(v.min()), max=float(v.max()), n=len(v))
+    m, sd = float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+    ci = [float(c) for c in stats.t.interval(0.95, len(v) - 1, m, sd / math.sqrt(len(v)))] if sd > 0 else [m, m]
+    return dict(mean=m, median=float(np.median(v)), spread=sd, ci=ci, min=float(v.min()), max=float(v.max()), n=len(v))
 
 def paired(a, b, a_se=None, b_se=None) -> dict:
     "Paired differences a − b over seeds: mean, SD, 95% CI, t, p and the verdict (one seed: the CI from the standard errors `a_se`, `b_se`)."
     d = np.asarray(a, float) - np.asarray(b, float)
-    n, m = len(d), float(d.mean())
-    if n > 1: sd, se, crit, basis = float(d.std(ddof=1)), float(d.std(ddof=1)) / math.sqrt(n), _t(n), 'seeds'
-    else: sd, se, crit, basis = None, float(math.hypot(np.mean(a_se), np.mean(b_se))) if a_se is not None else 0.0, 1.96, 'images'
-    t = m / se if se > 0 else None
-    p = float(2 * stats.t.sf(abs(t), n - 1) if n > 1 else 2 * stats.norm.sf(abs(t))) if t is not None else (1.0 if m == 0 else 0.0)
-    lo, hi = m - crit * se, m + crit * se
-    verdict = 'higher' if lo > 0 else 'lower' if hi < 0 else 'not distinguishable'
-    return dict(n=n, diffs=d.tolist(), mean=m, sd=sd, se=se, ci=[lo, hi], t=t, p=p, higher_in=int((d > 0).sum()), verdict=verdict, basis=basis)
+    n, m, sd = len(d), float(d.mean()), float(d.std(ddof=1)) if len(d) > 1 else None
+    se = sd / math.sqrt(n) if n > 1 else float(math.hypot(np.mean(a_se), np.mean(b_se))) if a_se is not None else 0.0
+    if not se > 0:  # no spread and no standard errors: nothing to test against, whatever the mean
+        return dict(n=n, diffs=d.tolist(), mean=m, sd=sd, se=se, ci=[m, m], t=None, p=1.0, higher_in=int((d > 0).sum()),
+                    verdict='not distinguishable', basis='seeds' if n > 1 else 'images', untestable='no spread over seeds and no standard errors')
+    if n > 1: r = stats.ttest_1samp(d, 0.0); t, p, ci = float(r.statistic), float(r.pvalue), list(map(float, r.confidence_interval(0.95)))
+    else: t = m / se; p, ci = float(2 * stats.norm.sf(abs(t))), [m - 1.96 * se, m + 1.96 * se]
+    verdict = 'higher' if ci[0] > 0 else 'lower' if ci[1] < 0 else 'not distinguishable'
+    return dict(n=n, diffs=d.tolist(), mean=m, sd=sd, se=se, ci=ci, t=t, p=p, higher_in=int((d > 0).sum()), verdict=verdict,
+                basis='seeds' if n > 1 else 'images')
 
 # %% ../nbs/06b_compare.ipynb #f47b0019
 def holm(ps:list) -> list:
@@ -734,12 +735,18 @@ COLORS = dict(base='#7f7f7f', flow_grpo='#1f77b4', flow_grpo_early='#17becf', fl
               turning_point_early='#c5b0d5')
 VERDICT_COLORS = {'higher': '#2ca02c', 'lower': '#d62728', 'not distinguishable': '#7f7f7f'}
 
-def _section(report:dict, task:str|None=None) -> dict:
-    "One task's section of a report (format 2), or the report itself (the one-task format before it)."
-    if 'tasks' not in report: return report
-    return report['tasks'][task or next(iter(report['tasks']))]
+def check_report(report:dict, where='report.json') -> dict:
+    "The report, if this version reads its format (2); otherwise one sentence naming the format and the fix."
+    if report.get('format') != 2 or 'tasks' not in report:
+        raise ValueError(f"{where}: report format {report.get('format', 1)!r} (this version reads format 2); rebuild it with "
+                         "`flowgrpo compare --out DIR` on its run folder (finished runs are reused, only the report is rewritten)")
+    return report
 
-def _arms(sec:dict) -> dict: return sec.get('arms') or sec.get('methods') or {}
+def _section(report:dict, task:str|None=None) -> dict:
+    "One task's section of a report (the first by default)."
+    return check_report(report)['tasks'][task or next(iter(report['tasks']))]
+
+def _arms(sec:dict) -> dict: return sec.get('arms') or {}
 
 def _half(a:dict) -> float: return (a['ci'][1] - a['mean']) if a.get('ci') and a.get('n', 1) > 1 else a.get('se', 0.0)
 
@@ -954,8 +961,7 @@ def _bold_rule(report:dict) -> str:
 
 def results_markdown(report:dict) -> str:
     "Markdown of a report's setup, tables and findings."
-    if report.get('format', 1) < 2: return _results_markdown_v1(report)
-    s = report['setup']
+    s = check_report(report)['setup']
     tasks = '; '.join(f"{t} (trained on {d['about']}: {', '.join(d['arms'])})" for t, d in s['tasks'].items())
     parts = [f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × "
              f"{s['group_size']} samples per run, seeds {', '.join(map(str, s['seeds']))}, {s['evaluation']['images']} held-out images per "
@@ -964,26 +970,6 @@ def results_markdown(report:dict) -> str:
     parts.append('\n'.join(f'- {f}' for f in report['findings']))
     for t in report['tasks']: parts += [f"**{t}**: trained on {s['tasks'][t]['about']}", markdown_table(*results_rows(report, t))]
     return '\n\n'.join(parts + ['The arms:', markdown_table(*arms_rows(report))])
-
-# %% ../nbs/06b_compare.ipynb #34386b2e
-def _results_markdown_v1(rep:dict) -> str:
-    "The README's results of a one-task report (format 1): its budget line, table and findings."
-    b, n, M = rep['budget'], len(rep['per_seed']), rep['methods']
-    f = lambda a, k='mean': '—' if a is None else f"{a.get(k, a['mean']):.2f}"
-    rows = [('base', rep['base']['overall']['strict'], rep['base']['overall']['se'], *['—'] * 5)]
-    rows += [(m, r['heldout_strict']['mean'], r['heldout_se'] if n == 1 else r['heldout_strict']['spread'], f(r['steps_to_flow_grpo']),
-              f(r['step_time_ratio'], 'median'), f"{sum(r['nfe_per_step'].values()):.0f}",
-              f(r.get('cpu_seconds_per_step', {}).get('step')), f(r['seconds_per_step']['step'])) for m, r in M.items()]
-    pm = 'SE' if n == 1 else f'spread over {n} seeds'
-    table = '\n'.join([f'| model | held-out strict (± {pm}) | steps to Flow-GRPO (mean) | step CPU time / Flow-GRPO (median) '
-                       '| NFE per step | CPU s per step | wall s per step |', '|---|---|---|---|---|---|---|'] +
-                      [f'| {m} | {s:.3f} ± {se:.3f} | ' + ' | '.join(c) + ' |' for m, s, se, *c in rows])
-    head = (f"`flowgrpo compare --budget {rep['config']['budget']} --seeds {' '.join(rep['per_seed'])}`: {b['steps']} optimizer steps "
-            f"of {b['train'].get('prompts_per_step', 8)} prompts × {b['train'].get('group_size', 8)} samples per method, "
-            f"{b['final_images']:,} held-out images per model, {n} seed{'s' * (n > 1)}." +
-            (" With one seed the ± is the evaluation's standard error, far smaller than the seed-to-seed spread of training, so a "
-             "\"higher\" or \"lower\" says that the two trained models differ, not that one method trains better." if n == 1 else ''))
-    return head + '\n\n' + table + '\n\n' + '\n'.join(f'- {f}' for f in rep['findings'])
 
 # %% ../nbs/06b_compare.ipynb #1dcc4bb4
 def _estimate_line(e:dict) -> str:

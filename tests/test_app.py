@@ -205,16 +205,13 @@ def test_credit_handler(app):
 def test_report(app, runs, tmp_path):
     md, figs = report_view(runs)
     assert 'No `report.json`' in md and figs == [None] * 4
-    cats = dict(strict=0.5, se=0.1)
-    report = dict(base=dict(overall=dict(strict=0.3, se=0.02), single_object=cats),
-                  methods=dict(flow_grpo=dict(per_category=dict(single_object=dict(mean=0.6, se=0.1)),
-                                              seconds_per_step={p: dict(mean=1.0) for p in ('rollout', 'values', 'credit', 'update')},
-                                              nfe_per_sample=dict(rollout=10, lookahead=0))),
-                  per_seed={'0': dict(flow_grpo=dict(curve=[dict(step=0, seconds=0, eval=0.3, se=0.02)]))},
-                  findings=['dense reaches Flow-GRPO sooner'])
+    report = json.loads((ROOT/'results'/'compare'/'report.json').read_text())  # the committed report (format 2)
     (tmp_path/'report.json').write_text(json.dumps(report))
     md, figs = report_view(tmp_path)
-    assert 'dense reaches' in md and all(f is not None for f in figs)
+    assert report['findings'][0] in md and all(f is not None for f in figs)
+    (tmp_path/'report.json').write_text(json.dumps(dict(per_seed={}, methods={}, findings=['old'])))  # format 1: refused, with the fix
+    md, figs = report_view(tmp_path)
+    assert 'cannot be read' in md and 'report format 1' in md and 'flowgrpo compare --out DIR' in md and figs == [None] * 4
     (tmp_path/'report.json').write_text('{not json')
     md, figs = report_view(tmp_path)
     assert 'cannot be read' in md and figs == [None] * 4

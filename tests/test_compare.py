@@ -222,11 +222,10 @@ def test_learned_score_is_compared_with_seeds(tmp_path):
     assert len(c) == 1 and c[0]['is_control'] and c[0]['verdict'] == 'higher' and c[0]['diffs'] == pytest.approx([0.1, 0.11, 0.12])
     assert {c['metric'] for c in sec(1)['comparisons']} == {'strict'}
 
-def test_readme_results_from_either_report_format(tmp_path):
-    old = ROOT/'results'/'compare'/'report.json'
-    if old.exists() and json.loads(old.read_text()).get('format', 1) < 2:
-        md = results_markdown(json.loads(old.read_text()))
-        assert '| model | held-out strict' in md and json.loads(old.read_text())['findings'][0] in md
+def test_readme_results_and_an_older_report_format(tmp_path):
+    "A report of this format renders; one of the one-task format before it is refused with the command that rebuilds it."
+    with pytest.raises(ValueError, match=r"report format 1 .*flowgrpo compare --out DIR"):
+        results_markdown(dict(budget={}, per_seed={}, methods={}, findings=[]))
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4), 'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12)})
     r['setup'] |= dict(budget='smoke', steps=2, prompts_per_step=2, group_size=4, seeds=[0], evaluation=dict(images=4),
                        tasks=dict(geneval=dict(about='a test', arms=['flow_grpo', 'dense'])))
