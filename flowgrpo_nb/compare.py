@@ -29,7 +29,7 @@ from plotly.subplots import make_subplots
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
 from typing import Annotated
-from .flow import write_png
+from .flow import write_pngs
 from .policy import Policy
 from .rollout import lookahead_nfe
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
@@ -947,9 +947,7 @@ def write_report(report:dict, out:str|Path, png:bool=True):
     (out/'report.json').write_text(json.dumps(report, indent=1))
     figs = {t: report_figures(report, t) for t in report['tasks']}
     (out/'report.html').write_text(report_html(report, figs))
-    for t, fs in figs.items():
-        for name, f in fs.items():
-            if png: write_png(f, out/'figures'/f'{t}_{name}.png')
+    if png: write_pngs({out/'figures'/f'{t}_{name}.png': f for t, fs in figs.items() for name, f in fs.items()})  # one browser start
 
 # %% ../nbs/06b_compare.ipynb #1b2e5531
 def _bold_rule(report:dict) -> str:

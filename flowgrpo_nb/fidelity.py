@@ -21,7 +21,7 @@ from scipy import stats
 from fastcore.script import call_parse
 from torch import Tensor
 
-from .flow import write_png
+from .flow import write_pngs
 from .policy import Policy
 from .rollout import RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, lookahead_nfe, _step
 from .credit import METHODS, Credit, step_spans, method_credits
@@ -599,9 +599,9 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
 def _write_report(out:Path, results:dict, png:bool):
     out.mkdir(parents=True, exist_ok=True)
     (out/'fidelity.json').write_text(json.dumps(results))
-    for n, fig in fidelity_figures(results).items():
-        fig.write_html(out/f'{n}.html', include_plotlyjs='cdn')
-        if png: write_png(fig, out/f'{n}.png')  # bounded: a hung export is killed and skipped with a warning
+    figs = fidelity_figures(results)
+    for n, fig in figs.items(): fig.write_html(out/f'{n}.html', include_plotlyjs='cdn')
+    if png: write_pngs({out/f'{n}.png': fig for n, fig in figs.items()})  # one browser; a hung export is killed, skipped with a warning
 
 # %% ../nbs/06c_fidelity.ipynb #b498d706
 @call_parse

@@ -43,3 +43,8 @@ def test_job_ab_modes(tmp_path):
 def test_job_ab_bad_arm():
     res = subprocess.run([sys.executable, str(ROOT/'benchmarks'/'job_ab.py'), '--arms', 'flow_grpo,nope'], capture_output=True, text=True)
     assert res.returncode != 0 and "arms='flow_grpo,nope'" in res.stderr and 'Traceback' not in res.stderr
+
+def test_precision_table():
+    out = bench('precision.py', '--budget', 'smoke', '--methods', 'flow_grpo,dense', '--steps', '2', '--reps', '1')
+    assert re.search(r'flow_grpo\s+fp32/bf16\s+[\d.]+×', out), out
+    assert re.search(r'dense\s+values of one rollout \(ode:rest\): \d+/\d+ equal in fp32 and bf16', out), out

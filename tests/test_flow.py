@@ -400,3 +400,18 @@ def test_write_png_failure_is_retried_then_a_warning(tmp_path, monkeypatch):
         assert flow.write_png(go.Figure(), tmp_path/'bad.png') is False
     assert (tmp_path/'count').read_text() == 'xx' and not (tmp_path/'bad.png').exists()
     with pytest.raises(ValueError, match='tries=0'): flow.write_png(go.Figure(), tmp_path/'bad.png', tries=0)
+
+
+def test_write_pngs_keeps_what_a_failed_try_finished_and_retries_only_the_rest(tmp_path, monkeypatch):
+    import plotly.graph_objects as go
+    import flowgrpo_nb.flow as flow
+    log = tmp_path/'tries'
+    child = (f"import json, sys; from pathlib import Path; items = json.loads(Path(sys.argv[1]).read_text()); "
+             f"open({str(log)!r}, 'a').write(f'{{len(items)}} '); "
+             "[Path(o).write_bytes(b'\\x89PNG first') for s, o in items if o.endswith('0.png')]; sys.exit('kaleido: the second one fails')")
+    monkeypatch.setattr(flow, '_PNG_CHILD', child)
+    a, b = tmp_path/'a.png', tmp_path/'b.png'
+    with pytest.warns(UserWarning, match=r'b.png: PNG skipped: the export failed \(kaleido: the second one fails\) \(2 tries\)') as w:
+        assert flow.write_pngs({a: go.Figure(), b: go.Figure()}) == {a: True, b: False}
+    assert log.read_text() == '2 1 ' and a.read_bytes() == b'\x89PNG first' and not b.exists()  # the second try: only b
+    assert len([m for m in w if 'PNG skipped' in str(m.message)]) == 1
