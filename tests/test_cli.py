@@ -112,3 +112,16 @@ sys.exit(cli.main(['fake']))
     r = subprocess.run([sys.executable, str(tmp_path/'warns.py')], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0
     assert r.stderr == 'flowgrpo fake: warning: runs/x/figures/a.png: PNG skipped: the export (kaleido) did not finish in 20 s\n'
+
+
+def test_compare_starts_the_fork_server_of_its_workers_first(monkeypatch):
+    "flowgrpo compare starts the server its workers fork from before its own imports; other commands, --help and --estimate do not."
+    import multiprocessing.forkserver as fs
+    from flowgrpo_nb import cli
+    from flowgrpo_nb.compare import WORKER_PRELOAD
+    started = []
+    monkeypatch.setattr(fs, 'ensure_running', lambda: started.append(list(fs._forkserver._preload_modules)))
+    for name, argv in (('train', []), ('compare', ['--help']), ('compare', ['--estimate'])): cli._start_fork_server(name, argv)
+    assert started == []
+    cli._start_fork_server('compare', ['--seeds', '0'])
+    assert started == [WORKER_PRELOAD] == [cli.FORK_SERVER['compare']]
