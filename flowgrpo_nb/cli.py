@@ -8,7 +8,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/cli.html.md"""
 __all__ = ['COMMANDS', 'FORK_SERVER', 'usage', 'main']
 
 # %% ../nbs/10_cli.ipynb #0c0df7e8
-import argparse, ast, atexit, importlib, importlib.util, inspect, math, multiprocessing, multiprocessing.forkserver, os, sys, traceback, warnings
+import argparse, ast, importlib, importlib.util, inspect, math, multiprocessing, multiprocessing.forkserver, os, sys, traceback, warnings
 from contextlib import contextmanager
 from fastcore.script import anno_parser
 
@@ -82,9 +82,7 @@ def _start_fork_server(name:str, argv:list[str]):
     "Start the server `name`'s workers fork from now, so that it imports the package beside this process's own imports."
     if name not in FORK_SERVER or {'-h', '--help', '--estimate'} & set(argv) or 'forkserver' not in multiprocessing.get_all_start_methods(): return
     multiprocessing.get_context('forkserver').set_forkserver_preload(FORK_SERVER[name])
-    multiprocessing.forkserver.ensure_running()
-    stop = getattr(multiprocessing.forkserver._forkserver, '_stop', None)  # reaped at exit: its CPU counts as ours (as compare does)
-    if stop is not None: atexit.unregister(stop); atexit.register(stop)
+    multiprocessing.forkserver.ensure_running()  # compare's worker_context reaps it at exit when the jobs run
 
 def _quiet_torchvision_notice():
     "transformers announces on every start that torchvision is missing (the package never needs it): drop that line only."
