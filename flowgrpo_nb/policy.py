@@ -227,8 +227,9 @@ def save_lora(self:Policy, path:str|Path):  # a folder (created if needed)
     "Write the adapter as diffusers does: `path`/pytorch_lora_weights.safetensors with its LoraConfig as metadata."
     path, sd = Path(path), self.lora_state_dict()
     if path.is_file(): raise ValueError(f"path={str(path)!r} is a file: save_lora writes a folder")
-    self.lora_pipeline_cls.save_lora_weights(path, transformer_lora_layers=sd,
-                                             transformer_lora_adapter_metadata=self.transformer.peft_config['default'].to_dict())
+    meta = {k: sorted(v) if isinstance(v, (set, frozenset)) else v  # peft's sets in a fixed order: identical runs, identical bytes
+            for k, v in self.transformer.peft_config['default'].to_dict().items()}
+    self.lora_pipeline_cls.save_lora_weights(path, transformer_lora_layers=sd, transformer_lora_adapter_metadata=meta)
 
 # %% ../nbs/00b_policy.ipynb #485c3b1e
 def _lora_file(path:Path) -> Path:
