@@ -107,17 +107,19 @@ def fake_runs(out:str|Path,                                  # folder to create
               folder:str='seed0') -> Path:
     "A compare-like runs folder of trainer runs with random LoRA checkpoints (for demos and tests)."
     from flowgrpo_nb.config import preset_config
+    from flowgrpo_nb.checkpoint import RunFolder
     out = Path(out)
     policy = copy.deepcopy(policy) if policy is not None else load_policy(model, model_path)
     if policy.lora_config is None: policy.add_lora(rank, float(rank))
     fp, g = policy.base_fingerprint(), torch.Generator().manual_seed(0)
     for m in methods:
         cfg = dict(preset_config(m, lora_rank=rank, lora_alpha=float(rank), steps=1).to_dict(), model=model, model_path=model_path)
-        d = out/folder/m; d.mkdir(parents=True, exist_ok=True)
-        (d/'config.json').write_text(json.dumps(cfg, indent=1))
-        (d/'base.json').write_text(json.dumps(dict(fingerprint=fp)))
-        policy.load_lora_state_dict({k: torch.randn(v.shape, generator=g) * scale for k, v in policy.lora_state_dict().items()})
-        write_checkpoint(d, 1, {LORA_FILE: policy.save_lora, 'state.json': dict(step=1)})
+        run = RunFolder(out/folder/m)
+        with run.lock('fake_runs'):  # a writer like the trainer: creates the folder, refused if a trainer writes it
+            run.write('config', cfg)
+            run.write('base', dict(fingerprint=fp))
+            policy.load_lora_state_dict({k: torch.randn(v.shape, generator=g) * scale for k, v in policy.lora_state_dict().items()})
+            run.write_checkpoint(1, {LORA_FILE: policy.save_lora, 'state.json': dict(step=1)})
     return out
 
 # %% ../nbs/08_app.ipynb #9d465282

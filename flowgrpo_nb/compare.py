@@ -34,8 +34,8 @@ from .policy import Policy
 from .rollout import lookahead_nfe
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from .config import GRPOConfig, preset_config, config_diff, parse_overrides
-from .checkpoint import list_checkpoints
-from .train import GRPOTrainer, load_run_policy, eval_settings, EVAL_SEED, check_base
+from .checkpoint import RunFolder, FolderLock, read_json, write_json
+from .train import GRPOTrainer, load_run_policy, eval_settings, EVAL_SEED, check_base, run_config
 
 # %% ../nbs/06b_compare.ipynb #133d8253
 @dataclass
@@ -218,24 +218,24 @@ def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, pro
     ev = eval_settings(cfg)
     key = dict(task=task.name, **ev, weights=policy.base_fingerprint())
     if path is not None and path.exists():
-        d = json.loads(path.read_text())
-        if d.get('key') == key: return EvalReport.from_dict(d)
+        d = read_json(path, 'the base evaluation cache')
+        if isinstance(d, dict) and d.get('key') == key: return EvalReport.from_dict(d)
     c0 = time.process_time()
     rep = evaluate_policy(policy, task, **ev, progress=progress)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(dict(rep.to_dict(), key=key, cpu_seconds=time.process_time() - c0), indent=1))
+        write_json(path, dict(rep.to_dict(), key=key, cpu_seconds=time.process_time() - c0), 'the base evaluation cache')
     return rep
 
 # %% ../nbs/06b_compare.ipynb #2f4044aa
 def run_dir(out:Path, task:str, seed:int, arm:str) -> Path: return Path(out)/task/f'seed{seed}'/arm
 
-def finished(d:Path, cfg:GRPOConfig) -> bool: return (d/'summary.json').exists() and json.loads((d/'summary.json').read_text())['steps'] >= cfg.steps
+def finished(d:Path, cfg:GRPOConfig) -> bool: return (s := RunFolder(d).summary()) is not None and s['steps'] >= cfg.steps
 
 def earlier_invocations(out:Path) -> list[dict]:
     "The invocations of `compare` that wrote `out`'s report.json before this one: wall seconds and runs each trained (none: no readable report)."
-    try: tm = (r := json.loads((Path(out)/'report.json').read_text())).get('timing', {})
-    except (OSError, ValueError): return []
+    try: tm = (r := read_json(Path(out)/'report.json', 'the comparison report')).get('timing', {})
+    except ValueError: return []
     return tm.get('invocations') or [dict(wall_seconds=r.get('wall_seconds'), runs_trained=tm.get('runs', 0) - tm.get('runs_reused', 0))]
 
 def _check_reused(keys:list, out:Path, ccfg:CompareConfig, policy:Policy|None):
@@ -249,12 +249,13 @@ def _check_reused(keys:list, out:Path, ccfg:CompareConfig, policy:Policy|None):
 
 def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:bool):
     "Train (or resume, or reuse) one run in `d` from `policy` (None: the trainer loads the config's)."
-    if (d/'config.json').exists():
-        diff = config_diff(GRPOConfig.from_dict(json.loads((d/'config.json').read_text()), str(d/'config.json')), cfg)
+    run = RunFolder(d)
+    if run.is_run():
+        diff = config_diff(run_config(run), cfg)
         if diff: raise ValueError(f"{d} holds a run with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
                                   "use another --out, or delete that folder")
     if finished(d, cfg): return  # `compare` checked its base weights before any work (`_check_reused`)
-    tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(list_checkpoints(d)), progress=progress)
+    tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(run.checkpoints()), progress=progress)  # holds d's lock
     tr.train()
     tr.acc.end_training()
 
@@ -362,39 +363,40 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     "Train every arm of `ccfg` per task and seed, evaluate the base model per seed, write report.json/.html and figures."
     ccfg, out = ccfg or CompareConfig(), Path(out)
     given = _given_tasks(ccfg, task)
-    tasks = given or load_tasks(ccfg)
-    _check_runs(ccfg, tasks)
-    if any(v is not None and (not isinstance(v, int) or v < 0) for v in (workers, threads)):
-        raise ValueError(f"workers={workers!r}, threads={threads!r}: each must be a whole number >= 1 (0 or None: the default)")
-    costs = job_costs(ccfg, given is not None)
-    workers, t = default_workers(len(costs), workers=workers)
-    threads = threads or (t if workers > 1 else None)
-    if workers > 1 and (given is not None or policy is not None):
-        try: pickle.dumps((given, policy))
-        except Exception as e: raise ValueError(f"workers={workers}: the given task or policy cannot be sent to worker processes ({e}); "
-                                                "pass workers=1, or build the task from module-level functions") from None
-    out.mkdir(parents=True, exist_ok=True)
-    (out/'compare.json').write_text(json.dumps(asdict(ccfg), indent=1))
-    t0, c0 = time.perf_counter(), time.process_time()
-    jobs = schedule(costs, workers)[0]
-    runs = [k for k in jobs if k[0] != 'base']
-    reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]  # wall_seconds counts only the rest
-    _check_reused(reused, out, ccfg, policy)
-    if workers == 1:
-        threads0 = torch.get_num_threads()
-        if threads: torch.set_num_threads(threads)
-        try: done = {k: _job(k, out, ccfg, tasks, policy, progress) for k in jobs}
-        finally: torch.set_num_threads(threads0)
-    else: done = run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress)
-    bases = {k: v for k, v in done.items() if k[0] == 'base'}
-    report = build_report(ccfg, out, tasks, bases, given is not None)
-    report['wall_seconds'] = time.perf_counter() - t0
-    report['timing'] = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(), step_time_ratio=STEP_TIME_RATIO,
-                            estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
-                            main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
-    report['timing']['invocations'] = earlier_invocations(out) + [dict(wall_seconds=report['wall_seconds'], runs_trained=len(runs) - len(reused))]
-    write_report(report, out, png)
-    return report
+    with FolderLock(out, 'a comparison'):  # a second job on `out` is refused here, before any work; its runs lock their own folders
+        tasks = given or load_tasks(ccfg)
+        _check_runs(ccfg, tasks)
+        if any(v is not None and (not isinstance(v, int) or v < 0) for v in (workers, threads)):
+            raise ValueError(f"workers={workers!r}, threads={threads!r}: each must be a whole number >= 1 (0 or None: the default)")
+        costs = job_costs(ccfg, given is not None)
+        workers, t = default_workers(len(costs), workers=workers)
+        threads = threads or (t if workers > 1 else None)
+        if workers > 1 and (given is not None or policy is not None):
+            try: pickle.dumps((given, policy))
+            except Exception as e: raise ValueError(f"workers={workers}: the given task or policy cannot be sent to worker processes ({e}); "
+                                                    "pass workers=1, or build the task from module-level functions") from None
+        out.mkdir(parents=True, exist_ok=True)
+        (out/'compare.json').write_text(json.dumps(asdict(ccfg), indent=1))
+        t0, c0 = time.perf_counter(), time.process_time()
+        jobs = schedule(costs, workers)[0]
+        runs = [k for k in jobs if k[0] != 'base']
+        reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]  # wall_seconds counts only the rest
+        _check_reused(reused, out, ccfg, policy)
+        if workers == 1:
+            threads0 = torch.get_num_threads()
+            if threads: torch.set_num_threads(threads)
+            try: done = {k: _job(k, out, ccfg, tasks, policy, progress) for k in jobs}
+            finally: torch.set_num_threads(threads0)
+        else: done = run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress)
+        bases = {k: v for k, v in done.items() if k[0] == 'base'}
+        report = build_report(ccfg, out, tasks, bases, given is not None)
+        report['wall_seconds'] = time.perf_counter() - t0
+        report['timing'] = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(), step_time_ratio=STEP_TIME_RATIO,
+                                estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
+                                main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
+        report['timing']['invocations'] = earlier_invocations(out) + [dict(wall_seconds=report['wall_seconds'], runs_trained=len(runs) - len(reused))]
+        write_report(report, out, png)
+        return report
 
 # %% ../nbs/06b_compare.ipynb #5fdeb172
 def heldout(rep:EvalReport) -> dict:
@@ -415,8 +417,6 @@ PHASES = ('rollout', 'values', 'credit', 'update', 'step')  # the trainer's per-
 STEP_TIME_RATIO = "process CPU seconds per training step (median over steps) divided by Flow-GRPO's, per seed"
 NO_CALIBRATION = dict(nfe=0, rollouts=0, seconds=0.0, cpu_seconds=0.0)
 
-def _metrics(d:Path) -> list[dict]: return [json.loads(l) for l in (d/'metrics.jsonl').read_text().splitlines() if l]
-
 def reach(curve:list[dict], target:float) -> dict:
     "First trained point of `curve` (step > 0; the base model's point does not count) at or above `target`, or None."
     hit = next((c for c in curve if c['step'] > 0 and c['eval'] >= target), None)
@@ -432,11 +432,11 @@ def grad_share(rows:list, K:int) -> list|None:
 # %% ../nbs/06b_compare.ipynb #7f977b22
 def run_report(d:Path, base:EvalReport) -> dict:
     "One run's numbers from its folder `d`; `base` is the base model's evaluation of the run's seed (its step 0)."
-    ms, cfg = _metrics(d), json.loads((d/'config.json').read_text())
-    run_cfg = GRPOConfig.from_dict(cfg, str(d/'config.json'))
+    run = RunFolder(d)
+    ms, cfg, run_cfg = run.metrics(), run.config(), run_config(run)
     steps, evals = [m for m in ms if 'sec_step' in m], [m for m in ms if 'eval_overall' in m and m['step'] > 0]
-    if not evals: raise ValueError(f"{d/'metrics.jsonl'}: no evaluation after step 0; the comparison needs the run's final evaluation")
-    cal = {**NO_CALIBRATION, **((json.loads((d/'summary.json').read_text()).get('calibration_cost') if (d/'summary.json').exists() else None) or {})}
+    if not evals: raise ValueError(f"{run.file('metrics')}: no evaluation after step 0; the comparison needs the run's final evaluation")
+    cal = {**NO_CALIBRATION, **((run.summary() or {}).get('calibration_cost') or {})}
     cpu = dict(zip([m['step'] for m in steps], cal['cpu_seconds'] + np.cumsum([m.get('cpu_step', m['sec_step']) for m in steps])))
     final, B = eval_from_metrics(evals[-1], cfg['eval_images']), cfg['prompts_per_step'] * cfg['group_size']
     nfe = dict(rollout=(_median(steps, 'nfe_rollout') or 0.0) * B, lookahead=(_median(steps, 'nfe_lookahead') or 0.0) * B)
@@ -617,10 +617,9 @@ def task_section(task:str, per_seed:dict, base:dict, arms:list, levels:str, metr
 def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
     "What was compared, under which settings: base model, budget, seeds, evaluation, tasks, and every arm's choices."
     cfg, t0 = ccfg.train_config('flow_grpo', ccfg.seeds[0]), ccfg.tasks[0]
-    bj = out and run_dir(out, t0, ccfg.seeds[0], 'flow_grpo')/'base.json'
     arms = dict.fromkeys(a for t in ccfg.tasks for a in ccfg.task_arms(t))
     return dict(
-        base=dict(model=cfg.model, model_path=cfg.model_path, fingerprint=json.loads(bj.read_text()).get('fingerprint') if bj and bj.exists() else None),
+        base=dict(model=cfg.model, model_path=cfg.model_path, fingerprint=out and RunFolder(run_dir(out, t0, ccfg.seeds[0], 'flow_grpo')).fingerprint()),
         budget=ccfg.budget, seeds=list(ccfg.seeds), steps=cfg.steps, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
         lr=cfg.lr, lora_rank=cfg.lora_rank, overrides=ccfg.overrides,
         evaluation=dict(images=cfg.eval_images, every=cfg.eval_every, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance, sampler='Euler ODE',
