@@ -424,7 +424,8 @@ def read(self:RunFolder, name:str, default=None):
 
 @patch
 def write(self:RunFolder, name:str, obj:dict) -> Path:
-    "Write the run's JSON file `name` atomically, as the trainer always has (calibration.json on one line, the others indented)."
+    "Write the run's JSON file `name` atomically, as the trainer always has (calibration.json on one line, the rest indented)."
+    self.path.mkdir(parents=True, exist_ok=True)
     _atomic_write(self.file(name), json.dumps(obj, **({} if name == 'calibration' else dict(indent=1))).encode(), f'the run {name}')
     return self.file(name)
 
