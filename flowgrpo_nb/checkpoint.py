@@ -361,8 +361,9 @@ class FolderLock:
     def __repr__(self): return f"FolderLock({str(self.folder)!r}, held={self.held})"
     def __enter__(self): return self
     def __exit__(self, *exc): self.release()
-    def __del__(self):
-        with contextlib.suppress(Exception): self.release()
+    def __del__(self):  # a lock nobody refers to any more is released (at exit too, when the modules may be gone)
+        try: self.release()
+        except Exception: pass
 
 # %% ../nbs/00c_checkpoint.ipynb #73958df5
 @patch
