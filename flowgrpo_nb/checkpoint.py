@@ -375,7 +375,8 @@ def _acquire(self:FolderLock) -> dict:
         return dict(fd=None, holders=1, pid=os.getpid(), made=False)
     try: fd = _take(self.folder)
     except BaseException:
-        if made: self.folder.rmdir()
+        if made:
+            with contextlib.suppress(OSError): self.folder.rmdir()  # not when the holder wrote into it meanwhile
         raise
     last = _holder(fd)
     os.ftruncate(fd, 0); os.pwrite(fd, json.dumps(dict(pid=os.getpid(), what=self.what, since=time.strftime('%Y-%m-%d %H:%M:%S'))).encode(), 0)
@@ -443,7 +444,7 @@ def fingerprint(self:RunFolder) -> str|None:
     b = self.read('base')
     if b is not None and not isinstance(b.get('fingerprint'), str):
         raise ValueError(f"the run base record {self.file('base')} has no 'fingerprint'; restore or delete it")
-    return b and b['fingerprint']
+    return None if b is None else b['fingerprint']
 
 @patch
 def metrics(self:RunFolder) -> list[dict]:
