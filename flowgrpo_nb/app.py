@@ -17,6 +17,7 @@ from fastcore.script import call_parse
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .display import MAX_WIDTH, color, display_name
 from .flow import SAMPLERS
 from .policy import Policy, LORA_FILE, OLD_LORA_FILE
 from .checkpoint import list_checkpoints, verify_checkpoint, write_checkpoint
@@ -288,7 +289,7 @@ def strip_figure(samples:list[Sample]) -> go.Figure:
                          row=r, col=1)
     fig.update_yaxes(showticklabels=False)
     return fig.update_layout(title="Tweedie previews x0_hat(x_k); V_k = the task's reward of each",
-                             width=max(60 * K1 + 80, 500), height=150 * len(samples) + 90, margin=dict(l=20, r=20, t=70, b=20))
+                             width=min(max(60 * K1 + 80, 500), MAX_WIDTH), height=150 * len(samples) + 90, margin=dict(l=20, r=20, t=70, b=20))
 
 def samples_view(samples:list[Sample], size:int=192) -> tuple[list, str, go.Figure]:
     "Gallery items (image, caption) per model, a Markdown table of the task's evaluations, and the figure of Tweedie previews."
