@@ -22,7 +22,6 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from .processes import write_png
-import flowgrpo_nb.display  # importing it drops third-party notices (torchvision) in every process of the package
 
 # %% ../nbs/00_flow.ipynb #8b263f16
 def flow_sigmas(K:int, # number of sampling steps, >= 1

@@ -84,3 +84,23 @@ def test_write_pngs_keeps_what_a_failed_try_finished_and_retries_only_the_rest(t
         assert processes.write_pngs({a: go.Figure(), b: go.Figure()}) == {a: True, b: False}
     assert log.read_text() == '2 1 ' and a.read_bytes() == b'\x89PNG first' and not b.exists()  # the second try: only b
     assert len([m for m in w if 'PNG skipped' in str(m.message)]) == 1
+
+
+_NOTICE = 'requires torchvision'
+_IN_WORKERS = r'''
+from concurrent.futures import ProcessPoolExecutor
+from flowgrpo_nb.processes import worker_context
+if __name__ == '__main__':
+    with ProcessPoolExecutor(1, mp_context=worker_context()) as ex: ex.submit(exec, 'import flowgrpo_nb.sd3').result()
+    import flowgrpo_nb.sd3
+'''
+
+def test_the_package_drops_the_torchvision_notice_in_its_processes_and_workers(tmp_path):
+    "transformers prints its torchvision notice on a plain import of a diffusers pipeline; not in a process of the package, nor in its workers."
+    import subprocess
+    plain = subprocess.run([sys.executable, '-c', 'from diffusers import StableDiffusion3Pipeline'], capture_output=True, text=True, timeout=300)
+    if _NOTICE not in plain.stderr: pytest.skip('this transformers prints no torchvision notice (torchvision installed?)')
+    (tmp_path/'job.py').write_text(_IN_WORKERS)
+    r = subprocess.run([sys.executable, str(tmp_path/'job.py')], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _NOTICE not in r.stderr, r.stderr[-2000:]

@@ -15,7 +15,7 @@ built in plain Python:
 
 Nothing is fetched: the pages open from disk, offline (`_docs/index.html`). `--only` builds some pages (the others
 still appear in the navigation), which is what the test does."""
-import argparse, html, json, os, re, shutil, subprocess, sys, time
+import argparse, html, json, os, re, shutil, subprocess, sys, time, warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,9 @@ def process(nb, path:Path):
     from nbdev.processors import FilterDefaults
     d = dict2nb(json.loads(nbformat.writes(nb)))
     d.path_ = path
-    FilterDefaults()(d)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # nbdev's advice on cells mixing imports and code is for authors, not for a build
+        FilterDefaults()(d)
     d.pop('path_', None)
     keys = ('cell_type', 'id', 'metadata', 'source', 'outputs', 'execution_count', 'attachments')
     d['cells'] = [{k: v for k, v in c.items() if k in keys} for c in d['cells']]  # nbdev's working fields dropped
@@ -260,7 +262,10 @@ def build(out:Path, only:list|None=None, nbs:Path=NBS, log=print) -> list[Path]:
     written = []
     for p in todo:
         t = time.perf_counter()
-        written.append(build_page(p, out, all_pages, titles, nav, nbs))
+        try: written.append(build_page(p, out, all_pages, titles, nav, nbs))
+        except Exception as e:
+            if type(e).__name__ != 'CellExecutionError': raise
+            raise SystemExit(f"{p}: a cell failed while its page was built:\n{e}") from None
         log(f"  {p} ({time.perf_counter() - t:.0f} s)")
     return written
 
