@@ -45,8 +45,15 @@ def run_cells(path:Path) -> set:
     from nbdev.test import nb_test_cells
     return {c.id for c in nb_test_cells(path, skip_flags=get_config().tst_flags.split())}
 
-def execute(path:Path, timeout:int=900):
+def execute(path:Path, timeout:int=600, tries:int=2):
     "The notebook at `path` executed in a kernel (cwd: its folder), widget state stored; cells nbdev-test skips are not run."
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    for i in range(tries):
+        try: return _execute(path, timeout)
+        except (CellTimeoutError, DeadKernelError):  # a kernel that stalls (seen now and then on a loaded machine): once more
+            if i == tries - 1: raise
+
+def _execute(path:Path, timeout:int):
     import nbformat
     from nbclient import NotebookClient
     nb = nbformat.read(path, as_version=4)
@@ -264,7 +271,7 @@ def build(out:Path, only:list|None=None, nbs:Path=NBS, log=print) -> list[Path]:
         t = time.perf_counter()
         try: written.append(build_page(p, out, all_pages, titles, nav, nbs))
         except Exception as e:
-            if type(e).__name__ != 'CellExecutionError': raise
+            if type(e).__name__ not in ('CellExecutionError', 'CellTimeoutError', 'DeadKernelError'): raise
             raise SystemExit(f"{p}: a cell failed while its page was built:\n{e}") from None
         log(f"  {p} ({time.perf_counter() - t:.0f} s)")
     return written
