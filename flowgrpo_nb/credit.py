@@ -17,7 +17,7 @@ from torch import Tensor
 from .display import MAX_WIDTH
 
 # %% auto #0
-__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'LOOKAHEAD', 'NO_SIGNAL', 'CreditConfig', 'step_spans',
+__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig', 'step_spans',
            'check_credit_inputs', 'group_stats', 'normalize_rewards', 'final_rewards', 'credit_flow_grpo', 'step_gains',
            'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points', 'turning_point_rewards',
            'credit_turning_point', 'Credit', 'compute_credit', 'synthetic_values', 'plot_credit', 'MethodCredit',
@@ -392,6 +392,7 @@ class Calibration:
 
 # %% ../nbs/05_credit.ipynb #e51aa6d7
 NO_SIGNAL = ('hold', 'raise')
+CALIB_STOP = ('rounds', 'stable')
 
 def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K] -> dense rewards [N, K]
                           psi0:Tensor,              # [K] initial noise scales (Flow-GRPO's s_k)
@@ -400,7 +401,8 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
                           eps2:float=0.01,          # step size of psi
                           clamp_min:float=0.0,      # lower bound of psi
                           trained:Tensor|None=None, # [K] bool, steps to calibrate (default: all but the last)
-                          no_signal:str='hold'      # a step with n+ + n- < eps1 (no gain either way): 'hold' psi, or 'raise' it
+                          no_signal:str='hold',     # a step with n+ + n- < eps1 (no gain either way): 'hold' psi, or 'raise' it
+                          stop:str='rounds'         # 'rounds': `iters` rounds of ±eps2; 'stable': see below
                          ) -> Calibration:
     "DenseGRPO's exploration calibration (its Algorithm 1); untrained steps keep `psi0`."
     if not (isinstance(psi0, Tensor) and psi0.ndim == 1 and len(psi0) >= 1 and psi0.is_floating_point()
@@ -417,7 +419,9 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
                                   'a finite number')):
         if not ok: raise ValueError(f"{name}={v!r}: allowed {allowed}")
     if no_signal not in NO_SIGNAL: raise ValueError(f"no_signal={no_signal!r}: allowed {', '.join(NO_SIGNAL)}")
+    if stop not in CALIB_STOP: raise ValueError(f"stop={stop!r}: allowed {', '.join(CALIB_STOP)}")
     psi, trained, history = psi0.clone(), trained.to(psi0.device), []
+    inc, last = torch.full_like(psi, eps2), torch.zeros_like(psi)  # each step's increment and its last direction
     for it in range(iters):
         dR = dense_rewards_fn(psi.clone())
         if not (isinstance(dR, Tensor) and dR.ndim == 2 and dR.shape[1] == K and torch.isfinite(dR[:, trained]).all()):
@@ -425,7 +429,9 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
                              f"allowed a finite tensor [N, K] = [N, {K}]")
         n_pos, n_neg = (dR > 0).sum(0).to(psi.device), (dR < 0).sum(0).to(psi.device)
         history.append(CalibrationRound(psi.clone(), n_pos, n_neg))
-        step = torch.where((n_pos - n_neg).abs() < eps1, eps2, -eps2).to(psi)
-        if no_signal == 'hold': step = torch.where(n_pos + n_neg < eps1, 0.0, step)
-        psi = torch.where(trained, (psi + step).clamp(min=clamp_min), psi)
+        d = torch.where((n_pos - n_neg).abs() < eps1, 1.0, -1.0).to(psi)
+        if no_signal == 'hold': d = torch.where(n_pos + n_neg < eps1, 0.0, d)
+        if stop == 'stable': inc, last = torch.where(d * last < 0, inc / 2, inc), torch.where(d != 0, d, last)
+        psi = torch.where(trained, (psi + d * inc).clamp(min=clamp_min), psi)
+        if stop == 'stable' and bool(((inc <= eps2 / 16) | (d == 0))[trained].all()): break
     return Calibration(psi, history)

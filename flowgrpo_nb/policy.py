@@ -68,6 +68,7 @@ class NFECounter:
 class Policy:
     "What rollouts, the trainer and the app need from a text-to-image flow model; backends supply three hooks."
     latent_shape:tuple[int, int, int]             # (C, H, W) of a state x
+    fast:bool = False                             # calls run on the backend's fast path (`set_fast`)
     @property
     def lora_pipeline_cls(self):  # whose `save_lora_weights` writes the adapter (an SD3 transformer)
         from diffusers import StableDiffusion3Pipeline  # imported when first needed: it loads transformers
@@ -90,6 +91,9 @@ class Policy:
         "Context manager: velocity calls inside are booked under `phase` (see `NFECounter`)."
         return self.nfe(phase)
     def clear_cache(self): self._cache.clear()
+    def set_fast(self, on:bool=True):
+        "Run the backend's fast path (if it has one: lower precision where no gradient flows); otherwise stay exact."
+        return self
 
 # %% ../nbs/00b_policy.ipynb #da49f868
 @patch

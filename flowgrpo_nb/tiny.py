@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/tiny.html.md"""
 
 # %% ../nbs/02_tiny.ipynb #d2d65b66
 from __future__ import annotations
-import json, math, time
+import copy, json, math, time
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 
@@ -16,8 +16,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from accelerate import Accelerator
 from diffusers import SD3Transformer2DModel
+from diffusers.models.activations import GELU
+from diffusers.models.attention_processor import JointAttnProcessor2_0
 from diffusers.training_utils import EMAModel
+from fastcore.basics import patch
 from fastcore.script import call_parse
+from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -31,8 +35,9 @@ from .world import (CATEGORIES, MAX_WORDS, SIZE, VOCAB, geneval_report, mini_gen
 
 # %% auto #0
 __all__ = ['ASSETS', 'TinyConfig', 'TinyTextEncoder', 'TinyFlowModel', 'to_image', 'to_pixels', 'count_params', 'generate',
-           'check_config', 'save_tiny', 'load_tiny', 'TinyPolicy', 'flow_loss', 'pretrain', 'read_log', 'export_tiny',
-           'tiny_meta', 'pretrain_cli', 'eval_prompts', 'base_scores', 'evaluate_cli', 'model_card']
+           'check_config', 'save_tiny', 'load_tiny', 'TinyPolicy', 'gelu_tanh', 'FastGELU', 'JointAttention',
+           'fast_copy', 'load_adapter', 'flow_loss', 'pretrain', 'read_log', 'export_tiny', 'tiny_meta', 'pretrain_cli',
+           'eval_prompts', 'base_scores', 'evaluate_cli', 'model_card']
 
 # %% ../nbs/02_tiny.ipynb #6201c7ac
 @dataclass
@@ -103,15 +108,17 @@ class TinyFlowModel(nn.Module):
         "Prompts -> (hidden [B, L, D], pooled [B, P]); '' is the unconditional prompt."
         return self.text_encoder(tokenize(list(prompts)).to(self.device))
 
-    def predict_x0(self, x_t, t, hidden, pooled):
-        "Clean-image estimate from x_t [B, C, H, W] at times t (float or [B]) in [0, 1]."
-        t = torch.as_tensor(t, device=x_t.device, dtype=x_t.dtype).expand(x_t.shape[0])  # [B]
-        return self.transformer(hidden_states=x_t, encoder_hidden_states=hidden.to(x_t.dtype),
-                                pooled_projections=pooled.to(x_t.dtype), timestep=t * 1000, return_dict=False)[0]
+    def predict_x0(self, x_t, t, hidden, pooled, net:nn.Module|None=None):
+        "Clean-image estimate from x_t [B, C, H, W] at times t (float or [B]) in [0, 1], by `net` (default: the transformer)."
+        net = net or self.transformer
+        dt = next(net.parameters()).dtype  # (diffusers' `dtype` property walks every parameter)
+        t = torch.as_tensor(t, device=x_t.device, dtype=torch.float32).expand(x_t.shape[0])  # [B]
+        return net(hidden_states=x_t.to(dt), encoder_hidden_states=hidden.to(dt), pooled_projections=pooled.to(dt),
+                   timestep=t * 1000, return_dict=False)[0]
 
-    def velocity(self, x_t, t, hidden, pooled):
+    def velocity(self, x_t, t, hidden, pooled, net:nn.Module|None=None):
         "Rectified-flow velocity v = (x_t - x0_hat) / max(t, t_min), the quantity every sampler consumes."
-        x0 = self.predict_x0(x_t, t, hidden, pooled)
+        x0 = self.predict_x0(x_t, t, hidden, pooled, net)
         t = torch.as_tensor(t, device=x_t.device, dtype=torch.float32).expand(x_t.shape[0])
         return ((x_t.float() - x0.float()) / t.clamp(min=self.config.t_min).view(-1, 1, 1, 1)).to(x_t.dtype)
 
@@ -195,9 +202,103 @@ class TinyPolicy(Policy):
         c = model.config
         self.latent_shape = (c.channels, c.image_size, c.image_size)
     def _encode(self, prompts): return self.module.encode(prompts)
-    def _velocity(self, x, t, embeds, pooled): return self.module.velocity(x, t, embeds, pooled)
+    def _velocity(self, x, t, embeds, pooled):
+        if self.fast and not torch.is_grad_enabled(): return self.module.velocity(x, t, embeds, pooled, self.fast_net())
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=self.fast): return self.module.velocity(x, t, embeds, pooled)
     @torch.no_grad()
     def decode(self, x): return to_image(x)
+
+# %% ../nbs/02_tiny.ipynb #b3901ac0
+def gelu_tanh(x:torch.Tensor, chunk:int=1 << 17) -> torch.Tensor:
+    "tanh-GELU as x sigmoid(2c (x + 0.044715 x^3)), computed in fp32 over cache-sized chunks; returns x's dtype."
+    flat, out, c = x.reshape(-1), torch.empty_like(x).reshape(-1), 2 * math.sqrt(2 / math.pi)
+    for i in range(0, flat.numel(), chunk):
+        a = flat[i:i + chunk].float()
+        out[i:i + chunk] = (a * a).mul_(0.044715 * c).add_(c).mul_(a).sigmoid_().mul_(a)
+    return out.view_as(x)
+
+class FastGELU(nn.Module):
+    "diffusers' `GELU` block (a projection, then tanh-GELU) with `gelu_tanh` as its activation."
+    def __init__(self, block:GELU):
+        super().__init__(); self.proj = block.proj
+    def forward(self, x): return gelu_tanh(self.proj(x))
+
+# %% ../nbs/02_tiny.ipynb #2ebdb921
+class JointAttention:
+    "SD3's joint attention over short sequences: one product pair, fp32 softmax, contiguous outputs for the projections."
+    def _qkv(self, attn, x, c) -> torch.Tensor:  # [B, L, 3 D] over the image tokens, then the text tokens
+        if hasattr(attn, 'to_qkv'): return torch.cat([attn.to_qkv(x), attn.to_added_qkv(c)], 1)
+        img, txt = (attn.to_q, attn.to_k, attn.to_v), (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
+        return torch.cat([torch.cat([f(x) for f in img], -1), torch.cat([f(c) for f in txt], -1)], 1)
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, *args, **kwargs):
+        B, n = hidden_states.shape[:2]
+        qkv = self._qkv(attn, hidden_states, encoder_hidden_states)
+        L, h = qkv.shape[1], attn.heads
+        q, k, v = qkv.view(B, L, 3, h, -1).permute(2, 0, 3, 1, 4).reshape(3, B * h, L, -1).unbind(0)
+        p = ((q @ k.transpose(1, 2)).float() * q.shape[-1] ** -0.5).softmax(-1).to(v.dtype)
+        o = (p @ v).view(B, h, L, -1)
+        x = attn.to_out[0](o[:, :, :n].transpose(1, 2).reshape(B, n, -1))
+        c = o[:, :, n:].transpose(1, 2).reshape(B, L - n, -1)
+        return x, (c if attn.context_pre_only else attn.to_add_out(c))
+
+# %% ../nbs/02_tiny.ipynb #9bbd9365
+def _unwrap_lora(module:nn.Module):
+    "Replace every peft LoRA layer under `module` by its base layer."
+    for name, child in module.named_children():
+        if isinstance(child, LoraLayer): setattr(module, name, child.get_base_layer())
+        else: _unwrap_lora(child)
+
+def fast_copy(transformer:SD3Transformer2DModel, dtype=torch.bfloat16) -> SD3Transformer2DModel:
+    "A copy of `transformer` without its LoRA layers, q/k/v fused, with `JointAttention` and `FastGELU`, in `dtype`."
+    net = copy.deepcopy(transformer).requires_grad_(False)
+    _unwrap_lora(net)
+    with torch.random.fork_rng(devices=[]):  # the fused layers' initialisation must not move the run's random state
+        nn.Module.to(net, dtype).fuse_qkv_projections()  # nn.Module's own `to`: diffusers' logs a notice each time
+    net.set_attn_processor(JointAttention())
+    for block in net.transformer_blocks:
+        for ff in (block.ff, block.ff_context):
+            if ff is not None and ff.net[0].approximate == 'tanh': ff.net[0] = FastGELU(ff.net[0])
+    return net.eval()
+
+_FUSED = dict(to_q=('to_qkv', 0), to_k=('to_qkv', 1), to_v=('to_qkv', 2),
+              add_q_proj=('to_added_qkv', 0), add_k_proj=('to_added_qkv', 1), add_v_proj=('to_added_qkv', 2))
+
+@torch.no_grad()
+def load_adapter(net:nn.Module, transformer:nn.Module, on:bool=True):
+    "Write the effective weights of `transformer`'s LoRA layers (base + adapter if `on`) into `fast_copy`'s `net`."
+    mods = dict(net.named_modules())
+    for name, m in transformer.named_modules():
+        if not isinstance(m, LoraLayer): continue
+        w = m.get_base_layer().weight + (sum(m.get_delta_weight(a) for a in m.active_adapters) if on else 0)
+        parent, leaf = name.rsplit('.', 1)
+        fused, i = _FUSED.get(leaf, (leaf, None))
+        target = mods[f'{parent}.{fused}'].weight
+        (target if i is None else target[i * len(w):(i + 1) * len(w)]).copy_(w)
+
+# %% ../nbs/02_tiny.ipynb #849b3fc4
+@patch
+def set_fast(self:TinyPolicy, on:bool=True) -> TinyPolicy:
+    "Fast path on (bf16 copy without gradient, bf16 autocast with it, `JointAttention`) or off (the model as loaded)."
+    if any(b.attn.norm_q is not None for b in self.transformer.transformer_blocks):
+        raise ValueError("set_fast: JointAttention has no q/k normalisation; this transformer uses one")
+    self.fast, self._fast = bool(on), None
+    self.transformer.set_attn_processor(JointAttention() if on else JointAttnProcessor2_0())
+    return self
+
+@patch
+def fast_net(self:TinyPolicy) -> nn.Module:
+    "The bf16 copy of the transformer that calls without gradient run, current with the adapter."
+    f = getattr(self, '_fast', None)
+    if f is None or f['adapter'] is not self.lora_config:  # built once per adapter
+        lora = [m for m in self.transformer.modules() if isinstance(m, LoraLayer)]
+        f = self._fast = dict(net=fast_copy(self.transformer), adapter=self.lora_config, lora=lora, seen=None,
+                              params=[p for m in lora for n, p in m.named_parameters() if 'lora_' in n])
+    on = bool(f['lora']) and not f['lora'][0].disable_adapters
+    if f['seen'] is None or f['seen'][0] != on or not all(torch.equal(a, b) for a, b in zip(f['seen'][1], f['params'])):
+        load_adapter(f['net'], self.transformer, on)
+        f['seen'] = on, [p.detach().clone() for p in f['params']]
+    return f['net']
 
 # %% ../nbs/02_tiny.ipynb #1853285f
 def flow_loss(model:TinyFlowModel, images:torch.Tensor, prompts:list[str], p_uncond:float=0.1,

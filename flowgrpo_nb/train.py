@@ -63,6 +63,7 @@ class GRPOTrainer:
 @patch
 def _init_state(self:GRPOTrainer, resume:bool):
     cfg = self.cfg
+    self.policy.set_fast(cfg.fast)
     self.base = dict(fingerprint=self.policy.base_fingerprint(), model=cfg.model, model_path=cfg.model_path)
     if resume: check_base(self.run_dir, self.base['fingerprint'], 'resume')
     torch.manual_seed(cfg.seed)
@@ -94,9 +95,11 @@ def collect(self:GRPOTrainer, step:int) -> dict:
     with timed(times, 'credit'):
         V_all, group_all = self.acc.gather(V.to(self.acc.device)).cpu(), self.acc.gather(ro.group.to(self.acc.device)).cpu()
         credit = compute_credit(V_all, group_all, ro.trained.cpu(), cfg.credit_config())
-    stats = credit_stats(V_all, credit, ro.trained.cpu()) | dict(
+        loss = cfg.loss_steps(step)
+        A = torch.where(loss, credit.advantages, 0.)  # steps outside train_start/train_size explore but get no loss
+    stats = credit_stats(V_all, replace(credit, advantages=A), loss) | dict(
         nfe_rollout=n_ro['nfe'] / ro.B, nfe_lookahead=(n_la['nfe'] / ro.B if cfg.lookahead else 0.0))
-    return dict(rollout=ro, advantages=credit.advantages[self.rows()], credit=credit, V=V_all, times=times, stats=stats)
+    return dict(rollout=ro, advantages=A[self.rows()], credit=credit, V=V_all, times=times, stats=stats)
 
 # %% ../nbs/06_train.ipynb #35b40904
 @contextmanager
@@ -143,10 +146,12 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
     cfg, pol = self.cfg, self.policy
     ks = ro.trained.nonzero().flatten().cpu().tolist()
     stats = dict(loss=[], clipfrac=[], approx_kl=[], kl=[], grad_norm=[], skipped=[])
-    for rows in torch.arange(ro.B).chunk(cfg.updates_per_rollout):
+    chunks = torch.arange(ro.B).chunk(cfg.updates_per_rollout)
+    old = self._current_logprobs(ro, A, ks, torch.cat(chunks[1:])) if pol.fast and len(chunks) > 1 else ro.log_prob
+    for u, rows in enumerate(chunks):
         self.opt.zero_grad(set_to_none=True)
         mbs = rows.split(cfg.minibatch)
-        for mb in mbs: self._backward(ro, A, ks, mb, len(mbs), stats)
+        for mb in mbs: self._backward(ro, A, ks, mb, len(mbs), stats, None if pol.fast and u == 0 else old)
         for p in self.params:
             if p.grad is None: p.grad = torch.zeros_like(p)  # every pair skipped: a zero gradient, as without the skip
         self._average_gradients()
@@ -160,17 +165,32 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
 
 # %% ../nbs/06_train.ipynb #7af88699
 @patch
-def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats):
-    "Loss and backward pass of minibatch `mb` (rows) on trained steps `ks`."
-    cfg, pol = self.cfg, self.policy
+def _pairs(self:GRPOTrainer, A, ks, mb) -> tuple:
+    "The (sample, step) pairs of minibatch `mb` the update evaluates: keep [b, k] and its sample/step indices."
     adv = A[mb][:, ks]                                  # [b, k]
-    keep = adv != 0 if cfg.skip_zero_adv and cfg.beta == 0 else torch.ones_like(adv, dtype=torch.bool)
+    keep = adv != 0 if self.cfg.skip_zero_adv and self.cfg.beta == 0 else torch.ones_like(adv, dtype=torch.bool)
+    bi, ki = keep.nonzero(as_tuple=True)                # row-major: all pairs = logprob_of's order
+    return keep, bi, ki, mb[bi], torch.as_tensor(ks)[ki]
+
+@patch
+def _current_logprobs(self:GRPOTrainer, ro, A, ks, rows) -> torch.Tensor:
+    "[B, K] log-probs of the pairs of `rows` the update evaluates, under the current weights and the update's own network path."
+    old = torch.zeros_like(ro.log_prob)
+    for mb in rows.split(self.cfg.minibatch):
+        _, _, _, ii, kk = self._pairs(A, ks, mb)
+        if len(ii): old[ii, kk] = logprob_pairs(self.policy, ro, ii, kk).log_prob.detach().to(old)
+    return old
+
+@patch
+def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|None):
+    "Loss and backward pass of minibatch `mb` (rows) on trained steps `ks`; old log-probs `old_lp` [B, K] (None: this pass's own)."
+    cfg, pol = self.cfg, self.policy
+    keep, bi, ki, ii, kk = self._pairs(A, ks, mb)
     stats['skipped'].append(1 - keep.float().mean().item())
     if not keep.any(): return
-    bi, ki = keep.nonzero(as_tuple=True)                # row-major: all pairs = logprob_of's order
-    ii, kk = mb[bi], torch.as_tensor(ks)[ki]
     out = logprob_pairs(pol, ro, ii, kk)                # fields [n]
-    old, adv = ro.log_prob[ii, kk], adv[bi, ki].to(out.log_prob.device)
+    old = out.log_prob.detach() if old_lp is None else old_lp[ii, kk]
+    adv = A[mb][:, ks][bi, ki].to(out.log_prob.device)
     loss, ratio = ppo_loss(out.log_prob, old, adv, cfg.clip_range)
     if len(ii) < keep.numel(): loss = loss * (len(ii) / keep.numel())  # the mean over all pairs: the others add 0
     if cfg.beta > 0:
@@ -193,7 +213,8 @@ def grad_shares(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
         if not adv.any(): norms[k] = 0.0; continue  # zero credit: exactly zero gradient
         self.opt.zero_grad(set_to_none=True)
         out = logprob_pairs(self.policy, ro, mb, kk)
-        ppo_loss(out.log_prob, ro.log_prob[mb, k], adv.to(out.log_prob.device), cfg.clip_range)[0].backward()
+        old = out.log_prob.detach() if self.policy.fast else ro.log_prob[mb, k]  # the weights of the rollout: see `update`
+        ppo_loss(out.log_prob, old, adv.to(out.log_prob.device), cfg.clip_range)[0].backward()
         norms[k] = float(torch.stack([p.grad.float().norm() for p in self.params if p.grad is not None]).norm())
     self.opt.zero_grad(set_to_none=True)
     total = sum(norms.values()) or 1.0
@@ -264,8 +285,8 @@ def calibrate(self:GRPOTrainer) -> Calibration:
     with timed(times, 'calibration'):
         self.calibration = calibrate_exploration(dense_rewards, flow_sde_scale(t[:-1], t[1:], cfg.level), cfg.calib_iters,
                                                  cfg.calib_eps1, cfg.calib_eps2, trained=rcfg.trained,
-                                                 no_signal=cfg.calib_no_signal)
-    cost = dict(rollouts=cfg.calib_iters * P * cfg.group_size, nfe=sum(self.policy.nfe.nfe.values()) - nfe0, seconds=times['sec_calibration'],
+                                                 no_signal=cfg.calib_no_signal, stop=cfg.calib_stop)
+    cost = dict(rounds=len(self.calibration.history), rollouts=len(self.calibration.history) * P * cfg.group_size, nfe=sum(self.policy.nfe.nfe.values()) - nfe0, seconds=times['sec_calibration'],
                 cpu_seconds=times['cpu_calibration'])
     self.psi, self.calibration_record = self.calibration.psi, self.calibration.to_dict() | dict(cost=cost)
     if self.acc.is_main_process: (self.run_dir/'calibration.json').write_text(json.dumps({**self.calibration_record, 'sigmas': t.tolist()}))
