@@ -29,12 +29,12 @@ from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 from .compare import check_report, report_figures
 
 # %% auto #0
-__all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'TASK_FIELDS', 'LANES', 'MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES',
-           'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'GENERATE_AT_ONCE', 'PREVIEWS', 'GALLERY_COLUMNS', 'CSS',
-           'run_backend', 'base_label', 'base_label_of', 'parse_base', 'FineTuned', 'find_models', 'fake_runs',
-           'pick_bases', 'runs_task', 'CheapestFirst', 'Lane', 'ModelBank', 'check_prompt', 'check_settings', 'Sample',
-           'generate_all', 'model_label', 'strip_figure', 'samples_view', 'report_view', 'credit_view', 'prune_files',
-           'make_app', 'RefuseUploads', 'serve', 'check_address', 'app_cli']
+__all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'TASK_FIELDS', 'LANES', 'QUICK_STEPS', 'MAX_PROMPT_CHARS', 'MAX_STEPS',
+           'REPORT_FIGURES', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'GENERATE_AT_ONCE', 'PREVIEWS',
+           'GALLERY_COLUMNS', 'CSS', 'run_backend', 'base_label', 'base_label_of', 'parse_base', 'FineTuned',
+           'find_models', 'fake_runs', 'pick_bases', 'runs_task', 'CheapestFirst', 'Lane', 'ModelBank', 'check_prompt',
+           'check_settings', 'Sample', 'generate_all', 'model_label', 'strip_figure', 'samples_view', 'report_view',
+           'credit_view', 'prune_files', 'make_app', 'RefuseUploads', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #ba4d8e76
 ADAPTER_FILES = (LORA_FILE, OLD_LORA_FILE)  # a checkpoint's LoRA file: diffusers' name first, then the older one
@@ -177,7 +177,8 @@ class CheapestFirst:
         finally: self.release()
 
 # %% ../nbs/08_app.ipynb #a677e5f8
-LANES = ('generate', 'credit')
+LANES = ('generate', 'quick', 'credit')
+QUICK_STEPS = 10  # Generate requests of at most this many steps run in the 'quick' lane, never behind long ones
 
 @dataclass
 class Lane:
@@ -193,7 +194,7 @@ class ModelBank:
                  base:str|None=None,              # a base label ('tiny', 'sd3:PATH'): load only the runs of this base
                  policy:Policy|None=None,         # the base policy, without adapter (default: `load_policy` of the runs' base)
                  task:Task|None=None,             # the task that scores the models (default: `runs_task`)
-                 lanes:int=2,                     # 2: generate and credit each have a copy of the networks; 1: they share one
+                 lanes:int=2,                     # 2: long and quick Generate requests and credit each have a copy of the networks; 1: one copy
                  device=None):
         if lanes not in (1, 2): raise ValueError(f"lanes={lanes!r}: allowed 1 (generate and credit share the networks) or 2 (a copy each)")
         self.runs, self.lanes = (None if runs is None else Path(runs)), lanes
@@ -208,7 +209,8 @@ class ModelBank:
         self.by_name = {m.name: m for m in self.models}
         self.task, self.other_tasks = (task, []) if task is not None else runs_task(self.models, next(iter(bases.values())).device)
         gen = Lane(bases, nets, CheapestFirst())
-        self._lanes = {'generate': gen, 'credit': gen if lanes == 1 else Lane(*copy.deepcopy((bases, nets)), CheapestFirst())}
+        copied = lambda: gen if lanes == 1 else Lane(*copy.deepcopy((bases, nets)), CheapestFirst())
+        self._lanes = {'generate': gen, 'quick': copied(), 'credit': copied()}
 
     def _attach(self, groups, bases) -> tuple[dict, list]:
         "One adapter per (base, shape); each run checked against its base and its weights read once."
@@ -291,10 +293,10 @@ class Sample:
     previews:torch.Tensor  # [K+1, 3, H, W] Tweedie previews x0_hat(x_k); the last is the image
     values:list            # [K+1] the task's reward of each preview
 
-def _sample(bank:ModelBank, name:str, prompt:str, cfg:RolloutConfig, seed:int, cost:float) -> Sample:
-    "Model `name`'s sample for `prompt` (its lane held while it generates), evaluated by the bank's task."
+def _sample(bank:ModelBank, name:str, prompt:str, cfg:RolloutConfig, seed:int, cost:float, lane:str) -> Sample:
+    "Model `name`'s sample for `prompt` (`lane` held while it generates), evaluated by the bank's task."
     task, describe = bank.task, getattr(bank.task, 'describe', None)
-    with bank.use(name, 'generate', cost) as policy, torch.no_grad():
+    with bank.use(name, lane, cost) as policy, torch.no_grad():
         ro = rollout(policy, [prompt], cfg, task.reward, torch.Generator().manual_seed(seed))
         sv = step_values(policy, ro, 'tweedie', task.reward, keep_images=True)
     return Sample(name, ro.images[0].cpu(), task.category(prompt) if task.category else None, task.evaluate(ro.images, [prompt]),
@@ -309,10 +311,11 @@ def generate_all(bank:ModelBank, prompt:str, seed:int=0, steps:int=10, guidance:
     names = list(models or bank.names)
     if bad := [n for n in names if n not in bank.names]: raise ValueError(f"models: {bad} unknown; allowed {bank.names}")
     cfg, cost, out = RolloutConfig(K=steps, guidance=guidance, sampler=sampler, level=level, group_size=1), steps * len(names), []
-    with bank.lane('generate').hold(cost) as lane:
+    lane = 'quick' if steps <= QUICK_STEPS else 'generate'  # a short request never waits behind a long one
+    with bank.lane(lane).hold(cost) as lock:
         for name in names:
-            lane.yield_to_cheaper(cost)  # between two models: a cheaper request that waits goes first
-            out.append(_sample(bank, name, prompt, cfg, seed, cost))
+            lock.yield_to_cheaper(cost)  # between two models: a cheaper request that waits goes first
+            out.append(_sample(bank, name, prompt, cfg, seed, cost, lane))
     return out
 
 # %% ../nbs/08_app.ipynb #21936c86
