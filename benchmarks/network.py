@@ -17,11 +17,6 @@ Not a test: it prints tables, and numbers only mean something on an idle machine
 
     .venv/bin/python benchmarks/network.py --threads 1,2
 """
-import sys
-from pathlib import Path
-# benchmarks/profile.py would shadow the standard `profile` module (imported by torch._dynamo): keep this folder off the path
-sys.path[:] = [p for p in sys.path if Path(p or '.').resolve() != Path(__file__).resolve().parent]
-
 import copy, statistics, time
 from collections import defaultdict
 import torch

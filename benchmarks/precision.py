@@ -11,12 +11,8 @@ also values one rollout both ways and prints how many of the state values agree 
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/precision.py --methods flow_grpo,dense --steps 3 --reps 2
 """
-import sys
-from pathlib import Path
-# keep this folder off the import path (its profile.py would shadow the standard `profile` module torch imports)
-sys.path[:] = [p for p in sys.path if Path(p or '.').resolve() != Path(__file__).resolve().parent]
-
 import contextlib, statistics, tempfile
+from pathlib import Path
 import torch
 from fastcore.script import call_parse
 

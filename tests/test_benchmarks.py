@@ -23,7 +23,7 @@ def test_network_eager_vs_fast():
 
 def test_profile_json(tmp_path):
     js = tmp_path/'p.json'
-    out = bench('profile.py', '--budget', 'smoke', '--steps', '1', '--threads', '1', '--methods', 'flow_grpo,dense', '--json', str(js))
+    out = bench('phases.py', '--budget', 'smoke', '--steps', '1', '--threads', '1', '--methods', 'flow_grpo,dense', '--json', str(js))
     d = json.loads(js.read_text())
     assert set(d['methods']) == {'flow_grpo', 'dense'} and d['peak_gflops']['1']['best'] > 0
     ph = d['methods']['dense']['phases']

@@ -10,15 +10,11 @@ network FLOPs over its wall seconds, so everything else the phase does counts ag
 decoding + reward (images from states, and the reward) is taken out of the rollout, values and evaluation around it.
 Numbers only mean something on an idle machine. Examples:
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/profile.py --budget smoke --steps 1 --threads 1   # a check, < 2 min
-    .venv/bin/python benchmarks/profile.py --threads 2 --steps 3 --json /tmp/profile.json          # the default step
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/phases.py --budget smoke --steps 1 --threads 1   # a check, < 2 min
+    .venv/bin/python benchmarks/phases.py --threads 2 --steps 3 --json /tmp/phases.json          # the default step
 """
-import sys
-from pathlib import Path
-# this file is named profile.py: keep its folder off the import path so that the standard `profile` module stays reachable
-sys.path[:] = [p for p in sys.path if Path(p or '.').resolve() != Path(__file__).resolve().parent]
-
 import json, tempfile, time
+from pathlib import Path
 from collections import Counter
 from contextlib import contextmanager
 
