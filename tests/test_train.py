@@ -114,3 +114,23 @@ def test_two_processes_match_one(straight, tmp_path):
     a, b = final_state(straight['dense'], 6), final_state(tmp_path, 6)
     la, lb = a['pytorch_lora_weights.safetensors'], b['pytorch_lora_weights.safetensors']
     for k in la: torch.testing.assert_close(la[k], lb[k], rtol=1e-4, atol=1e-5, msg=k)
+
+def test_loss_steps_apart_from_the_exploration_window(tmp_path):
+    """Flow-GRPO exploring with the SDE on steps 0-8 but trained on steps 0-3 (train_size=4) draws the same rollouts as
+    Flow-GRPO trained on 0-8, and back-propagates only steps 0-3: the other steps' advantages are exactly 0, so their
+    gradient is."""
+    from flowgrpo_nb.config import preset_config
+    from flowgrpo_nb.train import GRPOTrainer
+    kw = dict(K=10, steps=1, eval_images=0, log_with='none', skip_zero_adv=False)
+    full, four = (GRPOTrainer(preset_config('flow_grpo+smoke', **kw, **extra), tmp_path/name, progress=False)
+                  for name, extra in (('full', {}), ('four', dict(train_size=4))))
+    assert full.cfg.rollout_config().window == four.cfg.rollout_config().window == (0, 9)
+    assert four.cfg.loss_steps().nonzero().flatten().tolist() == [0, 1, 2, 3]
+    a, b = full.collect(0), four.collect(0)
+    for name in ('x', 'log_prob', 'reward'): assert torch.equal(getattr(a['rollout'], name), getattr(b['rollout'], name)), name
+    assert torch.equal(a['advantages'][:, :4], b['advantages'][:, :4]) and not b['advantages'][:, 4:].any()
+    assert a['advantages'][:, 4:9].any()  # the control has credit there
+    shares_full, shares_four = full.grad_shares(a['rollout'], a['advantages']), four.grad_shares(b['rollout'], b['advantages'])
+    assert all(shares_four[f'grad_share_{k}'] == 0 for k in range(4, 9)) and sum(shares_four[f'grad_share_{k}'] for k in range(4)) == pytest.approx(1)
+    assert sum(shares_full[f'grad_share_{k}'] for k in range(4, 9)) > 0.05
+    for t in (full, four): t.lock.release()
