@@ -19,12 +19,13 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from .flow import flow_sigmas, flow_sde_scale
+from .policy import PHASES
 from .rollout import Rollout, StepValues
 from .credit import (METHODS, CreditConfig, Credit, compute_credit, Calibration, CalibrationRound, LOOKAHEAD,
                                 MethodCredit, method_credits)
 
 # %% auto #0
-__all__ = ['PHASES', 'group_rows', 'image_strip', 'preview_figure', 'turning_point_table', 'gain_figure', 'load_calibration',
+__all__ = ['group_rows', 'image_strip', 'preview_figure', 'turning_point_table', 'gain_figure', 'load_calibration',
            'calibration_figure', 'read_metrics', 'training_figure', 'grad_share_figure', 'FigureView',
            'preview_dashboard', 'gain_dashboard', 'find_runs', 'run_dashboard', 'dashboard']
 
@@ -186,8 +187,6 @@ def calibration_figure(cal:Calibration|str|Path,  # a `Calibration` or a run fol
     return fig.update_layout(barmode='relative', width=940, height=440, legend={**_LEGEND_BELOW, 'y': -0.2}, margin=dict(l=40, r=20, t=60, b=40))
 
 # %% ../nbs/07_viz.ipynb #78e75bdf
-PHASES = ('rollout', 'values', 'credit', 'update')
-
 def read_metrics(run_dir:str|Path) -> list[dict]:
     "The rows of a run folder's metrics.jsonl (one per optimizer step; step 0 = the base evaluation)."
     p = Path(run_dir)/'metrics.jsonl'
