@@ -14,7 +14,8 @@ import json, os, resource, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 from fastcore.script import call_parse
 
-from flowgrpo_nb.compare import ARMS, usable_cores
+from flowgrpo_nb.design import ARMS
+from flowgrpo_nb.compare import usable_cores
 
 # before: one process on every usable core's thread, zeros evaluated, no diagnostics; now: the defaults (one single-thread
 # worker per usable core, at most one per job; zeros skipped; gradient shares every 8 steps, timed apart)
@@ -37,7 +38,7 @@ def run_job(mode:str, out:Path, arms:list, task:str, steps:int, batch:tuple, bud
                 score={a: got[a]['heldout_strict']['mean'] for a in arms}, skipped={a: got[a]['skipped']['mean'] for a in arms})
 
 @call_parse
-def main(arms:str='flow_grpo,stepwise,dense,turning_point',  # comma-separated arms of the job (flowgrpo_nb.compare.ARMS)
+def main(arms:str='flow_grpo,stepwise,dense,turning_point',  # comma-separated arms of the job (flowgrpo_nb.design.ARMS)
          task:str='geneval',  # the comparison task
          steps:int=8,         # training steps per run
          prompts:int=4,       # prompts per step

@@ -25,7 +25,8 @@ from .task import Task, EvalReport, MODELS, load_task, load_policy
 from .train import check_base
 from .credit import method_credits
 from .viz import image_strip, gain_figure, preview_figure, turning_point_table
-from .compare import report_figures
+from .results import Report
+from .figures import report_figures
 
 # %% auto #0
 __all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'TASK_FIELDS', 'LANES', 'MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES',
@@ -309,11 +310,11 @@ def report_view(runs:str|Path|None) -> tuple[str, list]:
     if p is None or not p.exists():
         return f"No `report.json` in `{runs}`: run `flowgrpo compare --out DIR` and open the app on DIR.", [None] * 4
     try:
-        report = json.loads(p.read_text())
+        report = Report.from_json(json.loads(p.read_text()), str(p))
         figs = report_figures(report)
     except Exception as e:
         return f"**`{p}` cannot be read** ({type(e).__name__}: {e})", [None] * 4
-    md = '\n'.join(f"- {s}" for s in report.get('findings', []))
+    md = '\n'.join(f"- {s}" for s in report.findings)
     return f"Report: `{p}`\n\n{md}", [figs[k] for k in REPORT_FIGURES]
 
 def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:int=10, guidance:float=4.0,

@@ -1,4 +1,4 @@
-"""The comparison's results as typed records: a run, an arm over seeds, a paired comparison, a claim's verdict and the whole report, each with `to_json`/`from_json` and a versioned schema checked on read; and the study's measures of a run (area under its curve, when it reaches a target, its score at a budget) and of an arm (where its curve goes flat).
+"""The comparison's results as typed records — a run, an arm over seeds, a paired comparison, a claim's verdict, the whole report — each with `to_json`/`from_json` and a versioned schema checked on read; and a run read from its folder into its record.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/results.html.md"""
 
@@ -6,19 +6,19 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/results.html.md"""
 
 # %% ../nbs/06d_results.ipynb #9ce6a9fc
 from __future__ import annotations
-import dataclasses, math, types, typing
+import dataclasses, json, types, typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 import numpy as np
-from .stats import aggregate, paired, holm, claim_tests, claim_verdicts, mde, seeds_needed
 from .policy import PHASES
-from .compare import ARMS, TASKS, Contrast, CONTRASTS, arm_config, arm_settings
+from .task import EvalReport
+from .config import GRPOConfig
+from .stats import aggregate
 
 # %% auto #0
-__all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'FORMAT', 'READS', 'Record', 'Agg', 'agg', 'CurvePoint', 'RunResult',
-           'curve_at', 'curve_auc', 'first_reach', 'study_measures', 'fake_run', 'plateau', 'se_ratio', 'study_runs',
-           'study_arm', 'ArmSummary', 'Comparison', 'TaskSection', 'ContrastResult', 'per_seed_ratios', 'arm_summary',
-           'window_match', 'task_comparisons', 'correct', 'base_summary', 'task_section', 'contrast_values',
-           'evaluate_contrasts', 'Report', 'fake_report']
+__all__ = ['STEP_TIME_RATIO', 'NO_CALIBRATION', 'FORMAT', 'READS', 'Record', 'Agg', 'agg', 'CurvePoint', 'RunResult', 'fake_run',
+           'heldout', 'eval_from_metrics', 'grad_share', 'cumulative', 'run_curve', 'calibration_rounds', 'run_report',
+           'ArmSummary', 'Comparison', 'TaskSection', 'ContrastResult', 'Report']
 
 # %% ../nbs/06d_results.ipynb #9f5e4533
 def _from(tp, x, where:str):
@@ -95,6 +95,7 @@ class RunResult(Record):
     adv_zero:float|None          # median share of (sample, trained step) pairs with advantage 0
     skipped:float|None           # median share of pairs the update left out
     window:list                  # [start, stop) of its SDE window
+    loss_steps:list|None=None    # [start, stop) of the steps its loss takes (format 3)
     slide:int=0                  # window_slide
     K:int=10                     # denoising steps
     grad_share:list|None=None    # [K] mean share of each step in the gradient norm (None: not diagnosed)
@@ -109,30 +110,6 @@ class RunResult(Record):
     psi_rounds:list|None=None    # [rounds][K] psi of every calibration round
     calib_stable:bool|None=None  # calibration stopped because psi stopped moving
 
-# %% ../nbs/06d_results.ipynb #4232d228
-def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -> float|None:
-    "The `score` ('eval': strict, or 'learned') of `curve` at `x` of `by` ('step', 'seconds' or 'nfe'), linear in between."
-    pts = [(getattr(p, by), getattr(p, score)) for p in curve if getattr(p, by) is not None and getattr(p, score) is not None]
-    if not pts: return None
-    xs, ys = zip(*pts)
-    return float(np.interp(x, xs, ys))
-
-def curve_auc(curve:list[CurvePoint]) -> float:
-    "The mean held-out strict score over steps 0..the last evaluation: the curve's trapezoid area divided by its steps."
-    xs, ys = [p.step for p in curve], [p.eval for p in curve]
-    return float(np.trapezoid(ys, xs) / (xs[-1] - xs[0])) if len(xs) > 1 else float(ys[0])
-
-def first_reach(curve:list[CurvePoint], target:float) -> dict:
-    "The first trained evaluation (step > 0) at or above `target`: its steps, NFE and CPU seconds (None each if never)."
-    hit = next((p for p in curve if p.step > 0 and p.eval >= target), None)
-    return dict(target=target, steps=hit and hit.step, nfe=hit and hit.nfe, seconds=hit and hit.seconds)
-
-# %% ../nbs/06d_results.ipynb #a7dc24dd
-def study_measures(run:RunResult, target:float, nfe_budget:float) -> dict:
-    "The study's measures of one run: `auc`, `reach` of the task's `target`, the scores `at_nfe` the task's NFE budget."
-    at = dict(nfe=nfe_budget, strict=curve_at(run.curve, nfe_budget, 'nfe'), learned=curve_at(run.curve, nfe_budget, 'nfe', 'learned'))
-    return dict(auc=curve_auc(run.curve), reach=first_reach(run.curve, target), at_nfe=at)
-
 # %% ../nbs/06d_results.ipynb #a4f17e4a
 def fake_run(scores:list, learned:list|None=None, every:int=25, nfe:int=160, cpu:float=2.0, cal:tuple=(0, 0.0), **fields) -> RunResult:
     "A made-up run whose held-out strict curve is `scores` (the base point first), for demos and tests; `fields` set others."
@@ -146,53 +123,78 @@ def fake_run(scores:list, learned:list|None=None, every:int=25, nfe:int=160, cpu
                      total_nfe=cal[0] + steps * nfe, total_cpu_seconds=cal[1] + steps * cpu, eval_cpu_seconds=0.0,
                      **(dict(turning_points=None, adv_zero=None, skipped=None, window=[0, 9]) | fields))
 
-# %% ../nbs/06d_results.ipynb #bedd7df1
-def plateau(curves:list[list[CurvePoint]],  # one curve per seed, with the same evaluation steps
-            steps:int, eval_every:int) -> dict:
-    "The first evaluation step after which the mean gain over the next fifth of the run is never above 0 (None: not flat)."
-    m = max(1, math.ceil(steps / 5 / eval_every))
-    ys = np.array([[p.eval for p in c] for c in curves])   # [seeds, J + 1]
-    ts = [p.step for p in curves[0]]
-    wins = [dict(step=ts[j], **{k: v for k, v in aggregate(list(ys[:, j + m] - ys[:, j])).items() if k in ('mean', 'ci', 'n')})
-            for j in range(len(ts) - m)]
-    rising = [w['ci'][0] > 0 for w in wins]
-    first = next((j for j in range(len(wins)) if not any(rising[j:])), None)
-    return dict(step=None if first is None else wins[first]['step'], m=m, windows=wins)
+# %% ../nbs/06d_results.ipynb #cd4464a0
+def heldout(rep:EvalReport) -> dict:
+    "report.json's view of an evaluation: {category or 'overall': {strict, se, n, ...}}."
+    cats = {c: dict(strict=v['score'], se=v['se'], **{k: x for k, x in v.items() if k not in ('score', 'se')})
+            for c, v in rep.categories.items()}
+    return cats | {'overall': dict(strict=rep.overall, se=rep.overall_se, n=rep.n, **{k: v for k, v in rep.extra.items() if k != 'score'})}
 
-# %% ../nbs/06d_results.ipynb #cb3fe974
-def se_ratio(runs:list[RunResult]) -> float|None:
-    "Mean final-evaluation SE over seeds / SD over seeds of the final held-out strict score (None: under two seeds or no spread)."
-    finals = [r.heldout['overall']['strict'] for r in runs]
-    sd = float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0
-    return float(np.mean([r.heldout['overall']['se'] for r in runs]) / sd) if sd > 0 else None
+def eval_from_metrics(m:dict, n:int, prefix:str='eval_') -> EvalReport:
+    "The `EvalReport` of `n` images that a trainer logged as flat metrics `m` (without the categories' image counts)."
+    names = [k[len(prefix):] for k in m if k.startswith(prefix)]
+    cats = [c for c in names if c != 'overall' and f'{c}_se' in names]
+    extra = {c: m[prefix + c] for c in names if c != 'overall' and c not in cats and not c.endswith('_se')}
+    return EvalReport(m[prefix + 'overall'], m[prefix + 'overall_se'], n, {c: dict(score=m[prefix + c], se=m[prefix + c + '_se']) for c in cats}, extra)
 
-# %% ../nbs/06d_results.ipynb #913644f6
-REACH_BY = 0.10  # the study's target: the base model's mean held-out strict score plus this
+# %% ../nbs/06d_results.ipynb #a81a36cd
+STEP_TIME_RATIO = "process CPU seconds per training step (median over steps) divided by Flow-GRPO's, per seed"
+NO_CALIBRATION = dict(nfe=0, rollouts=0, seconds=0.0, cpu_seconds=0.0)
 
-def study_runs(per_seed:dict[str, dict[str, RunResult]], base_mean:float) -> dict:
-    "Fill every run's `auc`, `reach` and `at_nfe` (in place); returns the task's target and NFE budget."
-    budget = float(np.mean([runs['flow_grpo'].curve[-1].nfe for runs in per_seed.values()]))
-    target = base_mean + REACH_BY
-    for runs in per_seed.values():
-        for r in runs.values():
-            for k, v in study_measures(r, target, budget).items(): setattr(r, k, v)
-    return dict(target=target, nfe_budget=budget)
+def _metrics(d:Path) -> list[dict]: return [json.loads(l) for l in (d/'metrics.jsonl').read_text().splitlines() if l]
 
-# %% ../nbs/06d_results.ipynb #14d7b6f3
-def _count(flags:list) -> str: return f"{sum(flags)}/{len(flags)}"
+def _median(rows:list, k:str): return float(np.median([m[k] for m in rows])) if rows and all(k in m for m in rows) else None
 
-def study_arm(runs:list[RunResult], steps:int, eval_every:int) -> dict:
-    "An arm's study fields of `ArmSummary` from its runs (one per seed), after `study_runs`."
-    hit = [r for r in runs if r.reach['steps'] is not None]
-    same = len({tuple(p.step for p in r.curve) for r in runs}) == 1
-    cal = [r for r in runs if r.psi_rounds]
-    return dict(auc=agg([r.auc for r in runs]),
-                reach=dict(target=runs[0].reach['target'], reached=_count([r in hit for r in runs]),
-                           **{k: agg([r.reach[k] for r in hit]) for k in ('steps', 'nfe', 'seconds')}),
-                at_nfe=dict(nfe=runs[0].at_nfe['nfe'], **{k: agg([r.at_nfe[k] for r in runs]) for k in ('strict', 'learned')}),
-                plateau=plateau([r.curve for r in runs], steps, eval_every) if same else None, se_ratio=se_ratio(runs),
-                calib_rounds=agg([len(r.psi_rounds) for r in cal]) if cal else None,
-                calib_stable=_count([bool(r.calib_stable) for r in cal]) if cal else None)
+def grad_share(rows:list, K:int) -> list|None:
+    "[K] mean share of each denoising step in the gradient norm over the logged rows that diagnosed it (None: none did)."
+    diag = [m for m in rows if any(k.startswith('grad_share_') for k in m)]
+    return [float(np.mean([m.get(f'grad_share_{k}', 0.0) for m in diag])) for k in range(K)] if diag else None
+
+# %% ../nbs/06d_results.ipynb #2e870406
+def cumulative(steps:list, cal:dict, B:int) -> tuple[dict, dict]:
+    "{step: process CPU seconds} and {step: NFE} of a run up to each logged step, calibration included (`B`: the batch)."
+    ids = [m['step'] for m in steps]
+    cpu = dict(zip(ids, cal['cpu_seconds'] + np.cumsum([m.get('cpu_step', m['sec_step']) for m in steps])))
+    nfe = dict(zip(ids, cal['nfe'] + np.cumsum([(m.get('nfe_rollout', 0.0) + m.get('nfe_lookahead', 0.0)) * B for m in steps])))
+    return cpu, nfe
+
+def run_curve(evals:list, base:EvalReport, cal:dict, cpu:dict, nfe:dict) -> list[CurvePoint]:
+    "The base point at the calibration's cost, then every evaluation with the cumulative CPU seconds and NFE at its step."
+    return ([CurvePoint(step=0, seconds=cal['cpu_seconds'], eval=base.overall, se=base.overall_se, base=True, nfe=float(cal['nfe']),
+                        learned=base.extra.get('score'))] +
+            [CurvePoint(step=m['step'], seconds=float(cpu[m['step']]), wall=m.get('sec_total'), eval=m['eval_overall'], se=m['eval_overall_se'],
+                        nfe=float(nfe[m['step']]), learned=m.get('eval_score')) for m in evals])
+
+def calibration_rounds(d:Path, cfg:GRPOConfig) -> dict:
+    "psi of every calibration round of the run in `d` and whether its calibration stopped because psi stopped moving."
+    f = d/'calibration.json'
+    if not (cfg.calibrate and f.exists()): return dict(psi_rounds=None, calib_stable=None)
+    rounds = [h['psi'] for h in json.loads(f.read_text()).get('history', [])]
+    return dict(psi_rounds=rounds, calib_stable=cfg.calib_stop == 'stable' and len(rounds) < cfg.calib_iters)
+
+# %% ../nbs/06d_results.ipynb #95b21fed
+def run_report(d:Path, base:EvalReport) -> RunResult:
+    "One run's record from its folder `d`; `base` is the base model's evaluation of the run's seed (its step 0)."
+    d, ms = Path(d), _metrics(Path(d))
+    cfg = GRPOConfig.from_dict(json.loads((d/'config.json').read_text()), str(d/'config.json'))
+    steps, evals = [m for m in ms if 'sec_step' in m], [m for m in ms if 'eval_overall' in m and m['step'] > 0]
+    if not evals: raise ValueError(f"{d/'metrics.jsonl'}: no evaluation after step 0; the comparison needs the run's final evaluation")
+    cal = {**NO_CALIBRATION, **((json.loads((d/'summary.json').read_text()).get('calibration_cost') if (d/'summary.json').exists() else None) or {})}
+    B, final = cfg.batch_size, eval_from_metrics(evals[-1], cfg.eval_images)
+    cpu, at = cumulative(steps, cal, B)
+    nfe = dict(rollout=(_median(steps, 'nfe_rollout') or 0.0) * B, lookahead=(_median(steps, 'nfe_lookahead') or 0.0) * B)
+    tps, loss = [m['turning_points'] for m in steps if 'turning_points' in m], cfg.loss_steps().nonzero().flatten().tolist()
+    return RunResult(
+        heldout=heldout(final), learned_score=final.extra.get('score'), n_images=final.n, curve=run_curve(evals, base, cal, cpu, at),
+        reward_curve=[dict(step=m['step'], seconds=float(cpu[m['step']]), reward=m['reward']) for m in steps],
+        nfe_per_step=nfe, nfe_per_sample={k: v / B for k, v in nfe.items()},
+        seconds_per_step={k: _median(steps, f'sec_{k}') or 0.0 for k in (*PHASES, 'step')},
+        cpu_seconds_per_step={k: _median(steps, f'cpu_{k}') or 0.0 for k in (*PHASES, 'step')},
+        calibration=cal, steps=steps[-1]['step'] if steps else 0, train_seconds=steps[-1]['sec_total'] if steps else 0.0,
+        total_nfe=sum(nfe.values()) * len(steps) + cal['nfe'], total_cpu_seconds=float(cpu[steps[-1]['step']]) if steps else cal['cpu_seconds'],
+        eval_cpu_seconds=sum(m.get('cpu_eval', 0.0) for m in evals), turning_points=sum(tps) if tps else None,
+        adv_zero=_median(steps, 'adv_zero'), skipped=_median(steps, 'skipped'), window=list(cfg.rollout_config().window),
+        loss_steps=[loss[0], loss[-1] + 1], slide=cfg.window_slide, K=cfg.K, grad_share=grad_share(steps, cfg.K), **calibration_rounds(d, cfg))
 
 # %% ../nbs/06d_results.ipynb #25ea3527
 @dataclass
@@ -266,178 +268,6 @@ class ContrastResult(Record):
     mde:float|None=None          # the effect detected with 80% power at this spread and n
     seeds_needed:int|None=None   # seeds that detect the margin with 80% power at this spread
 
-# %% ../nbs/06d_results.ipynb #2d6d8972
-def _ratio(a, b): return a / b if a is not None and b else None
-
-def per_seed_ratios(per_seed:dict[str, dict[str, RunResult]]):
-    "Set in every run of a seed: reaching Flow-GRPO's final score of that seed, and its costs relative to Flow-GRPO's."
-    for runs in per_seed.values():
-        f = runs['flow_grpo']
-        target = f.heldout['overall']['strict']
-        for r in runs.values():
-            hit = first_reach(r.curve, target)
-            r.reach_flow_grpo = dict(target=target, steps=hit['steps'], seconds=hit['seconds'])
-            r.step_time_ratio = _ratio(r.cpu_seconds_per_step['step'], f.cpu_seconds_per_step['step'])
-            r.wall_time_ratio = _ratio(r.seconds_per_step['step'], f.seconds_per_step['step'])
-            r.nfe_ratio = _ratio(sum(r.nfe_per_step.values()), sum(f.nfe_per_step.values()))
-            r.cost_ratio = _ratio(r.total_cpu_seconds, f.total_cpu_seconds)
-
-# %% ../nbs/06d_results.ipynb #1fb7de11
-def arm_summary(per_seed:dict[str, dict[str, RunResult]], arm:str) -> ArmSummary:
-    "One arm's numbers over seeds (each an `Agg`: mean, spread, 95% CI), the study's fields unset."
-    reps = [runs[arm] for runs in per_seed.values()]
-    A = lambda f: agg([f(r) for r in reps])
-    reached = lambda r, st: r.reach_flow_grpo['steps'] is not None and r.reach_flow_grpo['steps'] <= st
-    tps = [r.turning_points for r in reps]
-    return ArmSummary(
-        heldout_strict=A(lambda r: r.heldout['overall']['strict']), heldout_se=float(np.mean([r.heldout['overall']['se'] for r in reps])),
-        per_category={c: dict(**agg([r.heldout[c]['strict'] for r in reps]).to_json(), se=float(np.mean([r.heldout[c]['se'] for r in reps])))
-                      for c in reps[0].heldout if c != 'overall'},
-        learned_score=A(lambda r: r.learned_score), partial=A(lambda r: r.heldout['overall'].get('partial')),
-        steps_to_flow_grpo=A(lambda r: r.reach_flow_grpo['steps']), seconds_to_flow_grpo=A(lambda r: r.reach_flow_grpo['seconds']),
-        reached=_count([r.reach_flow_grpo['steps'] is not None for r in reps]),
-        reached_by={st: sum(reached(r, st) for r in reps) for st in sorted({p.step for r in reps for p in r.curve if p.step > 0})},
-        step_time_ratio=A(lambda r: r.step_time_ratio), wall_time_ratio=A(lambda r: r.wall_time_ratio),
-        nfe_ratio=A(lambda r: r.nfe_ratio), cost_ratio=A(lambda r: r.cost_ratio),
-        nfe_per_step=reps[0].nfe_per_step, nfe_per_sample=reps[0].nfe_per_sample,
-        seconds_per_step={k: A(lambda r: r.seconds_per_step[k]) for k in (*PHASES, 'step')},
-        cpu_seconds_per_step={k: A(lambda r: r.cpu_seconds_per_step[k]) for k in (*PHASES, 'step')},
-        calibration=dict(nfe=A(lambda r: r.calibration['nfe']), cpu_seconds=A(lambda r: r.calibration['cpu_seconds'])),
-        total_nfe=A(lambda r: r.total_nfe), total_cpu_seconds=A(lambda r: r.total_cpu_seconds),
-        turning_points=None if None in tps else float(sum(tps)), adv_zero=A(lambda r: r.adv_zero), skipped=A(lambda r: r.skipped),
-        grad_share=None if any(r.grad_share is None for r in reps) else np.mean([r.grad_share for r in reps], 0).tolist())
-
-# %% ../nbs/06d_results.ipynb #51d0f68c
-WINDOW_MATCH = 0.9  # a control matches an arm's window when at least this share of the arm's gradient is on the control's trained steps
-
-def _unchecked(r:RunResult, c:RunResult) -> str|None:
-    "Why an arm's run `r` cannot be held against its control's run `c` (None: it can)."
-    if r.grad_share is None: return 'the runs logged no gradient shares'
-    if r.slide or c.slide: return 'a sliding window has no fixed window to match'
-    if len(r.grad_share) != c.K: return 'the control runs another number of steps'
-
-def window_match(per_seed:dict[str, dict[str, RunResult]], arm:str, control:str) -> dict:
-    "The share of `arm`'s gradient on `control`'s trained window per seed (an `Agg`), each step's share outside; or why not."
-    runs = [(runs[arm], runs[control]) for runs in per_seed.values()]
-    why = next((w for r, c in runs if (w := _unchecked(r, c))), None)
-    runs = [(r, c) for r, c in runs if why or sum(r.grad_share) > 0]  # a seed whose diagnosed steps had no gradient says nothing
-    if why or not runs: return dict(control=control, unchecked=why or 'no gradient at the diagnosed steps')
-    s, e = runs[0][1].window
-    inside = agg([sum(r.grad_share[s:e]) for r, _ in runs])
-    outside = {k: float(np.mean([r.grad_share[k] for r, _ in runs])) for k in range(len(runs[0][0].grad_share)) if not s <= k < e}
-    return dict(control=control, window=[s, e], inside=inside.to_json(), outside=outside, matched=inside.mean >= WINDOW_MATCH)
-
-# %% ../nbs/06d_results.ipynb #87745b07
-def _scores(per_seed:dict, arm:str, metric:str) -> tuple[list, list|None]:
-    "Per-seed held-out `metric` ('strict' or 'learned_score') of `arm`, and its standard errors (None: not logged)."
-    runs = [runs[arm] for runs in per_seed.values()]
-    if metric == 'strict': return [r.heldout['overall']['strict'] for r in runs], [r.heldout['overall']['se'] for r in runs]
-    return [r.learned_score for r in runs], None
-
-def _others(a:str, arms:list, levels:str) -> list[tuple[str, str]]:
-    "(other, kind) that arm `a` is compared with: the base model, Flow-GRPO, its control and its `also` arms that ran."
-    c = ARMS[a].control_for(levels)
-    out = [('base', 'base')] + [('flow_grpo', 'flow_grpo')] * (a != 'flow_grpo')
-    return out + [(c, 'control')] * (c not in (None, 'flow_grpo') and c in arms) + [(o, 'also') for o in ARMS[a].also if o in arms]
-
-def task_comparisons(per_seed:dict, base:dict, arms:list, levels:str, metrics:tuple=('strict',)) -> list[Comparison]:
-    "Every paired comparison of a task, per metric: each arm with the base model, Flow-GRPO, its control and its `also` arms."
-    out, seeds = [], list(per_seed)
-    bs = dict(strict=([base[s][0]['overall']['strict'] for s in seeds], [base[s][0]['overall']['se'] for s in seeds]),
-              learned_score=([base[s][1] for s in seeds], None))
-    for metric in metrics:
-        if metric != 'strict' and (len(seeds) < 2 or None in bs[metric][0] + [x for a in arms for x in _scores(per_seed, a, metric)[0]]):
-            continue  # without standard errors a metric needs seeds to be judged
-        for a in arms:
-            x, x_se = _scores(per_seed, a, metric)
-            for o, kind in _others(a, arms, levels):
-                y, y_se = bs[metric] if o == 'base' else _scores(per_seed, o, metric)
-                out.append(Comparison(arm=a, other=o, kind=kind, is_control=o == ARMS[a].control_for(levels), metric=metric,
-                                      **paired(x, y, x_se, y_se)))
-    return out
-
-# %% ../nbs/06d_results.ipynb #664dc89c
-FAMILIES = dict(arms="the comparisons between two arms, over every task and metric of the report", base="the comparisons with the base model")
-
-def correct(sections:dict[str, TaskSection], alpha:float=0.05):
-    "Holm-correct each family of the sections' comparisons (in place): `p_holm`, the corrected `verdict`, `verdict_alone`."
-    fams = {}
-    for sec in sections.values():
-        for c in sec.comparisons: fams.setdefault('base' if c.kind == 'base' else 'arms', []).append(c)
-    for f, cs in fams.items():
-        for c, p in zip(cs, holm([c.p for c in cs])):
-            alone = c.verdict_alone or c.verdict
-            c.family, c.family_size, c.p_holm, c.verdict_alone = f, len(cs), p, alone
-            c.verdict = alone if p < alpha else 'not distinguishable'
-
-# %% ../nbs/06d_results.ipynb #6d3e9ebb
-def base_summary(base:dict) -> dict:
-    "The base model's evaluations over seeds {seed: heldout}: per category and overall the mean score, the SE of that mean, images and spread."
-    hs = list(base.values())
-    mean = lambda c, k: float(np.mean([h[c][k] for h in hs]))
-    out = {c: dict(strict=mean(c, 'strict'), se=float(np.sqrt(np.mean([h[c]['se'] ** 2 for h in hs]) / len(hs))),
-                   spread=aggregate([h[c]['strict'] for h in hs])['spread'],
-                   **({'n': sum(h[c]['n'] for h in hs)} if all('n' in h[c] for h in hs) else {})) for c in hs[0]}
-    out['overall'] |= {k: mean('overall', k) for k in hs[0]['overall'] if k not in out['overall']}
-    return out
-
-# %% ../nbs/06d_results.ipynb #92f357dd
-def task_section(task:str, per_seed:dict[str, dict[str, RunResult]],
-                 base:dict,              # {seed: (heldout, learned score)} of the base model
-                 arms:list, levels:str, metrics:tuple=('strict',),
-                 steps:int|None=None, eval_every:int|None=None  # the runs' schedule: the study's measures (None: not computed)
-                ) -> TaskSection:
-    "One task's section from its runs {seed: {arm: RunResult}} and base evaluations."
-    per_seed_ratios(per_seed)
-    study = steps is not None and all(p.nfe is not None for runs in per_seed.values() for r in runs.values() for p in r.curve)
-    if study: study_runs(per_seed, base_summary({s: h for s, (h, _) in base.items()})['overall']['strict'])
-    summary = {a: arm_summary(per_seed, a) for a in arms}
-    for a in arms:
-        if study:
-            for k, v in study_arm([runs[a] for runs in per_seed.values()], steps, eval_every or steps).items(): setattr(summary[a], k, v)
-        c = ARMS[a].control_for(levels)
-        if c in arms and c != a: summary[a].control_window = window_match(per_seed, a, c)
-    comps = task_comparisons(per_seed, base, arms, levels, metrics)
-    for c in comps:
-        w = summary[c.arm].control_window if c.is_control else None
-        if w and 'inside' in w: c.window_share = w['inside']['mean']
-        elif w: c.window_unchecked = w['unchecked']
-    bs = dict(**base_summary({s: h for s, (h, _) in base.items()}), learned_score=aggregate([l for _, l in base.values()]),
-              per_seed={s: h for s, (h, _) in base.items()})
-    return TaskSection(task=task, levels=levels, arms=summary, base=bs, comparisons=comps, per_seed=per_seed)
-
-# %% ../nbs/06d_results.ipynb #151631ae
-def _final(r:RunResult, metric:str) -> float|None: return r.heldout['overall']['strict'] if metric == 'strict' else r.learned_score
-
-def contrast_values(sec:TaskSection, c:Contrast) -> tuple[list, list]:
-    "Per seed (both arms ran): the arm's score (final, or at `c.at` of the reference's final) and the reference's final score."
-    xs, ys, score = [], [], 'eval' if c.metric == 'strict' else 'learned'
-    for runs in sec.per_seed.values():
-        if c.arm not in runs or c.other not in runs: continue
-        a, o = runs[c.arm], runs[c.other]
-        if c.at is None: x = _final(a, c.metric)
-        else: x = curve_at(a.curve, c.at[1] * (o.steps if c.at[0] == 'step' else o.total_cpu_seconds), c.at[0], score)
-        xs.append(x); ys.append(_final(o, c.metric))
-    return xs, ys
-
-# %% ../nbs/06d_results.ipynb #945a6a26
-def evaluate_contrasts(tasks:dict[str, TaskSection], contrasts=CONTRASTS) -> list[ContrastResult]:
-    "Every claim's paired difference, tests, MDE and verdict; the claims that ran are one Holm family."
-    out, rows = [], []
-    for c in contrasts:
-        r = ContrastResult(c.id, c.claim, c.arm, c.other, c.task, c.metric, c.kind, c.margin, at=None if c.at is None else list(c.at))
-        x, y = contrast_values(tasks[c.task], c) if c.task in tasks else ([], [])
-        if x and None not in x + y:
-            d = paired(x, y)
-            tests = claim_tests(np.subtract(x, y), c.margin, c.kind)
-            r.n, r.mean, r.sd, r.ci, r.diffs = d['n'], d['mean'], d['sd'], d['ci'], d['diffs']
-            r.p = tests['holds'] if c.kind != 'two-sided' else d['p']
-            r.mde, r.seeds_needed = (mde(d['sd'], d['n']), seeds_needed(c.margin, d['sd'])) if d['sd'] else (None, None)
-            rows.append((r, dict(kind=c.kind, mean=d['mean'], tests=tests)))
-        out.append(r)
-    for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows])): r.verdict, r.p_holm = v['verdict'], v['p_holm']
-    return out
-
 # %% ../nbs/06d_results.ipynb #29c11a28
 FORMAT = 3       # the version of report.json this code writes
 READS = (2, 3)   # the versions it reads (2: without the study's fields)
@@ -463,21 +293,3 @@ class Report(Record):
             raise ValueError(f"{where}: report format {got!r} (this version reads formats {', '.join(map(str, READS))}); rebuild it with "
                              "`flowgrpo compare --out DIR` on its run folder (finished runs are reused, only the report is rewritten)")
         return super().from_json(d, where)
-
-# %% ../nbs/06d_results.ipynb #8ae74aad
-def fake_report(finals:dict,             # {arm: its mean final held-out strict score}
-                costs:dict|None=None,    # {arm: `fake_run` keywords}
-                seeds:int=5, steps:int=150, every:int=25, task:str='geneval', seed:int=0) -> Report:
-    "A made-up one-task report through the typed results, for demos and tests (its findings left to the rendering)."
-    rng, n = np.random.default_rng(seed), steps // every
-    base, rise = .45 + rng.normal(0, .01, seeds), np.minimum(np.arange(1, n + 1) / (n / 2), 1.0)
-    per_seed = {str(s): {a: fake_run([base[s], *(base[s] + (f - .45) * rise + rng.normal(0, .012, n))], every=every, **(costs or {}).get(a, {}))
-                         for a, f in finals.items()} for s in range(seeds)}
-    bases = {str(s): ({'overall': dict(strict=float(b), se=0.012, n=1200)}, None) for s, b in enumerate(base)}
-    lv = TASKS[task]['levels']
-    sec = task_section(task, per_seed, bases, list(finals), lv, steps=steps, eval_every=every)
-    correct({task: sec})
-    setup = dict(budget='study', steps=steps, prompts_per_step=2, group_size=8, seeds=list(range(seeds)), evaluation=dict(images=1200, every=every),
-                 tasks={task: dict(about=TASKS[task]['about'], arms=list(finals))},
-                 arms={a: arm_settings(a, arm_config(a), lv) | dict(controls={task: ARMS[a].control_for(lv)}) for a in finals})
-    return Report(format=FORMAT, setup=setup, tasks={task: sec}, findings=[], contrasts=evaluate_contrasts({task: sec}))
