@@ -1,120 +1,129 @@
-"""What bounds the tiny model's network on this CPU: one transformer forward (the unit of every rollout, value and
-evaluation call) timed per rows-per-call, threads and attention kernel, against the machine's fp32 matmul peak
-measured in the same run, with a breakdown of a forward's time by kind of operator (torch.profiler).
+"""The tiny model's network, eager against its fast path (`TinyPolicy.set_fast`, nbs/02_tiny.ipynb), side by side.
 
-It also replays the forward's own linear layers alone (same shapes and weights, `F.linear`): their GFLOP/s is
-the bound the forward could reach if everything else (GELU, attention, norms, copies) took no time.
+Every rollout, step value, evaluation and update is calls of one transformer; this script times those calls the way
+the trainer makes them (`TinyPolicy._velocity`, adapter attached) at the sizes a comparison uses: forwards without
+gradient at the rollout's 32 rows (2 prompts x 8 samples, guided: two rows per sample), the lookahead's 288 rows and
+the evaluation's 512, and forward + backward at the update's 288 rows (16 samples x 9 steps x 2). Eager and fast
+calls alternate (eager, fast, eager, fast, ...) so that a slow spell of the machine falls on both; each cell is the
+median of the calls' process CPU seconds with their spread (min-max), in rows per CPU second and in GFLOP/s against
+the fp32 and bf16 matmul peaks measured in the same run (1024^3 products, best of several). The speed-up is the
+median of the paired (eager / fast) ratios.
 
-Not a test: it prints tables. Rows are transformer rows (a guided sample is 2 rows: conditional and unconditional).
-Numbers only mean something on an idle machine. Example (about a minute; `--compile` adds 20 s to 2.5 min: the
-regional compilation of the transformer blocks, dynamic in the rows, with a warm or a cold inductor cache):
+It also shows where a fast forward's time goes by kind of operator (torch.profiler), and the eager forward's linear
+layers replayed alone (same shapes and weights): what the eager forward could reach if nothing but its matrix
+products took time.
 
-    .venv/bin/python benchmarks/network.py --rows 64,256,1024 --threads 1,2
+Not a test: it prints tables, and numbers only mean something on an idle machine. Example (about 3 minutes):
+
+    .venv/bin/python benchmarks/network.py --threads 1,2
 """
 import sys
 from pathlib import Path
 # benchmarks/profile.py would shadow the standard `profile` module (imported by torch._dynamo): keep this folder off the path
 sys.path[:] = [p for p in sys.path if Path(p or '.').resolve() != Path(__file__).resolve().parent]
 
-import time
+import copy, statistics, time
 from collections import defaultdict
 import torch
 from fastcore.script import call_parse
-from torch.nn.attention import sdpa_kernel, SDPBackend
 from torch.profiler import profile, ProfilerActivity
 from torch.utils.flop_counter import FlopCounterMode
 from flowgrpo_nb.task import load_policy
 
-KINDS = dict(matmul=('addmm', 'mm', 'bmm', 'matmul', 'linear'), attention=('scaled_dot_product', 'flash_attention'),
-             gelu=('gelu',), layer_norm=('layer_norm',), copy=('copy_', 'cat', 'contiguous', 'clone', '_to_copy'),
+KINDS = dict(matmul=('addmm', 'mm', 'bmm', 'matmul', 'linear'), attention=('scaled_dot_product', 'flash_attention', 'softmax'),
+             gelu=('gelu', 'sigmoid'), layer_norm=('layer_norm',), copy=('copy_', 'cat', 'contiguous', 'clone', '_to_copy'),
              elementwise=('add', 'mul', 'silu', 'sub', 'div'), convolution=('convolution',))
 
-def peak(threads:int, n:int=1024, reps:int=15) -> float:
-    "Best fp32 GFLOP/s of n³ matmuls on `threads` threads."
-    torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def peak(dtype, n:int=1024, reps:int=9) -> float:
+    "Best GFLOP/s of n^3 matmuls in `dtype` on the current threads."
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     for _ in range(3): a @ b
-    best = min(_time(lambda: a @ b) for _ in range(reps))
-    return 2 * n ** 3 / best / 1e9
+    return max(2 * n ** 3 / _cpu(lambda: a @ b) for _ in range(reps)) / 1e9
 
-def _time(f) -> float:
-    w = time.perf_counter(); f(); return time.perf_counter() - w
+def _cpu(f) -> float:
+    c = time.process_time(); f(); return time.process_time() - c
 
-def median_time(f, reps:int=9) -> float:
-    for _ in range(2): f()
-    ts = sorted(_time(f) for _ in range(reps))
-    return ts[len(ts) // 2]
+def policies():
+    "(eager, fast) policies with the same adapter (moved off zero, as after training)."
+    eager = load_policy('tiny').add_lora(16, 16.0)
+    with torch.no_grad():
+        for p in eager.trainable_parameters(): p.add_(0.02 * torch.randn_like(p))
+    return eager, copy.deepcopy(eager).set_fast(True)
 
-def inputs(policy, rows:int):
-    x, t = torch.randn(rows, *policy.latent_shape), torch.full((rows,), 500.)
-    h, p = policy.module.encode(['a red circle and a blue square'] * rows)
-    tr = policy.module.transformer
-    return lambda m=tr: m(hidden_states=x, encoder_hidden_states=h, pooled_projections=p, timestep=t, return_dict=False)[0]
+def call(policy, rows:int, grad:bool):
+    "One network call of `rows` rows the way the trainer makes it (with gradient: then a backward)."
+    x, t = torch.randn(rows, *policy.latent_shape), torch.rand(rows)
+    c = policy.encode(['a red circle and a blue square'] * rows)
+    def f():
+        with torch.set_grad_enabled(grad):
+            v = policy._velocity(x, t, c.embeds, c.pooled)
+            if grad: v.square().mean().backward()
+    return f
 
-def linear_bound(policy, f) -> tuple[float, float]:
-    "(seconds, FLOPs) of the forward's linear layers replayed alone with the shapes and weights of one call of `f`."
+def flops(policy, rows:int, grad:bool) -> float:
+    with FlopCounterMode(display=False) as fc: call(policy, rows, grad)()
+    return fc.get_total_flops()
+
+def alternate(eager, fast, reps:int) -> tuple[list, list]:
+    "Process CPU seconds of `reps` eager and fast calls, alternating, after two warm-up calls of each."
+    for _ in range(2): eager(); fast()
+    es, fs = [], []
+    for _ in range(reps): es.append(_cpu(eager)); fs.append(_cpu(fast))
+    return es, fs
+
+def linear_bound(policy, rows:int) -> tuple[float, float]:
+    "(seconds, FLOPs) of the eager forward's linear layers replayed alone with the shapes and weights of one call."
     calls, hooks = [], []
-    for m in policy.module.transformer.modules():
+    for m in policy.transformer.modules():
         if isinstance(m, torch.nn.Linear):
             hooks.append(m.register_forward_hook(lambda m, a, o: calls.append((a[0].detach(), m.weight, m.bias))))
-    try: f()
+    try:
+        with torch.no_grad(): call(policy, rows, False)()
     finally:
         for h in hooks: h.remove()
     replay = lambda: [torch.nn.functional.linear(x, w, b) for x, w, b in calls]
-    return median_time(replay), sum(2 * x.numel() * w.shape[0] for x, w, b in calls)
-
-def kind_of(name:str) -> str:
-    return next((k for k, keys in KINDS.items() if any(s in name for s in keys)), 'other')
+    return statistics.median(_cpu(replay) for _ in range(7)), sum(2 * x.numel() * w.shape[0] for x, w, b in calls)
 
 def breakdown(f) -> dict:
-    "Share of a forward's self CPU time by kind of operator."
+    "Share of a call's self CPU time by kind of operator."
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(3): f()
     by = defaultdict(float)
-    for e in prof.key_averages(): by[kind_of(e.key)] += e.self_cpu_time_total
+    for e in prof.key_averages():
+        by[next((k for k, keys in KINDS.items() if any(s in e.key for s in keys)), 'other')] += e.self_cpu_time_total
     tot = sum(by.values())
     return {k: v / tot for k, v in sorted(by.items(), key=lambda kv: -kv[1])}
 
 @call_parse
-def main(rows:str='64,256,1024',  # transformer rows per call (comma-separated)
-         threads:str='1,2',       # torch threads (comma-separated)
-         compile:bool=False):     # also time torch.compile (inductor) at the first rows value, with its compile time
-    "Print GFLOP/s of one tiny-transformer forward per rows, threads and attention kernel, and where a forward's time goes."
-    rs, ts = [int(r) for r in rows.split(',')], [int(t) for t in threads.split(',')]
-    policy = load_policy('tiny'); policy.add_lora(16, 16.0)  # as in training: the adapter's layers run too
-    with torch.no_grad(), FlopCounterMode(display=False) as fc: inputs(policy, 1)()
-    flop = fc.get_total_flops()
-    peaks = {t: peak(t) for t in ts}
-    print(f"one row: {flop / 1e6:.1f} MFLOP forward; fp32 matmul peak " + ', '.join(f'{t} thread(s) {p:.0f} GFLOP/s' for t, p in peaks.items()))
-    print(f"{'rows':>6} {'threads':>7} {'attention':>10} {'ms':>8} {'GFLOP/s':>8} {'% peak':>7} {'linears alone % peak':>21}")
-    with torch.no_grad():
-        for t in ts:
-            torch.set_num_threads(t)
-            for r in rs:
-                f = inputs(policy, r)
-                ls, lf = linear_bound(policy, f)
-                for name, backend in (('default', None), ('math', SDPBackend.MATH)):
-                    if backend is None: s = median_time(f)
-                    else:
-                        with sdpa_kernel(backend): s = median_time(f)
-                    g = r * flop / s / 1e9
-                    lin = f"{100 * lf / ls / 1e9 / peaks[t]:>20.0f}%" if backend is None else ''
-                    print(f"{r:>6} {t:>7} {name:>10} {s * 1e3:>8.1f} {g:>8.1f} {100 * g / peaks[t]:>6.0f}% {lin}")
-        torch.set_num_threads(ts[0])
-        f = inputs(policy, rs[0])
-        print(f"\nwhere a forward of {rs[0]} rows spends its time ({ts[0]} thread(s), self CPU time):")
-        for k, v in breakdown(f).items(): print(f"  {k:<12} {100 * v:5.1f}%")
-        s, lf = linear_bound(policy, f)
-        g = lf / s / 1e9
-        print(f"its linear layers alone: {s * 1e3:.1f} ms for {lf / 1e9:.2f} GFLOP ({100 * lf / (rs[0] * flop):.0f}% of the forward's FLOPs) "
-              f"= {g:.1f} GFLOP/s, {100 * g / peaks[ts[0]]:.0f}% of the {ts[0]}-thread peak: the most the forward could reach")
-        if compile:
-            import copy
-            tr = copy.deepcopy(policy.module.transformer)
-            for b in tr.transformer_blocks: b.compile(dynamic=True)  # regional compilation: each block, any number of rows
-            e = median_time(f)
-            c = _time(lambda: f(tr))
-            s = median_time(lambda: f(tr))
-            g = rs[0] * flop / s / 1e9
-            print(f"\ntorch.compile of the blocks, {rs[0]} rows, {ts[0]} thread(s): first call {c:.0f} s, then {s * 1e3:.1f} ms vs "
-                  f"{e * 1e3:.1f} eager ({e / s:.2f}x; {g:.1f} GFLOP/s, {100 * g / peaks[ts[0]]:.0f}% of peak)")
+def main(threads:str='1,2',          # torch threads (comma-separated)
+         forward:str='32,288,512',   # rows of the forwards without gradient: rollout, lookahead, evaluation
+         update:str='288',           # rows of the forward + backward calls (the update's minibatch)
+         reps:int=9):                # timed calls of each path per cell
+    "Print eager vs fast CPU time per network call at the comparison's sizes, against the matmul peaks of the same run."
+    eager, fast = policies()
+    sizes = [(int(r), False) for r in forward.split(',')] + [(int(r), True) for r in update.split(',')]
+    fl = {(r, g): flops(eager, r, g) for r, g in sizes}
+    print(f"one row: {fl[sizes[0]] / sizes[0][0] / 1e6:.1f} MFLOP forward" +
+          (f", {fl[sizes[-1]] / sizes[-1][0] / 1e6:.1f} MFLOP forward + backward" if sizes[-1][1] else ''))
+    head = f"{'threads':>7} {'rows':>5} {'pass':>10} {'path':>6} {'ms (min-max)':>22} {'rows/CPU s':>10} {'GFLOP/s':>8} {'% peak':>7} {'speed-up':>9}"
+    for th in [int(t) for t in threads.split(',')]:
+        torch.set_num_threads(th)
+        pk = {torch.float32: peak(torch.float32), torch.bfloat16: peak(torch.bfloat16)}
+        print(f"\n{th} thread(s): matmul peak fp32 {pk[torch.float32]:.0f} GFLOP/s, bf16 {pk[torch.bfloat16]:.0f} GFLOP/s\n{head}")
+        for rows, grad in sizes:
+            es, fs = alternate(call(eager, rows, grad), call(fast, rows, grad), reps)
+            ratio = statistics.median(e / f for e, f in zip(es, fs))
+            for name, ts, p in (('eager', es, pk[torch.float32]), ('fast', fs, pk[torch.bfloat16])):
+                m = statistics.median(ts)
+                g = fl[(rows, grad)] / m / 1e9
+                spread = f"{1e3 * m:.1f} ({1e3 * min(ts):.1f}-{1e3 * max(ts):.1f})"
+                print(f"{th:>7} {rows:>5} {'fwd+bwd' if grad else 'forward':>10} {name:>6} {spread:>22} {rows / m:>10.0f} {g:>8.1f} "
+                      f"{100 * g / p:>6.0f}% {f'{ratio:.2f}x' if name == 'fast' else '':>9}")
+        if th == int(threads.split(',')[0]):
+            r0 = sizes[0][0]
+            print(f"\nwhere a fast forward of {r0} rows spends its time ({th} thread(s), self CPU time):")
+            for k, v in breakdown(call(fast, r0, False)).items(): print(f"  {k:<12} {100 * v:5.1f}%")
+            s, lf = linear_bound(eager, r0)
+            g = lf / s / 1e9
+            print(f"the eager forward's linear layers alone: {s * 1e3:.1f} ms for {lf / 1e9:.2f} GFLOP ({100 * lf / fl[sizes[0]]:.0f}% of the "
+                  f"forward's FLOPs) = {g:.1f} GFLOP/s, {100 * g / pk[torch.float32]:.0f}% of the fp32 peak: the most the eager forward could reach")

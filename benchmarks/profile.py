@@ -30,7 +30,7 @@ import flowgrpo_nb.rollout as rollout_mod
 import flowgrpo_nb.train as train_mod
 from flowgrpo_nb.design import ARMS, BUDGETS, CompareConfig
 
-DEFAULT = ('flow_grpo', 'flow_grpo_early', 'stepwise', 'dense', 'turning_point')
+DEFAULT = ('flow_grpo', 'flow_grpo_train4', 'stepwise', 'dense', 'turning_point')
 from flowgrpo_nb.task import load_policy, load_task
 
 ORDER = ('model load', 'calibration', 'rollout', 'values', 'decoding + reward', 'credit', 'update', 'evaluation', 'other')

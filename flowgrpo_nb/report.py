@@ -65,10 +65,12 @@ def _tp_finding(report:Report, t:str, sec:TaskSection, a:str) -> list[str]:
     n = sum(runs[a].steps for runs in sec.per_seed.values())
     return [f"[{t}] {a} kept {r.turning_points:.0f} turning points over {n} steps of {len(sec.per_seed)} seed(s)."]
 
+def _loss_steps(d:dict) -> list: return d.get('loss_steps', d['window'])  # a format-2 report without them: the window
+
 def _window_finding(report:Report, t:str, sec:TaskSection, a:str) -> list[str]:
     "How much of the arm's gradient its control's window holds; a control that did not run in this budget."
     w, out = sec.arms[a].control_window, []
-    if w and 'inside' in w and report.setup['arms'][a]['window'] != w['window']:
+    if w and 'inside' in w and _loss_steps(report.setup['arms'][a]) != w['window']:
         (s, e), i = w['window'], w['inside']
         far = ', '.join(f"{v:.0%} at step {k}" for k, v in w['outside'].items() if v >= 0.05) or 'under 5% at any step'
         spread = f"{i['min']:.0%}–{i['max']:.0%} over {i['n']} seeds" if i['n'] > 1 else 'one seed'
@@ -188,6 +190,7 @@ def _arm_cells(d:dict) -> list:
     "An arm's settings as table cells: method, sampler, window, values, calibration, controls, siblings, what it measures."
     (s, e), slide = d['window'], d.get('window_slide')
     window = f"{s}–{e - 1} of {d['K']}" + (f", sliding every {slide} steps" if slide else '')
+    if (ls := _loss_steps(d)) != d['window']: window += f"; loss on {ls[0]}–{ls[1] - 1}"
     cal = f"ψ(k), no signal: {d['calib_no_signal']}" if d.get('calibrate') else '—'
     ctl = ', '.join(f"{t}: {c or '—'}" for t, c in d.get('controls', {}).items())
     return [d['preset'], d['method'], _sampler(d), window, d.get('lookahead') or 'final reward', cal, ctl, ', '.join(d.get('also', [])) or '—', d.get('why', '')]
@@ -212,7 +215,7 @@ def study_arms_rows(report:Report) -> tuple[list, list]:
     "(header, rows): what sets each arm apart in the study: sampler, windows, values, calibration, NFE and batch."
     rows = []
     for a, d in report.setup['arms'].items():
-        (s, e), (ls, le) = d['window'], d.get('loss_steps', d['window'])
+        (s, e), (ls, le) = d['window'], _loss_steps(d)
         rows.append([(a, None), (_sampler(d), None), (f"{s}–{e - 1}", None), (f"{ls}–{le - 1}", None), (d.get('lookahead') or 'final reward', None),
                      (_calibration_cell(report, a, d), None), (f"{d['nfe_per_step']:.0f}" if 'nfe_per_step' in d else '—', None),
                      (f"{d['prompts_per_step']} × {d['group_size']}" if 'group_size' in d else '—', None)])

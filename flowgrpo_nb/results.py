@@ -95,7 +95,7 @@ class RunResult(Record):
     adv_zero:float|None          # median share of (sample, trained step) pairs with advantage 0
     skipped:float|None           # median share of pairs the update left out
     window:list                  # [start, stop) of its SDE window
-    loss_steps:list|None=None    # [start, stop) of the steps its loss takes (format 3)
+    loss:list|None=None          # [start, stop) of the steps its loss takes
     slide:int=0                  # window_slide
     K:int=10                     # denoising steps
     grad_share:list|None=None    # [K] mean share of each step in the gradient norm (None: not diagnosed)
@@ -112,16 +112,16 @@ class RunResult(Record):
 
 # %% ../nbs/06d_results.ipynb #a4f17e4a
 def fake_run(scores:list, learned:list|None=None, every:int=25, nfe:int=160, cpu:float=2.0, cal:tuple=(0, 0.0), **fields) -> RunResult:
-    "A made-up run whose held-out strict curve is `scores` (the base point first), for demos and tests; `fields` set others."
+    "A made-up run whose held-out strict curve is `scores` (the base point first), for demos and tests; `fields` set any other."
     curve = [CurvePoint(step=i * every, seconds=cal[1] + i * every * cpu, eval=s, se=0.012, base=i == 0, nfe=cal[0] + i * every * nfe,
                         learned=None if learned is None else learned[i]) for i, s in enumerate(scores)]
     steps, per = every * (len(scores) - 1), {k: cpu for k in (*PHASES, 'step')}
-    return RunResult(heldout={'overall': dict(strict=scores[-1], se=0.012, n=1200)}, learned_score=None if learned is None else learned[-1],
-                     n_images=1200, curve=curve, reward_curve=[], nfe_per_step=dict(rollout=nfe, lookahead=0),
-                     nfe_per_sample=dict(rollout=nfe / 16, lookahead=0), seconds_per_step=per, cpu_seconds_per_step=per,
-                     calibration=dict(nfe=cal[0], rollouts=0, seconds=cal[1], cpu_seconds=cal[1]), steps=steps, train_seconds=steps * cpu,
-                     total_nfe=cal[0] + steps * nfe, total_cpu_seconds=cal[1] + steps * cpu, eval_cpu_seconds=0.0,
-                     **(dict(turning_points=None, adv_zero=None, skipped=None, window=[0, 9]) | fields))
+    run = dict(heldout={'overall': dict(strict=scores[-1], se=0.012, n=1200)}, learned_score=None if learned is None else learned[-1],
+               n_images=1200, curve=curve, reward_curve=[], nfe_per_step=dict(rollout=nfe, lookahead=0), nfe_per_sample=dict(rollout=nfe / 16, lookahead=0),
+               seconds_per_step=per, cpu_seconds_per_step=per, calibration=dict(nfe=cal[0], rollouts=0, seconds=cal[1], cpu_seconds=cal[1]),
+               steps=steps, train_seconds=steps * cpu, total_nfe=cal[0] + steps * nfe, total_cpu_seconds=cal[1] + steps * cpu,
+               eval_cpu_seconds=0.0, turning_points=None, adv_zero=None, skipped=None, window=[0, 9])
+    return RunResult(**(run | fields))
 
 # %% ../nbs/06d_results.ipynb #cd4464a0
 def heldout(rep:EvalReport) -> dict:
@@ -194,7 +194,7 @@ def run_report(d:Path, base:EvalReport) -> RunResult:
         total_nfe=sum(nfe.values()) * len(steps) + cal['nfe'], total_cpu_seconds=float(cpu[steps[-1]['step']]) if steps else cal['cpu_seconds'],
         eval_cpu_seconds=sum(m.get('cpu_eval', 0.0) for m in evals), turning_points=sum(tps) if tps else None,
         adv_zero=_median(steps, 'adv_zero'), skipped=_median(steps, 'skipped'), window=list(cfg.rollout_config().window),
-        loss_steps=[loss[0], loss[-1] + 1], slide=cfg.window_slide, K=cfg.K, grad_share=grad_share(steps, cfg.K), **calibration_rounds(d, cfg))
+        loss=[loss[0], loss[-1] + 1], slide=cfg.window_slide, K=cfg.K, grad_share=grad_share(steps, cfg.K), **calibration_rounds(d, cfg))
 
 # %% ../nbs/06d_results.ipynb #25ea3527
 @dataclass

@@ -136,17 +136,17 @@ WINDOW_MATCH = 0.9  # a control matches an arm's window when at least this share
 
 def _unchecked(r:RunResult, c:RunResult) -> str|None:
     "Why an arm's run `r` cannot be held against its control's run `c` (None: it can)."
-    if r.grad_share is None: return 'the runs logged no gradient shares'
+    if r.grad_share is None or c.loss is None: return 'the runs logged no gradient shares'
     if r.slide or c.slide: return 'a sliding window has no fixed window to match'
     if len(r.grad_share) != c.K: return 'the control runs another number of steps'
 
 def window_match(per_seed:dict[str, dict[str, RunResult]], arm:str, control:str) -> dict:
-    "The share of `arm`'s gradient on `control`'s trained window per seed (an `Agg`), each step's share outside; or why not."
+    "The share of `arm`'s gradient on the steps `control`'s loss takes per seed (an `Agg`), each step's share outside; or why not."
     runs = [(runs[arm], runs[control]) for runs in per_seed.values()]
     why = next((w for r, c in runs if (w := _unchecked(r, c))), None)
     runs = [(r, c) for r, c in runs if why or sum(r.grad_share) > 0]  # a seed whose diagnosed steps had no gradient says nothing
     if why or not runs: return dict(control=control, unchecked=why or 'no gradient at the diagnosed steps')
-    s, e = runs[0][1].window
+    s, e = runs[0][1].loss  # the steps the control's loss takes
     inside = agg([sum(r.grad_share[s:e]) for r, _ in runs])
     outside = {k: float(np.mean([r.grad_share[k] for r, _ in runs])) for k in range(len(runs[0][0].grad_share)) if not s <= k < e}
     return dict(control=control, window=[s, e], inside=inside.to_json(), outside=outside, matched=inside.mean >= WINDOW_MATCH)
@@ -269,13 +269,14 @@ def fake_report(finals:dict,             # {arm: its mean final held-out strict 
     "A made-up one-task report through the typed results, for demos and tests (its findings left to the rendering)."
     rng, n = np.random.default_rng(seed), steps // every
     base, rise = .45 + rng.normal(0, .01, seeds), np.minimum(np.arange(1, n + 1) / (n / 2), 1.0)
-    per_seed = {str(s): {a: fake_run([base[s], *(base[s] + (f - .45) * rise + rng.normal(0, .012, n))], every=every, **(costs or {}).get(a, {}))
+    lv = TASKS[task]['levels']
+    arms = {a: arm_settings(a, arm_config(a), lv) | dict(controls={task: ARMS[a].control_for(lv)}) for a in finals}
+    kw = {a: dict(window=d['window'], loss=d['loss_steps']) | (costs or {}).get(a, {}) for a, d in arms.items()}
+    per_seed = {str(s): {a: fake_run([base[s], *(base[s] + (f - .45) * rise + rng.normal(0, .012, n))], every=every, **kw[a])
                          for a, f in finals.items()} for s in range(seeds)}
     bases = {str(s): ({'overall': dict(strict=float(b), se=0.012, n=1200)}, None) for s, b in enumerate(base)}
-    lv = TASKS[task]['levels']
     sec = task_section(task, per_seed, bases, list(finals), lv, steps=steps, eval_every=every)
     correct({task: sec})
     setup = dict(budget='study', steps=steps, prompts_per_step=2, group_size=8, seeds=list(range(seeds)), evaluation=dict(images=1200, every=every),
-                 tasks={task: dict(about=TASKS[task]['about'], arms=list(finals))},
-                 arms={a: arm_settings(a, arm_config(a), lv) | dict(controls={task: ARMS[a].control_for(lv)}) for a in finals})
+                 tasks={task: dict(about=TASKS[task]['about'], arms=list(finals))}, arms=arms)
     return Report(format=FORMAT, setup=setup, tasks={task: sec}, findings=[], contrasts=evaluate_contrasts({task: sec}))

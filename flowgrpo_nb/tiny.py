@@ -111,7 +111,8 @@ class TinyFlowModel(nn.Module):
     def predict_x0(self, x_t, t, hidden, pooled, net:nn.Module|None=None):
         "Clean-image estimate from x_t [B, C, H, W] at times t (float or [B]) in [0, 1], by `net` (default: the transformer)."
         net = net or self.transformer
-        dt, t = net.dtype, torch.as_tensor(t, device=x_t.device, dtype=torch.float32).expand(x_t.shape[0])  # [B]
+        dt = next(net.parameters()).dtype  # (diffusers' `dtype` property walks every parameter)
+        t = torch.as_tensor(t, device=x_t.device, dtype=torch.float32).expand(x_t.shape[0])  # [B]
         return net(hidden_states=x_t.to(dt), encoder_hidden_states=hidden.to(dt), pooled_projections=pooled.to(dt),
                    timestep=t * 1000, return_dict=False)[0]
 
@@ -288,14 +289,16 @@ def set_fast(self:TinyPolicy, on:bool=True) -> TinyPolicy:
 @patch
 def fast_net(self:TinyPolicy) -> nn.Module:
     "The bf16 copy of the transformer that calls without gradient run, current with the adapter."
-    lora = [m for m in self.transformer.modules() if isinstance(m, LoraLayer)]
-    on, now = bool(lora) and not lora[0].disable_adapters, [p.detach() for m in lora for n, p in m.named_parameters() if 'lora_' in n]
-    if getattr(self, '_fast', None) is None: self._fast = [None, None, fast_copy(self.transformer)]
-    seen = self._fast
-    if seen[0] != on or seen[1] is None or not all(torch.equal(a, b) for a, b in zip(seen[1], now)):
-        load_adapter(seen[2], self.transformer, on)
-        seen[:2] = on, [p.clone() for p in now]
-    return seen[2]
+    f = getattr(self, '_fast', None)
+    if f is None or f['adapter'] is not self.lora_config:  # built once per adapter
+        lora = [m for m in self.transformer.modules() if isinstance(m, LoraLayer)]
+        f = self._fast = dict(net=fast_copy(self.transformer), adapter=self.lora_config, lora=lora, seen=None,
+                              params=[p for m in lora for n, p in m.named_parameters() if 'lora_' in n])
+    on = bool(f['lora']) and not f['lora'][0].disable_adapters
+    if f['seen'] is None or f['seen'][0] != on or not all(torch.equal(a, b) for a, b in zip(f['seen'][1], f['params'])):
+        load_adapter(f['net'], self.transformer, on)
+        f['seen'] = on, [p.detach().clone() for p in f['params']]
+    return f['net']
 
 # %% ../nbs/02_tiny.ipynb #1853285f
 def flow_loss(model:TinyFlowModel, images:torch.Tensor, prompts:list[str], p_uncond:float=0.1,
