@@ -6,8 +6,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/compare.html.md"""
 
 # %% auto #0
 __all__ = ['WORKER_PRELOAD', 'base_eval', 'run_dir', 'finished', 'earlier_invocations', 'usable_cores', 'default_workers',
-           'worker_context', 'reap_fork_server_at_exit', 'load_tasks', 'run_jobs', 'measured_cpu', 'compare', 'setup',
-           'build_report', 'write_report', 'compare_cli']
+           'worker_context', 'reap_fork_server_at_exit', 'load_tasks', 'run_jobs', 'measured_cpu', 'read_fidelity',
+           'compare', 'setup', 'build_report', 'write_report', 'compare_cli']
 
 # %% ../nbs/06h_compare.ipynb #0899624f
 import atexit, copy, importlib, json, multiprocessing, multiprocessing.forkserver, os, pickle, time
@@ -162,6 +162,24 @@ def _check_runs(ccfg:CompareConfig, tasks:dict):
             if len(set(ev.values())) > 1 or not ev['flow_grpo'][0]:
                 raise ValueError(f"task {t!r}, seed {s}: the runs must evaluate alike and at all (eval_images, K, shift, guidance): {ev}")
 
+def _workers(ccfg:CompareConfig, given:dict|None, policy:Policy|None, n_jobs:int, workers:int|None, threads:int|None) -> tuple:
+    "(worker processes, torch threads per worker) checked; given tasks and policy must travel to the workers."
+    if any(v is not None and (not isinstance(v, int) or v < 0) for v in (workers, threads)):
+        raise ValueError(f"workers={workers!r}, threads={threads!r}: each must be a whole number >= 1 (0 or None: the default)")
+    workers, t = default_workers(n_jobs, workers=workers)
+    if workers > 1 and (given is not None or policy is not None):
+        try: pickle.dumps((given, policy))
+        except Exception as e: raise ValueError(f"workers={workers}: the given task or policy cannot be sent to worker processes ({e}); "
+                                                "pass workers=1, or build the task from module-level functions") from None
+    return workers, threads or (t if workers > 1 else None)
+
+def _in_process(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict, policy:Policy|None, threads:int|None, progress:bool) -> dict:
+    "{job: result} of every job run in this process, in order, on `threads` torch threads (None: as they are)."
+    threads0 = torch.get_num_threads()
+    if threads: torch.set_num_threads(threads)
+    try: return {k: _job(k, out, ccfg, tasks, policy, progress) for k in jobs}
+    finally: torch.set_num_threads(threads0)
+
 # %% ../nbs/06h_compare.ipynb #4262beb0
 def measured_cpu(report:Report, out:Path, bases:dict) -> dict:
     "Process CPU seconds the jobs measured: runs (training, calibration, evaluations) and base evaluations, to set against `estimate_cost`."
@@ -170,30 +188,32 @@ def measured_cpu(report:Report, out:Path, bases:dict) -> dict:
     return dict(train=sum(r.total_cpu_seconds for r in runs), evaluation=sum(r.eval_cpu_seconds for r in runs), base=sum(base),
                 total=sum(r.total_cpu_seconds + r.eval_cpu_seconds for r in runs) + sum(base))
 
+# %% ../nbs/06h_compare.ipynb #29019ac6
+def read_fidelity(path:str|None) -> dict|None:
+    "A fidelity.json's first model (the base model's, else the fine-tuned one's), for the fidelity-against-gain figure; None: no path."
+    if path is None: return None
+    try: d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e: raise ValueError(f"fidelity={path!r}: cannot read it ({e}); give a fidelity.json of flowgrpo fidelity") from None
+    res = (d.get('base') or d.get('finetuned')) if isinstance(d, dict) else None
+    if not isinstance(res, dict) or 'stats' not in res: raise ValueError(f"fidelity={path!r}: not a fidelity.json of flowgrpo fidelity (no model with stats)")
+    return res
+
 # %% ../nbs/06h_compare.ipynb #e9568493
 def compare(out:str|Path='runs/compare',   # the run folder of the comparison
-            ccfg:CompareConfig|None=None,   # budget, seeds, tasks, arms
+            ccfg:CompareConfig|None=None,   # budget, seeds, tasks, arms (and a fidelity result to draw)
             task:Task|dict|None=None,       # default: `load_tasks`; one Task (one-task comparisons) or {task name: Task}
             policy:Policy|None=None,        # the base model, without adapter (default: `load_policy` of the runs' backend)
             progress:bool=True,
             workers:int|None=None,          # worker processes (None: `default_workers`; 1: every job in this process, in order)
             threads:int|None=None,          # torch threads per worker (None: `default_workers`'s; with workers=1: leave as is)
-            png:bool=True,                  # also write the figures as PNGs (the HTML page has them either way)
-            fidelity:dict|None=None) -> Report:  # a fidelity.json's content: each arm's credit fidelity against its gain
+            png:bool=True) -> Report:       # also write the figures as PNGs (the HTML page has them either way)
     "Train every arm of `ccfg` per task and seed, evaluate the base model per seed, write report.json/.html and figures."
     ccfg, out = ccfg or CompareConfig(), Path(out)
     given = _given_tasks(ccfg, task)
-    tasks = given or load_tasks(ccfg)
+    tasks, fidelity = given or load_tasks(ccfg), read_fidelity(ccfg.fidelity)
     _check_runs(ccfg, tasks)
-    if any(v is not None and (not isinstance(v, int) or v < 0) for v in (workers, threads)):
-        raise ValueError(f"workers={workers!r}, threads={threads!r}: each must be a whole number >= 1 (0 or None: the default)")
     costs = job_costs(ccfg, given is not None)
-    workers, t = default_workers(len(costs), workers=workers)
-    threads = threads or (t if workers > 1 else None)
-    if workers > 1 and (given is not None or policy is not None):
-        try: pickle.dumps((given, policy))
-        except Exception as e: raise ValueError(f"workers={workers}: the given task or policy cannot be sent to worker processes ({e}); "
-                                                "pass workers=1, or build the task from module-level functions") from None
+    workers, threads = _workers(ccfg, given, policy, len(costs), workers, threads)
     out.mkdir(parents=True, exist_ok=True)
     (out/'compare.json').write_text(json.dumps(asdict(ccfg), indent=1))
     t0, c0 = time.perf_counter(), time.process_time()
@@ -201,18 +221,14 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     runs = [k for k in jobs if k[0] != 'base']
     reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]  # wall_seconds counts only the rest
     _check_reused(reused, out, ccfg, policy)
-    if workers == 1:
-        threads0 = torch.get_num_threads()
-        if threads: torch.set_num_threads(threads)
-        try: done = {k: _job(k, out, ccfg, tasks, policy, progress) for k in jobs}
-        finally: torch.set_num_threads(threads0)
-    else: done = run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress)
+    done = (_in_process(jobs, out, ccfg, tasks, policy, threads, progress) if workers == 1 else
+            run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress))
     bases = {k: v for k, v in done.items() if k[0] == 'base'}
     report = build_report(ccfg, out, tasks, bases, given is not None)
     report.wall_seconds = time.perf_counter() - t0
     report.timing = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(), step_time_ratio=STEP_TIME_RATIO,
-                            estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
-                            main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
+                         estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
+                         main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
     report.timing['invocations'] = earlier_invocations(out) + [dict(wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))]
     write_report(report, out, png, fidelity)
     return report
@@ -268,14 +284,6 @@ def _estimate_line(e:dict) -> str:
     return (f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs, {e['jobs']} jobs) against the {e['limit_core_seconds']:.0f} of "
             f"{e['workers']} cores × {e['limit_wall_seconds']:.0f} s; {e['wall_seconds']:.0f} s wall on {e['workers']} single-thread workers")
 
-def _read_fidelity(path:str) -> dict:
-    "A fidelity.json's first model (the base model's, else the fine-tuned one's), checked for its statistics."
-    try: d = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e: raise ValueError(f"--fidelity {path}: cannot read it ({e}); give a fidelity.json of flowgrpo fidelity") from None
-    res = d.get('base') or d.get('finetuned') if isinstance(d, dict) else None
-    if not isinstance(res, dict) or 'stats' not in res: raise ValueError(f"--fidelity {path}: not a fidelity.json of flowgrpo fidelity (no model with stats)")
-    return res
-
 @call_parse
 def compare_cli(out:str='runs/compare',   # run folder of the comparison
                 budget:str='default',     # smoke (checks the job runs), default (the README's results) or study (the papers' claims)
@@ -290,10 +298,10 @@ def compare_cli(out:str='runs/compare',   # run folder of the comparison
                 fidelity:str=None):       # a fidelity.json (flowgrpo fidelity): each arm's credit fidelity against its gain
     "Train the arms side by side on the embedded benchmark and write report.json / report.html."
     ccfg = CompareConfig(budget=budget, seeds=None if seeds is None else tuple(seeds), tasks=None if tasks is None else tuple(tasks),
-                         arms=None if arms is None else tuple(arms), overrides=parse_overrides(set))
+                         arms=None if arms is None else tuple(arms), overrides=parse_overrides(set),
+                         fidelity=fidelity)
     if estimate: return print(_estimate_line(estimate_cost(ccfg, default_workers(len(job_costs(ccfg)), workers=workers or None)[0])))
-    fid = None if fidelity is None else _read_fidelity(fidelity)
-    report = compare(out, ccfg, workers=workers or None, threads=threads or None, png=not no_png, fidelity=fid)
+    report = compare(out, ccfg, workers=workers or None, threads=threads or None, png=not no_png)
     for t in report.tasks: print(f'\n{t}:\n' + markdown_table(*results_rows(report, t)))
     if any(c.n for c in report.contrasts): print('\nclaims:\n' + markdown_table(*claims_rows(report)))
     print('', *report.findings, sep='\n')

@@ -115,6 +115,7 @@ class CompareConfig:
     tasks:tuple|None=None        # keys of `TASKS`; None: the budget's
     arms:tuple|None=None         # keys of `ARMS`, run in every task; None: the budget's arms of each task
     overrides:dict=field(default_factory=dict)  # GRPOConfig fields applied to every run
+    fidelity:str|None=None       # a fidelity.json (flowgrpo fidelity): the report draws each arm's credit fidelity against its gain
     def __post_init__(self):
         if self.budget not in BUDGETS: raise ValueError(f"budget={self.budget!r}: allowed {', '.join(BUDGETS)}")
         b = BUDGETS[self.budget]

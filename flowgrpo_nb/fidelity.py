@@ -6,35 +6,25 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/fidelity.html.md"""
 
 # %% ../nbs/06c_fidelity.ipynb #3292c2e7
 from __future__ import annotations
-import json, math, warnings
-from contextlib import nullcontext
+import json, math
 from dataclasses import dataclass, asdict
 from itertools import combinations
-from pathlib import Path
 from typing import Callable
 
 import numpy as np, torch
-import plotly.graph_objects as go
-from plotly.colors import qualitative
-from plotly.subplots import make_subplots
-from fastcore.script import call_parse
 from torch import Tensor
 
-from .flow import write_pngs
 from .policy import Policy, seeded_generator, timed
 from .rollout import check_fields, bad_field, RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, lookahead_nfe, _step
-from .credit import METHODS, Credit, step_spans, method_credits
-from .task import Task, balanced_prompts, load_task, load_policy
+from .credit import Credit, step_spans, method_credits
+from .task import Task, balanced_prompts
 from .config import GRPOConfig, preset_config
-from .checkpoint import latest_checkpoint, read_checkpoint, read_json
-from .train import load_run_policy
 from .stats import STATS, cluster_draws, boot_stats, percentile_ci
 
 # %% auto #0
-__all__ = ['QUANTITIES', 'TABLE', 'COLOURS', 'Arm', 'check_arms', 'arm_rollout', 'MCValues', 'mc_values', 'true_gains',
-           'needed_states', 'arm_credits', 'compare_arm', 'paired_differences', 'FidelityConfig', 'arm_fidelity',
-           'fidelity_table', 'fidelity_nfe', 'plot_steps', 'plot_differences', 'plot_scatter', 'plot_overall',
-           'run_arm', 'report_arms', 'fidelity_figures', 'fidelity_report', 'fidelity_cli', 'fidelity_summary']
+__all__ = ['QUANTITIES', 'TABLE', 'Arm', 'check_arms', 'arm_rollout', 'MCValues', 'mc_values', 'true_gains', 'needed_states',
+           'arm_credits', 'compare_arm', 'paired_differences', 'FidelityConfig', 'arm_fidelity', 'fidelity_table',
+           'fidelity_nfe']
 
 # %% ../nbs/06c_fidelity.ipynb #b3b79d56
 @dataclass(frozen=True)
@@ -376,200 +366,3 @@ def fidelity_nfe(arms:dict[str, Arm], prompts:int, M:int, steps=None) -> dict[st
         out['credit'] += round(B * sum(lookahead_nfe(op, rc.K, rc.window, rc.group_size, rc.shared_noise) for op in ops))
         out['mc'] += sum(M * (rc.K - 1 - k) * (prompts if rc.shared_noise and k <= s else B) for k in states)
     return out
-
-# %% ../nbs/06c_fidelity.ipynb #99619064
-COLOURS = dict(flow_grpo='#636efa', stepwise='#00cc96', dense='#ef553b', turning_point='#ab63fa')
-
-def _colour(res:dict, arm:str) -> str:
-    "The method's colour for the first arm of each method, the qualitative palette for the others."
-    arms = list(res['settings']['arms'])
-    m = res['settings']['arms'][arm]['method']
-    first = next(a for a in arms if res['settings']['arms'][a]['method'] == m) == arm
-    return COLOURS[m] if first and m in COLOURS else qualitative.D3[arms.index(arm) % len(qualitative.D3)]
-
-def _band(fig, x, lo, hi, colour, row, col):
-    "A CI band over the steps where it exists (a polygon through a missing point would cut across the plot)."
-    pts = [(a, b, c) for a, b, c in zip(x, lo, hi) if b is not None and c is not None]
-    if not pts: return
-    x, lo, hi = map(list, zip(*pts))
-    fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill='toself', fillcolor=colour, opacity=0.2, mode='lines',
-                             line=dict(width=0), hoverinfo='skip', showlegend=False), row, col)
-
-# %% ../nbs/06c_fidelity.ipynb #df0199b4
-def plot_steps(res:dict, quantity:str='advantage', stats:tuple=('kendall', 'spearman'), title:str='') -> go.Figure:
-    "Per step and arm: each statistic with its clustered CI band, and the shares of zero credits and zero true gains."
-    fig = make_subplots(len(stats) + 1, 1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=[*stats, 'share exactly 0: credit (solid), true gain (dotted)'])
-    for arm in res['settings']['arms']:
-        rs, c = [r for r in res['stats'] if r['arm'] == arm and r['quantity'] == quantity and r['step'] != 'all'], _colour(res, arm)
-        x = [r['step'] for r in rs]
-        for i, s in enumerate(stats, 1):
-            _band(fig, x, [r[f'{s}_lo'] for r in rs], [r[f'{s}_hi'] for r in rs], c, i, 1)
-            fig.add_trace(go.Scatter(x=x, y=[r[s] for r in rs], mode='lines+markers', name=arm, legendgroup=arm,
-                                     line=dict(color=c), showlegend=i == 1), i, 1)
-        for k, dash in (('share_credit_zero', 'solid'), ('share_truth_zero', 'dot')):
-            fig.add_trace(go.Scatter(x=x, y=[r[k] for r in rs], mode='lines', line=dict(color=c, dash=dash), legendgroup=arm,
-                                     showlegend=False, name=f'{arm} {k}'), len(stats) + 1, 1)
-    for i in range(1, len(stats) + 1): fig.update_yaxes(range=[-1.05, 1.05], row=i, col=1)
-    fig.update_yaxes(range=[-0.02, 1.02], row=len(stats) + 1, col=1)
-    fig.update_xaxes(title_text='step k', dtick=1, row=len(stats) + 1, col=1)
-    M = res['settings']['M']
-    return fig.update_layout(height=220 * (len(stats) + 1), width=900, template='plotly_white',
-                             title=title or f"credit ({quantity}) vs Monte-Carlo step advantage per step (M={M}; bands: CI by prompt)")
-
-# %% ../nbs/06c_fidelity.ipynb #5b76afa7
-def plot_differences(res:dict, quantity:str='advantage', stat:str='kendall', title:str='') -> go.Figure:
-    "Every paired arm-vs-arm difference of the pooled statistic with its interval."
-    ds = [d for d in res['differences'] if d['quantity'] == quantity and d['stat'] == stat]
-    y = [f"{d['a']} − {d['b']}" for d in ds]
-    fig = go.Figure(go.Scatter(x=[d['diff'] for d in ds], y=y, mode='markers', marker=dict(size=9, color='#444'),
-                               error_x=dict(type='data', symmetric=False, array=[_gap(d['hi'], d['diff']) for d in ds],
-                                            arrayminus=[_gap(d['diff'], d['lo']) for d in ds])))
-    fig.add_vline(x=0, line=dict(color='#999', dash='dash'))
-    return fig.update_layout(height=120 + 30 * len(ds), width=700, template='plotly_white', xaxis_title=f'difference of {stat}',
-                             title=title or f"paired differences of the pooled {stat} ({quantity}), CI by prompt")
-
-def _gap(a, b): return None if a is None or b is None else a - b
-
-# %% ../nbs/06c_fidelity.ipynb #54b8c1ba
-def plot_scatter(res:dict, quantity:str='advantage', title:str='') -> go.Figure:
-    "Each arm's credit against its truth on every (sample, compared step), coloured by step."
-    arms = list(res['data'])
-    fig = make_subplots(1, len(arms), subplot_titles=arms, horizontal_spacing=0.05)
-    for c, arm in enumerate(arms, 1):
-        d, ks = res['data'][arm], res['settings']['arms'][arm]['steps']
-        t, q = np.array(d['truth'], dtype=float)[:, ks], np.array(d[quantity + 's'], dtype=float)[:, ks]
-        fig.add_trace(go.Scatter(x=t.ravel(), y=q.ravel(), mode='markers', showlegend=False, name=arm,
-                                 marker=dict(color=np.broadcast_to(ks, t.shape).ravel(), colorscale='Viridis', size=5, cmin=0,
-                                             cmax=len(d['trained']) - 1, showscale=c == len(arms), colorbar=dict(title='step'))), 1, c)
-        fig.update_xaxes(title_text='MC step advantage', row=1, col=c)
-    fig.update_yaxes(title_text=quantity, row=1, col=1)
-    return fig.update_layout(height=340, width=940, template='plotly_white', title=title or f"{quantity} vs Monte-Carlo step advantage")
-
-# %% ../nbs/06c_fidelity.ipynb #bff9e427
-def plot_overall(results:dict[str, dict], quantity:str='advantage', stat:str='kendall') -> go.Figure:
-    "Pooled statistic of every arm's credit with its truth, one bar per model, clustered CI as error bars."
-    fig = go.Figure()
-    for name, res in results.items():
-        rs = fidelity_table(res, quantity, digits=6)
-        fig.add_trace(go.Bar(x=[r['arm'] for r in rs], y=[r[stat] for r in rs], name=name,
-                             error_y=dict(type='data', symmetric=False, array=[_gap(r[f'{stat}_hi'], r[stat]) for r in rs],
-                                          arrayminus=[_gap(r[stat], r[f'{stat}_lo']) for r in rs])))
-    return fig.update_layout(barmode='group', height=380, width=700, template='plotly_white', yaxis_range=[-1, 1],
-                             yaxis_title=stat, title=f"pooled {stat} of {quantity} with the MC step advantage")
-
-# %% ../nbs/06c_fidelity.ipynb #f582f924
-def run_arm(run:str|Path) -> tuple[GRPOConfig, Tensor|None]:
-    "A trainer run's arm: its config and its calibrated psi (newest checkpoint's state, else calibration.json; None without)."
-    run = Path(run)
-    if not (run/'config.json').exists(): raise ValueError(f"run={str(run)!r}: not a trainer run folder (no config.json)")
-    cfg = GRPOConfig.from_dict(read_json(run/'config.json', 'the run config'), str(run/'config.json'))
-    if not cfg.calibrate: return cfg, None
-    ckpt = latest_checkpoint(run)
-    psi = read_checkpoint(ckpt, ['state.json'])['state.json'].get('psi') if ckpt is not None else None
-    if psi is None and (run/'calibration.json').exists(): psi = read_json(run/'calibration.json', 'the calibration').get('psi')
-    if psi is None: warnings.warn(f"run {str(run)!r} calibrates but has no psi yet: its arm explores with the initial scale")
-    return cfg, None if psi is None else _check_arm_psi(str(run), cfg, psi)
-
-# %% ../nbs/06c_fidelity.ipynb #d5398cc3
-def report_arms(names=None,                 # preset names (list or comma-separated); 'run': the run's arm
-                K:int|None=None,            # steps of the presets (default: the run's, or GRPOConfig's)
-                run:tuple|None=None,        # `run_arm` of the run, if any
-                base:GRPOConfig|None=None   # schedule (K, shift, guidance) of the presets without a run
-               ) -> dict[str, tuple]:
-    "Arms by preset name; without names the four methods, the run's own method taken from the run."
-    default = names is None
-    names = list(METHODS) if default else [n.strip() for n in names.split(',')] if isinstance(names, str) else list(names)
-    if 'run' in names and run is None: raise ValueError("arms: 'run' is the run's own arm: give a run folder (--run)")
-    b = run[0] if run is not None else base or GRPOConfig()
-    sched = dict(K=K or b.K, shift=b.shift, guidance=b.guidance)
-    use_run = lambda n: run is not None and (n == 'run' or (default and n == run[0].method))
-    return {n: run if use_run(n) else (preset_config(n, **sched), None) for n in names}
-
-# %% ../nbs/06c_fidelity.ipynb #b665b0eb
-def fidelity_figures(results:dict[str, dict]) -> dict[str, go.Figure]:
-    "Every figure of the report, a bounded set: file stem -> figure."
-    figs = {}
-    for n, res in results.items():
-        figs[f'steps_{n}'] = plot_steps(res, title=f"{n}: credit (advantage) vs MC step advantage per step")
-        figs[f'differences_{n}'] = plot_differences(res, title=f"{n}: paired differences of the pooled Kendall tau-b")
-        if 'data' in res: figs[f'scatter_{n}'] = plot_scatter(res, title=f"{n}: advantage vs Monte-Carlo step advantage")
-    figs['overall'] = plot_overall(results)
-    return figs
-
-# %% ../nbs/06c_fidelity.ipynb #aeac9f4e
-def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: write nothing)
-                    cfg:FidelityConfig|None=None,  # prompts, samples, continuations, steps, bootstrap, K, sampler_of, reward
-                    run:str|Path|None=None,  # trainer run folder: also evaluate its newest checkpoint
-                    policy:Policy|None=None, # the base model, without adapter (default: `load_policy` of the run's config)
-                    task:Task|None=None,     # prompts and reward (default: `load_task` of the run's config, or of `cfg.reward`)
-                    arms=None,               # preset names or {name: (cfg, psi)}; None: see `report_arms`
-                    base:bool=True,          # with a run: also the base model
-                    png:bool=True) -> dict[str, dict]:  # model name -> `arm_fidelity` result
-    "Credit fidelity of the base model and/or a fine-tuned run under every arm's own sampler; writes fidelity.json and figures."
-    cfg = cfg or FidelityConfig()
-    if task is not None and cfg.reward is not None: raise ValueError(f"reward={cfg.reward!r}: give a task or a reward name, not both")
-    ra = run_arm(run) if run is not None else None
-    spec = arms if isinstance(arms, dict) else report_arms(arms, cfg.K, ra)
-    check_arms(spec, cfg.group, _sampler_of(cfg, spec))  # every argument checked before anything is loaded
-    rcfg, ckpt = GRPOConfig(), None
-    if run is not None: pol, rcfg, ckpt = load_run_policy(run, policy)
-    else: pol = load_policy(rcfg.model, rcfg.model_path) if policy is None else policy
-    rw = (cfg.reward or rcfg.reward) if task is None else task.name
-    task = load_task(rw, rcfg.prompts, rcfg.eval_prompts, rcfg.model) if task is None else task
-    results = {}
-    for name in (['base'] if base or run is None else []) + (['finetuned'] if run is not None else []):
-        with pol.disable_adapter() if name == 'base' else nullcontext():  # the base model: the run's network, adapter off
-            results[name] = arm_fidelity(pol, task, spec, cfg)
-        results[name]['settings'].update(model=name, checkpoint=None if name == 'base' else str(ckpt), task=task.name, reward=rw)
-    if out is not None: _write_report(Path(out), results, png)
-    return results
-
-# %% ../nbs/06c_fidelity.ipynb #0088a8db
-def _write_report(out:Path, results:dict, png:bool):
-    out.mkdir(parents=True, exist_ok=True)
-    (out/'fidelity.json').write_text(json.dumps(results))
-    figs = fidelity_figures(results)
-    for n, fig in figs.items(): fig.write_html(out/f'{n}.html', include_plotlyjs='cdn')
-    if png: write_pngs({out/f'{n}.png': fig for n, fig in figs.items()})  # one browser; a hung export is killed, skipped with a warning
-
-# %% ../nbs/06c_fidelity.ipynb #b498d706
-@call_parse
-def fidelity_cli(out:str='runs/fidelity',  # output folder
-                 run:str=None,             # trainer run folder: also evaluate its newest checkpoint
-                 arms:str=None,            # comma-separated preset names ('run': the run's arm); default the four methods
-                 sampler_of:str=None,      # a preset whose sampler every arm uses (default: each arm its own)
-                 prompts:int=16,           # prompts, balanced over the task's categories
-                 batch_prompts:int=4,      # prompts per rollout batch
-                 split:str='train',        # the task's 'train' or 'heldout' prompts
-                 group:int=8,              # samples per prompt
-                 K:int=None,               # steps of the preset arms (default: the run's, or 10)
-                 M:int=8,                  # Monte-Carlo continuations per state
-                 steps:str=None,           # comma-separated steps to compare (default: every trained step)
-                 seed:int=0,
-                 reward:str=None,          # reward name (default: the run's; grid world: partial, strict, score)
-                 n_boot:int=1000,          # bootstrap resamples (of prompts)
-                 no_base:bool=False,       # with --run: skip the base model
-                 no_png:bool=False,        # HTML figures only
-                 threads:int=0):           # torch threads (0: torch's default)
-    "Credit fidelity: every method's per-step credit vs the Monte-Carlo step advantage under its own sampler, base and fine-tuned."
-    if threads: torch.set_num_threads(threads)
-    try: ks = None if steps is None else [int(s) for s in steps.split(',')]
-    except ValueError: raise ValueError(f"steps={steps!r}: expected comma-separated step indices, e.g. 0,1,2") from None
-    cfg = FidelityConfig(prompts=prompts, batch_prompts=batch_prompts, split=split, group=group, M=M, steps=ks, K=K, sampler_of=sampler_of,
-                         reward=reward, seed=seed, n_boot=n_boot)
-    results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png)
-    for name, res in results.items(): print(fidelity_summary(name, res))
-    print(f"wrote {out}/fidelity.json and figures")
-
-# %% ../nbs/06c_fidelity.ipynb #04d68d09
-def fidelity_summary(name:str, res:dict) -> str:
-    "A few lines: the cost and every arm's pooled Kendall tau-b and Spearman of the advantages, with the zero shares."
-    c = res['cost']['total']
-    lines = [f"{name}: {c['seconds']:.0f} s ({c['cpu_seconds']:.0f} s CPU), {c['nfe']} NFE; pooled advantage vs MC step advantage"]
-    ok = lambda r, s: None not in (r[s], r[s + '_lo'], r[s + '_hi'])
-    fmt = lambda r, s: f"{r[s]:+.3f} [{r[s + '_lo']:+.3f}, {r[s + '_hi']:+.3f}]" if ok(r, s) else 'n/a'
-    for r in fidelity_table(res):
-        lines.append(f"  {r['arm']:<16} kendall {fmt(r, 'kendall')}  spearman {fmt(r, 'spearman')}  zero credit "
-                     f"{r['share_credit_zero']:.2f}, zero truth {r['share_truth_zero']:.2f}")
-    return '\n'.join(lines)

@@ -90,7 +90,7 @@ def _base_findings(t:str, sec:TaskSection) -> list[str]:
     "Each metric's gains over the base model, grouped by verdict (Holm over the comparisons with the base model)."
     out = []
     for metric, name, b in (('strict', 'held-out strict', sec.base['overall']['strict']),
-                            ('learned_score', 'held-out learned score', (sec.base.get('learned_score') or {}).get('mean'))):
+                            ('learned_score', 'held-out learned score', (sec.base['learned_score'] or {}).get('mean'))):
         by, cs, alone = {}, [c for c in sec.comparisons if c.kind == 'base' and c.metric == metric], {}
         for c in cs: by.setdefault(c.verdict, []).append(f"{c.arm} {c.mean:+.3f}")
         for c in cs:
@@ -163,7 +163,7 @@ def results_rows(report:Report, task:str) -> tuple[list, list]:
     sec = report.tasks[task]
     n = len(sec.per_seed)
     head = [RESULTS_HEAD[0], f"held-out strict (mean [95% CI], {n} seed{'s' * (n > 1)})", *RESULTS_HEAD[2:]]
-    b, bl = sec.base['overall'], sec.base.get('learned_score')
+    b, bl = sec.base['overall'], sec.base['learned_score']
     rows = [[('base', None), (f"{b['strict']:.3f} ± {b['se']:.3f} (SE)", None), ('—', None), ('—', None),
              ('—' if bl is None else f"{bl['mean']:.3f}", None)] + [('—', None)] * 5]
     return head, rows + [_arm_row(report, task, a) for a in sec.arms]
@@ -184,16 +184,16 @@ def html_table(head:list, rows:list) -> str:
 # %% ../nbs/06g_report.ipynb #743548d5
 def _sampler(d:dict) -> str:
     return (f"{d['sampler']} {'η' if d['sampler'] == 'ddim' else 'a'} = {d['level']}" + (f" ({d['ddim_schedule']})" if d.get('ddim_schedule') else '')
-            + (', shared noise' if d.get('shared_noise') else ''))
+            + (', shared noise' if d['shared_noise'] else ''))
 
 def _arm_cells(d:dict) -> list:
     "An arm's settings as table cells: method, sampler, window, values, calibration, controls, siblings, what it measures."
-    (s, e), slide = d['window'], d.get('window_slide')
+    (s, e), slide = d['window'], d['window_slide']
     window = f"{s}–{e - 1} of {d['K']}" + (f", sliding every {slide} steps" if slide else '')
     if (ls := _loss_steps(d)) != d['window']: window += f"; loss on {ls[0]}–{ls[1] - 1}"
-    cal = f"ψ(k), no signal: {d['calib_no_signal']}" if d.get('calibrate') else '—'
-    ctl = ', '.join(f"{t}: {c or '—'}" for t, c in d.get('controls', {}).items())
-    return [d['preset'], d['method'], _sampler(d), window, d.get('lookahead') or 'final reward', cal, ctl, ', '.join(d.get('also', [])) or '—', d.get('why', '')]
+    cal = f"ψ(k), no signal: {d['calib_no_signal']}" if d['calibrate'] else '—'
+    ctl = ', '.join(f"{t}: {c or '—'}" for t, c in d['controls'].items())
+    return [d['preset'], d['method'], _sampler(d), window, d['lookahead'] or 'final reward', cal, ctl, ', '.join(d['also']) or '—', d['why']]
 
 ARM_HEAD = ['arm', 'preset', 'method', 'sampler', 'trained window', 'step values', 'calibration', 'control per task', 'also vs', 'what it measures']
 
@@ -206,7 +206,7 @@ STUDY_ARM_HEAD = ['arm', 'sampler', 'exploration window', 'loss steps', 'step va
                   'prompts × group']
 
 def _calibration_cell(report:Report, a:str, d:dict) -> str:
-    if not d.get('calibrate'): return '—'
+    if not d['calibrate']: return '—'
     rounds = [s.arms[a].calib_rounds for s in report.tasks.values() if a in s.arms and s.arms[a].calib_rounds]
     ran = f", {rounds[0].mean:.0f} rounds run" if rounds else ''
     return f"{d['calib_stop']}: ±{d['calib_eps2']} up to {d['calib_iters']} rounds, no signal: {d['calib_no_signal']}{ran}"
@@ -216,7 +216,7 @@ def study_arms_rows(report:Report) -> tuple[list, list]:
     rows = []
     for a, d in report.setup['arms'].items():
         (s, e), (ls, le) = d['window'], _loss_steps(d)
-        rows.append([(a, None), (_sampler(d), None), (f"{s}–{e - 1}", None), (f"{ls}–{le - 1}", None), (d.get('lookahead') or 'final reward', None),
+        rows.append([(a, None), (_sampler(d), None), (f"{s}–{e - 1}", None), (f"{ls}–{le - 1}", None), (d['lookahead'] or 'final reward', None),
                      (_calibration_cell(report, a, d), None), (f"{d['nfe_per_step']:.0f}" if 'nfe_per_step' in d else '—', None),
                      (f"{d['prompts_per_step']} × {d['group_size']}" if 'group_size' in d else '—', None)])
     return STUDY_ARM_HEAD, rows

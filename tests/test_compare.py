@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 from flowgrpo_nb.design import ARMS, SMOKE, arm_config, arm_settings, CompareConfig, job_costs, estimate_cost
 from flowgrpo_nb.compare import EVAL_SEED, base_eval, compare, compare_cli, _train_one
-from flowgrpo_nb.results import Report, heldout, run_report, first_reach
+from flowgrpo_nb.results import Report, heldout, run_report
+from flowgrpo_nb.summary import first_reach
 from flowgrpo_nb.summary import task_section, correct
 from flowgrpo_nb.report import findings, results_markdown
 from flowgrpo_nb.config import GRPOConfig
