@@ -84,9 +84,11 @@ def _job(key:tuple, out:Path, ccfg:CompareConfig, tasks:dict, policy:Policy|None
     if key[0] == 'base':
         _, group, seed, t = key
         cfg = ccfg.train_config('flow_grpo', seed, t)
-        return base_eval(load_policy(**cfg.backend()) if policy is None else policy, tasks[t], cfg, out/'base'/group/f'seed{seed}.json', progress)
+        return base_eval(load_policy(**cfg.backend()) if policy is None else policy, tasks[t], cfg,
+                         out/'base'/group/f'seed{seed}.json', progress)
     task, seed, arm = key
-    _train_one(ccfg.train_config(arm, seed, task), run_dir(out, task, seed, arm), None if policy is None else copy.deepcopy(policy),
+    _train_one(ccfg.train_config(arm, seed, task), run_dir(out, task, seed, arm),
+               None if policy is None else copy.deepcopy(policy),
                tasks[task], progress)
 
 def _job_name(key) -> str:
@@ -134,9 +136,11 @@ def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Po
     "{job: result} of every job, run in `workers` worker processes of `threads` threads; a failure is one ValueError naming its job."
     done, ctx = {}, worker_context()
     mod = importlib.import_module('flowgrpo_nb.compare')  # a worker unpickles what it runs by module name: the package's functions
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=mod._init_worker, initargs=(threads, asdict(ccfg), tasks, policy)) as ex:
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=mod._init_worker,
+                             initargs=(threads, asdict(ccfg), tasks, policy)) as ex:
         futures = {ex.submit(mod._worker_job, k, out, asdict(ccfg)): k for k in jobs}
-        for f in tqdm(as_completed(futures), total=len(futures), desc=f'compare ({workers} workers)', disable=not progress):
+        for f in tqdm(as_completed(futures), total=len(futures), desc=f'compare ({workers} workers)',
+                      disable=not progress):
             try: done[futures[f]] = f.result()
             except Exception as e:
                 ex.shutdown(wait=True, cancel_futures=True)
@@ -162,7 +166,8 @@ def _check_runs(ccfg:CompareConfig, tasks:dict):
             if len(set(ev.values())) > 1 or not ev['flow_grpo'][0]:
                 raise ValueError(f"task {t!r}, seed {s}: the runs must evaluate alike and at all (eval_images, K, shift, guidance): {ev}")
 
-def _workers(ccfg:CompareConfig, given:dict|None, policy:Policy|None, n_jobs:int, workers:int|None, threads:int|None) -> tuple:
+def _workers(ccfg:CompareConfig, given:dict|None, policy:Policy|None, n_jobs:int, workers:int|None,
+             threads:int|None) -> tuple:
     "(worker processes, torch threads per worker) checked; given tasks and policy must travel to the workers."
     if any(v is not None and (not isinstance(v, int) or v < 0) for v in (workers, threads)):
         raise ValueError(f"workers={workers!r}, threads={threads!r}: each must be a whole number >= 1 (0 or None: the default)")
@@ -173,7 +178,8 @@ def _workers(ccfg:CompareConfig, given:dict|None, policy:Policy|None, n_jobs:int
                                                 "pass workers=1, or build the task from module-level functions") from None
     return workers, threads or (t if workers > 1 else None)
 
-def _in_process(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict, policy:Policy|None, threads:int|None, progress:bool) -> dict:
+def _in_process(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict, policy:Policy|None, threads:int|None,
+                progress:bool) -> dict:
     "{job: result} of every job run in this process, in order, on `threads` torch threads (None: as they are)."
     threads0 = torch.get_num_threads()
     if threads: torch.set_num_threads(threads)
@@ -185,7 +191,8 @@ def measured_cpu(report:Report, out:Path, bases:dict) -> dict:
     "Process CPU seconds the jobs measured: runs (training, calibration, evaluations) and base evaluations, to set against `estimate_cost`."
     runs = [r for sec in report.tasks.values() for runs in sec.per_seed.values() for r in runs.values()]
     base = [json.loads(p.read_text()).get('cpu_seconds', 0.0) for k in bases for p in [out/'base'/k[1]/f'seed{k[2]}.json'] if p.exists()]
-    return dict(train=sum(r.total_cpu_seconds for r in runs), evaluation=sum(r.eval_cpu_seconds for r in runs), base=sum(base),
+    return dict(train=sum(r.total_cpu_seconds for r in runs), evaluation=sum(r.eval_cpu_seconds for r in runs),
+                base=sum(base),
                 total=sum(r.total_cpu_seconds + r.eval_cpu_seconds for r in runs) + sum(base))
 
 # %% ../nbs/06h_compare.ipynb #29019ac6
@@ -195,7 +202,8 @@ def read_fidelity(path:str|None) -> dict|None:
     try: d = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e: raise ValueError(f"fidelity={path!r}: cannot read it ({e}); give a fidelity.json of flowgrpo fidelity") from None
     res = (d.get('base') or d.get('finetuned')) if isinstance(d, dict) else None
-    if not isinstance(res, dict) or 'stats' not in res: raise ValueError(f"fidelity={path!r}: not a fidelity.json of flowgrpo fidelity (no model with stats)")
+    if not isinstance(res, dict) or 'stats' not in res:
+        raise ValueError(f"fidelity={path!r}: not a fidelity.json of flowgrpo fidelity (no model with stats)")
     return res
 
 # %% ../nbs/06h_compare.ipynb #e9568493
@@ -226,7 +234,8 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     bases = {k: v for k, v in done.items() if k[0] == 'base'}
     report = build_report(ccfg, out, tasks, bases, given is not None)
     report.wall_seconds = time.perf_counter() - t0
-    report.timing = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(), step_time_ratio=STEP_TIME_RATIO,
+    report.timing = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(),
+                         step_time_ratio=STEP_TIME_RATIO,
                          estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
                          main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
     report.timing['invocations'] = earlier_invocations(out) + [dict(wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))]
@@ -242,7 +251,8 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
     arms = dict.fromkeys(a for t in ccfg.tasks for a in ccfg.task_arms(t))
     return dict(
         base=dict(model=cfg.model, model_path=cfg.model_path, fingerprint=json.loads(bj.read_text()).get('fingerprint') if bj and bj.exists() else None),
-        budget=ccfg.budget, seeds=list(ccfg.all_seeds), steps=cfg.steps, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+        budget=ccfg.budget, seeds=list(ccfg.all_seeds), steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
+        group_size=cfg.group_size,
         lr=cfg.lr, lora_rank=cfg.lora_rank, overrides=ccfg.overrides,
         evaluation=dict(images=cfg.eval_images, every=cfg.eval_every, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance, sampler='Euler ODE',
                         noise=f'seed + {EVAL_SEED}: the same for every run of a seed and the base model'),
@@ -259,13 +269,16 @@ def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:boo
     "The report from the runs in `out` and the base evaluations {('base', evaluation, seed, task): EvalReport}."
     groups, sections = _eval_groups(ccfg, given), {}
     for t in ccfg.tasks:
-        g, cfg = next(g for g, ts in groups.items() if t in ts), ccfg.train_config('flow_grpo', ccfg.task_seeds(t)[0], t)
+        g = next(g for g, ts in groups.items() if t in ts)
+        cfg = ccfg.train_config('flow_grpo', ccfg.task_seeds(t)[0], t)
         base = {s: next(v for k, v in bases.items() if k[1] == g and k[2] == s) for s in ccfg.task_seeds(t)}
         per_seed = {str(s): {a: run_report(run_dir(out, t, s, a), base[s]) for a in ccfg.task_arms(t)} for s in ccfg.task_seeds(t)}
-        sections[t] = task_section(t, per_seed, {str(s): (heldout(r), r.extra.get('score')) for s, r in base.items()}, list(ccfg.task_arms(t)),
+        sections[t] = task_section(t, per_seed, {str(s): (heldout(r), r.extra.get('score')) for s, r in base.items()},
+                                   list(ccfg.task_arms(t)),
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
     correct(sections)
-    report = Report(format=FORMAT, config=asdict(ccfg), budget=BUDGETS[ccfg.budget], setup=setup(ccfg, tasks, out), tasks=sections,
+    report = Report(format=FORMAT, config=asdict(ccfg), budget=BUDGETS[ccfg.budget], setup=setup(ccfg, tasks, out),
+                    tasks=sections,
                     findings=[], contrasts=evaluate_contrasts(sections))
     report.findings = findings(report)
     return report
@@ -297,7 +310,8 @@ def compare_cli(out:str='runs/compare',   # run folder of the comparison
                 estimate:bool=False,      # print the expected cost of the comparison and exit
                 fidelity:str=None):       # a fidelity.json (flowgrpo fidelity): each arm's credit fidelity against its gain
     "Train the arms side by side on the embedded benchmark and write report.json / report.html."
-    ccfg = CompareConfig(budget=budget, seeds=None if seeds is None else tuple(seeds), tasks=None if tasks is None else tuple(tasks),
+    ccfg = CompareConfig(budget=budget, seeds=None if seeds is None else tuple(seeds),
+                         tasks=None if tasks is None else tuple(tasks),
                          arms=None if arms is None else tuple(arms), overrides=parse_overrides(set),
                          fidelity=fidelity)
     if estimate: return print(_estimate_line(estimate_cost(ccfg, default_workers(len(job_costs(ccfg)), workers=workers or None)[0])))

@@ -84,7 +84,8 @@ def arm_settings(name:str, cfg:GRPOConfig, levels:str='few') -> dict:
     loss = cfg.loss_steps().nonzero().flatten().tolist()
     la = lookahead_nfe(cfg.lookahead, cfg.K, (s, e), cfg.group_size, cfg.shared_noise) if cfg.lookahead else 0
     return dict(preset=a.preset, control=a.control_for(levels), also=list(a.also), why=a.why, **d, window=[s, e],
-                loss_steps=[loss[0], loss[-1] + 1], K=cfg.K, nfe_per_sample=cfg.K + la, nfe_per_step=(cfg.K + la) * cfg.batch_size)
+                loss_steps=[loss[0], loss[-1] + 1], K=cfg.K, nfe_per_sample=cfg.K + la,
+                nfe_per_step=(cfg.K + la) * cfg.batch_size)
 
 # %% ../nbs/06b_design.ipynb #e6d6955c
 TASKS = {  # task -> the training reward, its kind, and the evaluation that judges it
@@ -96,7 +97,8 @@ TASKS = {  # task -> the training reward, its kind, and the evaluation that judg
 _TRAIN = dict(prompts_per_step=2, group_size=8, minibatch=16, calib_iters=4, calib_samples=16)
 DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'flow_grpo_train4', 'dense', 'turning_point'),
                     score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'turning_point'))
-STUDY_ARMS = dict(geneval=tuple(ARMS), score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'dense_nocal', 'turning_point'))
+STUDY_ARMS = dict(geneval=tuple(ARMS),
+                  score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'dense_nocal', 'turning_point'))
 BUDGETS = {
     'smoke':   dict(seeds=(0,), steps=2, eval_every=0, eval_images=24, arms=DEFAULT_ARMS,
                     train=dict(K=6, prompts_per_step=2, group_size=4, minibatch=8, calib_iters=1, calib_samples=4, lora_rank=4)),
@@ -135,7 +137,8 @@ class CompareConfig:
     def train_config(self, arm:str, seed:int, task:str|None=None) -> GRPOConfig:
         "The `GRPOConfig` of `arm` in `task` (default: the first) under this budget."
         b = BUDGETS[self.budget]
-        return arm_config(arm, **{**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
+        return arm_config(arm,
+                          **{**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
                                   'eval_start': False, 'save_every': b['steps'], 'seed': seed,
                                   'reward': TASKS[task or self.tasks[0]]['reward']}, overrides=self.overrides)
 
@@ -168,7 +171,8 @@ class Contrast:
     at:tuple|None=None      # the arm's score read at ('step', f) or ('seconds', f): f x the reference's final; None: final
     def __post_init__(self):
         if self.kind not in KINDS: raise ValueError(f"Contrast {self.id}: kind={self.kind!r}; allowed {', '.join(KINDS)}")
-        if self.metric not in ('strict', 'learned'): raise ValueError(f"Contrast {self.id}: metric={self.metric!r}; allowed strict, learned")
+        if self.metric not in ('strict',
+                               'learned'): raise ValueError(f"Contrast {self.id}: metric={self.metric!r}; allowed strict, learned")
 
 # %% ../nbs/06b_design.ipynb #a7229c31
 def _both(id:str, claim:str, arm:str, other:str, score_other:str|None=None, **kw) -> tuple:
@@ -266,5 +270,7 @@ def estimate_cost(ccfg:CompareConfig, workers:int=2) -> dict:
     jobs = job_costs(ccfg)
     _, span = schedule(jobs, workers)
     fixed = workers * COSTS['worker'] + COSTS['report']
-    return dict(core_seconds=sum(jobs.values()) + fixed, wall_seconds=span + COSTS['worker'] + COSTS['report'], workers=workers,
-                limit_core_seconds=workers * LIMIT, limit_wall_seconds=LIMIT, jobs=len(jobs), runs=sum(k[0] != 'base' for k in jobs))
+    return dict(core_seconds=sum(jobs.values()) + fixed, wall_seconds=span + COSTS['worker'] + COSTS['report'],
+                workers=workers,
+                limit_core_seconds=workers * LIMIT, limit_wall_seconds=LIMIT, jobs=len(jobs),
+                runs=sum(k[0] != 'base' for k in jobs))

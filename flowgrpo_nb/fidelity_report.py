@@ -79,7 +79,8 @@ def plot_differences(res:dict, quantity:str='advantage', stat:str='kendall', tit
                                error_x=dict(type='data', symmetric=False, array=[_gap(d['hi'], d['diff']) for d in ds],
                                             arrayminus=[_gap(d['diff'], d['lo']) for d in ds])))
     fig.add_vline(x=0, line=dict(color='#999', dash='dash'))
-    return fig.update_layout(height=120 + 30 * len(ds), width=700, template='plotly_white', xaxis_title=f'difference of {stat}',
+    return fig.update_layout(height=120 + 30 * len(ds), width=700, template='plotly_white',
+                             xaxis_title=f'difference of {stat}',
                              title=title or f"paired differences of the pooled {stat} ({quantity}), CI by prompt")
 
 def _gap(a, b): return None if a is None or b is None else a - b
@@ -94,10 +95,12 @@ def plot_scatter(res:dict, quantity:str='advantage', title:str='') -> go.Figure:
         t, q = np.array(d['truth'], dtype=float)[:, ks], np.array(d[quantity + 's'], dtype=float)[:, ks]
         fig.add_trace(go.Scatter(x=t.ravel(), y=q.ravel(), mode='markers', showlegend=False, name=arm,
                                  marker=dict(color=np.broadcast_to(ks, t.shape).ravel(), colorscale='Viridis', size=5, cmin=0,
-                                             cmax=len(d['trained']) - 1, showscale=c == len(arms), colorbar=dict(title='step'))), 1, c)
+                                             cmax=len(d['trained']) - 1, showscale=c == len(arms),
+                                             colorbar=dict(title='step'))), 1, c)
         fig.update_xaxes(title_text='MC step advantage', row=1, col=c)
     fig.update_yaxes(title_text=quantity, row=1, col=1)
-    return fig.update_layout(height=340, width=940, template='plotly_white', title=title or f"{quantity} vs Monte-Carlo step advantage")
+    return fig.update_layout(height=340, width=940, template='plotly_white',
+                             title=title or f"{quantity} vs Monte-Carlo step advantage")
 
 # %% ../nbs/06i_fidelity_report.ipynb #bff9e427
 def plot_overall(results:dict[str, dict], quantity:str='advantage', stat:str='kendall') -> go.Figure:
@@ -120,7 +123,8 @@ def run_arm(run:str|Path) -> tuple[GRPOConfig, Tensor|None]:
     if not cfg.calibrate: return cfg, None
     ckpt = latest_checkpoint(run)
     psi = read_checkpoint(ckpt, ['state.json'])['state.json'].get('psi') if ckpt is not None else None
-    if psi is None and (run/'calibration.json').exists(): psi = read_json(run/'calibration.json', 'the calibration').get('psi')
+    if psi is None and (run/'calibration.json').exists(): psi = read_json(run/'calibration.json',
+                                                                          'the calibration').get('psi')
     if psi is None: warnings.warn(f"run {str(run)!r} calibrates but has no psi yet: its arm explores with the initial scale")
     return cfg, None if psi is None else _check_arm_psi(str(run), cfg, psi)
 
@@ -132,7 +136,8 @@ def report_arms(names=None,                 # preset names (list or comma-separa
                ) -> dict[str, tuple]:
     "Arms by preset name; without names the four methods, the run's own method taken from the run."
     default = names is None
-    names = list(METHODS) if default else [n.strip() for n in names.split(',')] if isinstance(names, str) else list(names)
+    names = list(METHODS) if default else [n.strip() for n in names.split(',')] if isinstance(names,
+                                                                                              str) else list(names)
     if 'run' in names and run is None: raise ValueError("arms: 'run' is the run's own arm: give a run folder (--run)")
     b = run[0] if run is not None else base or GRPOConfig()
     sched = dict(K=K or b.K, shift=b.shift, guidance=b.guidance)
@@ -146,7 +151,8 @@ def fidelity_figures(results:dict[str, dict]) -> dict[str, go.Figure]:
     for n, res in results.items():
         figs[f'steps_{n}'] = plot_steps(res, title=f"{n}: credit (advantage) vs MC step advantage per step")
         figs[f'differences_{n}'] = plot_differences(res, title=f"{n}: paired differences of the pooled Kendall tau-b")
-        if 'data' in res: figs[f'scatter_{n}'] = plot_scatter(res, title=f"{n}: advantage vs Monte-Carlo step advantage")
+        if 'data' in res: figs[f'scatter_{n}'] = plot_scatter(res,
+                                                              title=f"{n}: advantage vs Monte-Carlo step advantage")
     figs['overall'] = plot_overall(results)
     return figs
 
@@ -174,7 +180,8 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
     for name in (['base'] if base or run is None else []) + (['finetuned'] if run is not None else []):
         with pol.disable_adapter() if name == 'base' else nullcontext():  # the base model: the run's network, adapter off
             results[name] = arm_fidelity(pol, task, spec, cfg)
-        results[name]['settings'].update(model=name, checkpoint=None if name == 'base' else str(ckpt), task=task.name, reward=rw)
+        results[name]['settings'].update(model=name, checkpoint=None if name == 'base' else str(ckpt), task=task.name,
+                                         reward=rw)
     if out is not None: _write_report(Path(out), results, png)
     return results
 
@@ -209,7 +216,8 @@ def fidelity_cli(out:str='runs/fidelity',  # output folder
     if threads: torch.set_num_threads(threads)
     try: ks = None if steps is None else [int(s) for s in steps.split(',')]
     except ValueError: raise ValueError(f"steps={steps!r}: expected comma-separated step indices, e.g. 0,1,2") from None
-    cfg = FidelityConfig(prompts=prompts, batch_prompts=batch_prompts, split=split, group=group, M=M, steps=ks, K=K, sampler_of=sampler_of,
+    cfg = FidelityConfig(prompts=prompts, batch_prompts=batch_prompts, split=split, group=group, M=M, steps=ks, K=K,
+                         sampler_of=sampler_of,
                          reward=reward, seed=seed, n_boot=n_boot)
     results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png)
     for name, res in results.items(): print(fidelity_summary(name, res))

@@ -21,12 +21,15 @@ __all__ = ['COLORS', 'VERDICT_COLORS', 'AXES', 'FIDELITY', 'fig_curves', 'fig_di
            'fig_costs', 'fig_gradient', 'fig_psi', 'fidelity_by_arm', 'fig_fidelity_gain', 'report_figures']
 
 # %% ../nbs/06f_figures.ipynb #3b38df2a
-COLORS = dict(base='#7f7f7f', flow_grpo='#1f77b4', flow_grpo_early='#17becf', flow_grpo_first4='#8c564b', mix_grpo='#bcbd22',
-              flow_grpo_mid='#aec7e8', stepwise='#2ca02c', stepwise_ode='#98df8a', dense='#d62728', dense_early='#ff9896',
+COLORS = dict(base='#7f7f7f', flow_grpo='#1f77b4', flow_grpo_early='#17becf', flow_grpo_first4='#8c564b',
+              mix_grpo='#bcbd22',
+              flow_grpo_mid='#aec7e8', stepwise='#2ca02c', stepwise_ode='#98df8a', dense='#d62728',
+              dense_early='#ff9896',
               turning_point='#9467bd', turning_point_early='#c5b0d5')
 VERDICT_COLORS = {'higher': '#2ca02c', 'lower': '#d62728', 'not distinguishable': '#7f7f7f', 'holds': '#2ca02c',
                   'equivalent': '#1f77b4', 'does not hold': '#d62728', 'undecided at this power': '#7f7f7f'}
-AXES = dict(step='optimizer steps', seconds='process CPU seconds (calibration included)', nfe='network evaluations (calibration included)')
+AXES = dict(step='optimizer steps', seconds='process CPU seconds (calibration included)',
+            nfe='network evaluations (calibration included)')
 
 def _colour(key:str) -> str:
     "The colour of arm `key`: its own, or the palette's by the arm's place in `ARMS`."
@@ -37,9 +40,12 @@ def _section(report:Report, task:str|None=None) -> TaskSection: return report.ta
 def _mean_curve(fig, curves, x, name, colour):
     "The mean over seeds with its 95% interval, when every seed has the same evaluations."
     n = len(curves)
-    xs, ys = np.array([[getattr(p, x) for p in c] for c in curves], float), np.array([[p.eval for p in c] for c in curves])
-    fig.add_scatter(x=xs.mean(0), y=ys.mean(0), name=f'{name} (mean ± 95% CI, {n} seeds)', legendgroup=name, mode='lines+markers',
-                    line=dict(color=colour, width=3), error_y=dict(array=t_quantile(n) * ys.std(0, ddof=1) / math.sqrt(n), visible=True))
+    xs, ys = np.array([[getattr(p, x) for p in c] for c in curves],
+                      float), np.array([[p.eval for p in c] for c in curves])
+    fig.add_scatter(x=xs.mean(0), y=ys.mean(0), name=f'{name} (mean ± 95% CI, {n} seeds)', legendgroup=name,
+                    mode='lines+markers',
+                    line=dict(color=colour, width=3),
+                    error_y=dict(array=t_quantile(n) * ys.std(0, ddof=1) / math.sqrt(n), visible=True))
 
 # %% ../nbs/06f_figures.ipynb #9f74bf04
 def fig_curves(report:Report, x:str='step', task:str|None=None) -> go.Figure:
@@ -50,8 +56,10 @@ def fig_curves(report:Report, x:str='step', task:str|None=None) -> go.Figure:
         curves = [runs[m].curve for runs in sec.per_seed.values()]
         if any(getattr(p, x) is None for c in curves for p in c): continue  # a format-2 report has no NFE curve
         for seed, c in zip(sec.per_seed, curves):
-            fig.add_scatter(x=[getattr(p, x) for p in c], y=[p.eval for p in c], name=m if n == 1 else f'{m} (seed {seed})', legendgroup=m,
-                            showlegend=n == 1, mode='lines+markers', opacity=1 if n == 1 else 0.25, line=dict(color=_colour(m), width=2 if n == 1 else 1),
+            fig.add_scatter(x=[getattr(p, x) for p in c], y=[p.eval for p in c],
+                            name=m if n == 1 else f'{m} (seed {seed})', legendgroup=m,
+                            showlegend=n == 1, mode='lines+markers', opacity=1 if n == 1 else 0.25,
+                            line=dict(color=_colour(m), width=2 if n == 1 else 1),
                             error_y=dict(array=[p.se for p in c], visible=n == 1))
         if n > 1 and len({len(c) for c in curves}) == 1: _mean_curve(fig, curves, x, m, _colour(m))
         if x == 'step' and summ.plateau and summ.plateau['step'] is not None:
@@ -69,7 +77,8 @@ def _forest(fig, rows:list, labels:list, verdicts:list):
     for v, col in VERDICT_COLORS.items():
         sel = [i for i, w in enumerate(verdicts) if w == v]
         if not sel: continue
-        fig.add_scatter(x=[rows[i].mean for i in sel], y=[labels[i] for i in sel], mode='markers', marker=dict(color=col, size=10), name=v,
+        fig.add_scatter(x=[rows[i].mean for i in sel], y=[labels[i] for i in sel], mode='markers',
+                        marker=dict(color=col, size=10), name=v,
                         error_x=dict(type='data', symmetric=False, array=[rows[i].ci[1] - rows[i].mean for i in sel],
                                      arrayminus=[rows[i].mean - rows[i].ci[0] for i in sel]))
     fig.add_vline(x=0, line_dash='dot')
@@ -81,7 +90,8 @@ def fig_differences(report:Report, task:str|None=None) -> go.Figure:
     sec = _section(report, task)
     cs = [c for c in sec.comparisons if c.kind != 'base'][::-1]
     return _forest(go.Figure(), cs, [_label(c) for c in cs], [c.verdict for c in cs]).update_layout(
-        title=f"{sec.task}: paired differences of held-out scores (95% CI; colour: the verdict after Holm)", xaxis_title='difference')
+        title=f"{sec.task}: paired differences of held-out scores (95% CI; colour: the verdict after Holm)",
+        xaxis_title='difference')
 
 def fig_claims(report:Report) -> go.Figure:
     "The claims that ran (arm − reference, 95% CI over seeds) with their margins, coloured by verdict."
@@ -116,9 +126,11 @@ def fig_costs(report:Report, task:str|None=None) -> go.Figure:
     fig = make_subplots(1, 2, subplot_titles=('CPU seconds per step', 'NFE per sample'))
     for ph in PHASES: fig.add_bar(x=list(M), y=[M[m].cpu_seconds_per_step[ph].mean for m in M], name=ph, row=1, col=1)
     steps = report.setup.get('steps')
-    if steps: fig.add_bar(x=list(M), y=[(r.calibration['cpu_seconds'].mean if r.calibration['cpu_seconds'] else 0) / steps for r in M.values()],
+    if steps: fig.add_bar(x=list(M),
+                          y=[(r.calibration['cpu_seconds'].mean if r.calibration['cpu_seconds'] else 0) / steps for r in M.values()],
                           name='calibration / steps', row=1, col=1)
-    for kind in ('rollout', 'lookahead'): fig.add_bar(x=list(M), y=[M[m].nfe_per_sample[kind] for m in M], name=f'NFE {kind}', row=1, col=2)
+    for kind in ('rollout', 'lookahead'): fig.add_bar(x=list(M), y=[M[m].nfe_per_sample[kind] for m in M],
+                                                      name=f'NFE {kind}', row=1, col=2)
     return fig.update_layout(barmode='stack', height=400, title=f"{sec.task}: cost of a training step")
 
 def fig_gradient(report:Report, task:str|None=None) -> go.Figure:
@@ -141,12 +153,15 @@ def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
         n = max(map(len, rounds))
         mean = [np.mean([r[j] for r in rounds if len(r) > j], 0) for j in range(n)]  # [rounds][K]
         for k in range(len(mean[0])):
-            if any(m[k] for m in mean): fig.add_scatter(x=list(range(n)), y=[m[k] for m in mean], name=f'k = {k}', legendgroup=f'k{k}',
+            if any(m[k] for m in mean): fig.add_scatter(x=list(range(n)), y=[m[k] for m in mean], name=f'k = {k}',
+                                                        legendgroup=f'k{k}',
                                                         showlegend=i == 1, mode='lines', row=1, col=i)
-    return fig.update_layout(title=f"{sec.task}: calibrated noise psi(k) per calibration round", xaxis_title='round', yaxis_title='psi(k)', height=360)
+    return fig.update_layout(title=f"{sec.task}: calibrated noise psi(k) per calibration round", xaxis_title='round',
+                             yaxis_title='psi(k)', height=360)
 
 # %% ../nbs/06f_figures.ipynb #c6635132
-FIDELITY = dict(kendall='all pairs', kendall_nonzero='pairs with a nonzero true gain', kendall_window='its trained steps')
+FIDELITY = dict(kendall='all pairs', kendall_nonzero='pairs with a nonzero true gain',
+                kendall_window='its trained steps')
 
 def fidelity_by_arm(report:Report, fidelity:dict, task:str|None=None) -> dict:
     "{arm: {measure: value}} of a fidelity result's pooled advantage rows, each arm by its own name or else its method's."
@@ -165,11 +180,13 @@ def fig_fidelity_gain(report:Report, fidelity:dict, task:str|None=None) -> go.Fi
         arms = [a for a in fid if k in fid[a]]
         if not arms: continue
         h = [sec.arms[a].heldout_strict for a in arms]
-        fig.add_scatter(x=[x.mean - b for x in h], y=[fid[a][k] for a in arms], text=arms, mode='markers+text', textposition='top center',
+        fig.add_scatter(x=[x.mean - b for x in h], y=[fid[a][k] for a in arms], text=arms, mode='markers+text',
+                        textposition='top center',
                         name=what, marker=dict(symbol=['circle', 'diamond', 'square'][i], size=10, color=[_colour(a) for a in arms]),
                         error_x=dict(type='data', symmetric=False, array=[x.ci[1] - x.mean for x in h], arrayminus=[x.mean - x.ci[0] for x in h]))
     return fig.update_layout(title=f"{sec.task}: credit fidelity (Kendall tau-b) against training gain", height=420,
-                             xaxis_title='final held-out strict score − base model', yaxis_title='Kendall tau-b with the MC step advantage')
+                             xaxis_title='final held-out strict score − base model',
+                             yaxis_title='Kendall tau-b with the MC step advantage')
 
 # %% ../nbs/06f_figures.ipynb #65233ec4
 def report_figures(report:Report, task:str|None=None, fidelity:dict|None=None) -> dict[str, go.Figure]:
@@ -177,11 +194,13 @@ def report_figures(report:Report, task:str|None=None, fidelity:dict|None=None) -
     sec = _section(report, task)
     nfe = all(p.nfe is not None for runs in sec.per_seed.values() for r in runs.values() for p in r.curve)
     figs = dict(curve_steps=fig_curves(report, 'step', task), curve_seconds=fig_curves(report, 'seconds', task),
-                **({'curve_nfe': fig_curves(report, 'nfe', task)} if nfe else {}), categories=fig_categories(report, task),
+                **({'curve_nfe': fig_curves(report, 'nfe', task)} if nfe else {}),
+                categories=fig_categories(report, task),
                 costs=fig_costs(report, task))
     if sec.comparisons: figs['differences'] = fig_differences(report, task)
     if any(c.n and c.task == sec.task for c in report.contrasts): figs['claims'] = fig_claims(report)
     if any(r.grad_share for r in sec.arms.values()): figs['gradient'] = fig_gradient(report, task)
     if (psi := fig_psi(report, task)) is not None: figs['psi'] = psi
-    if fidelity is not None and fidelity_by_arm(report, fidelity, task): figs['fidelity_gain'] = fig_fidelity_gain(report, fidelity, task)
+    if fidelity is not None and fidelity_by_arm(report, fidelity,
+                                                task): figs['fidelity_gain'] = fig_fidelity_gain(report, fidelity, task)
     return figs

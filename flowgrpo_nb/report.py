@@ -139,22 +139,26 @@ def _control_cell(report:Report, task:str, a:str, ctl) -> tuple:
     return (f"vs {ctl.other}: " if ctl and ctl.other != 'flow_grpo' else '') + text, ctl and ctl.verdict
 
 # %% ../nbs/06g_report.ipynb #156cd5cc
-RESULTS_HEAD = ['arm', 'held-out strict', 'vs Flow-GRPO', 'vs window-matched control', 'held-out learned score (vs Flow-GRPO)',
-                "reached Flow-GRPO's score (by step: seeds)", 'CPU s per step (× Flow-GRPO)', 'NFE per step', 'calibration (NFE, CPU s)',
+RESULTS_HEAD = ['arm', 'held-out strict', 'vs Flow-GRPO', 'vs window-matched control',
+                'held-out learned score (vs Flow-GRPO)',
+                "reached Flow-GRPO's score (by step: seeds)", 'CPU s per step (× Flow-GRPO)', 'NFE per step',
+                'calibration (NFE, CPU s)',
                 'run CPU s (× Flow-GRPO)']
 
 def _arm_row(report:Report, task:str, a:str) -> list:
     "One arm's row of the results table."
     sec, r = report.tasks[task], report.tasks[task].arms[a]
     n, cs = len(sec.per_seed), [c for c in sec.comparisons if c.arm == a and c.metric == 'strict']
-    fl = next((c for c in sec.comparisons if c.arm == a and c.other == 'flow_grpo' and c.metric == 'learned_score'), None)
+    fl = next((c for c in sec.comparisons if c.arm == a and c.other == 'flow_grpo' and c.metric == 'learned_score'),
+              None)
     fg, ctl = next((c for c in cs if c.other == 'flow_grpo'), None), next((c for c in cs if c.is_control), None)
     h, cal, ls = r.heldout_strict, r.calibration, r.learned_score
     return [(a, None), (f"{h.mean:.3f} [{h.ci[0]:.3f}, {h.ci[1]:.3f}]" if n > 1 else f"{h.mean:.3f} ± {r.heldout_se:.3f} (SE)", None),
             (_diff_cell(fg) if a != 'flow_grpo' else '—', fg and fg.verdict), _control_cell(report, task, a, ctl),
             ('—' if ls is None else f"{ls.mean:.3f}" + (f"; {_diff_cell(fl)}" if fl else ''), fl and fl.verdict),
             (', '.join(f"{st}: {k}/{n}" for st, k in r.reached_by.items()), None),
-            (f"{r.cpu_seconds_per_step['step'].mean:.2f} ({_x(r.step_time_ratio)})", None), (f"{sum(r.nfe_per_step.values()):.0f}", None),
+            (f"{r.cpu_seconds_per_step['step'].mean:.2f} ({_x(r.step_time_ratio)})", None),
+            (f"{sum(r.nfe_per_step.values()):.0f}", None),
             ('—' if not (cal['nfe'] and cal['nfe'].mean) else f"{cal['nfe'].mean:.0f}, {cal['cpu_seconds'].mean:.1f}", None),
             (f"{r.total_cpu_seconds.mean:.0f} ({_x(r.cost_ratio)})", None)]
 
@@ -193,16 +197,19 @@ def _arm_cells(d:dict) -> list:
     if (ls := _loss_steps(d)) != d['window']: window += f"; loss on {ls[0]}–{ls[1] - 1}"
     cal = f"ψ(k), no signal: {d['calib_no_signal']}" if d['calibrate'] else '—'
     ctl = ', '.join(f"{t}: {c or '—'}" for t, c in d['controls'].items())
-    return [d['preset'], d['method'], _sampler(d), window, d['lookahead'] or 'final reward', cal, ctl, ', '.join(d['also']) or '—', d['why']]
+    return [d['preset'], d['method'], _sampler(d), window, d['lookahead'] or 'final reward', cal, ctl,
+            ', '.join(d['also']) or '—', d['why']]
 
-ARM_HEAD = ['arm', 'preset', 'method', 'sampler', 'trained window', 'step values', 'calibration', 'control per task', 'also vs', 'what it measures']
+ARM_HEAD = ['arm', 'preset', 'method', 'sampler', 'trained window', 'step values', 'calibration', 'control per task',
+            'also vs', 'what it measures']
 
 def arms_rows(report:Report) -> tuple[list, list]:
     "(header, rows) of the setup's table of arms: every arm's choices and its control in each task."
     return ARM_HEAD, [[(a, None)] + [(c, None) for c in _arm_cells(d)] for a, d in report.setup['arms'].items()]
 
 # %% ../nbs/06g_report.ipynb #36ed09b4
-STUDY_ARM_HEAD = ['arm', 'sampler', 'exploration window', 'loss steps', 'step values', 'calibration (rule, rounds)', 'NFE per step',
+STUDY_ARM_HEAD = ['arm', 'sampler', 'exploration window', 'loss steps', 'step values', 'calibration (rule, rounds)',
+                  'NFE per step',
                   'prompts × group']
 
 def _calibration_cell(report:Report, a:str, d:dict) -> str:
@@ -217,12 +224,14 @@ def study_arms_rows(report:Report) -> tuple[list, list]:
     for a, d in report.setup['arms'].items():
         (s, e), (ls, le) = d['window'], _loss_steps(d)
         rows.append([(a, None), (_sampler(d), None), (f"{s}–{e - 1}", None), (f"{ls}–{le - 1}", None), (d['lookahead'] or 'final reward', None),
-                     (_calibration_cell(report, a, d), None), (f"{d['nfe_per_step']:.0f}" if 'nfe_per_step' in d else '—', None),
+                     (_calibration_cell(report, a, d), None),
+                     (f"{d['nfe_per_step']:.0f}" if 'nfe_per_step' in d else '—', None),
                      (f"{d['prompts_per_step']} × {d['group_size']}" if 'group_size' in d else '—', None)])
     return STUDY_ARM_HEAD, rows
 
 # %% ../nbs/06g_report.ipynb #7fae0c57
-CLAIM_HEAD = ['id', 'claim', 'contrast', 'task', 'metric', 'effect [95% CI]', 'p (Holm)', 'margin', 'verdict', 'seeds', 'MDE (80%)',
+CLAIM_HEAD = ['id', 'claim', 'contrast', 'task', 'metric', 'effect [95% CI]', 'p (Holm)', 'margin', 'verdict', 'seeds',
+              'MDE (80%)',
               'seeds for the margin']
 
 def _contrast(c) -> str: return f"{c.arm} − {c.other}" + (f" (at {c.at[1]:.2g} × its {c.at[0]}s)" if c.at else '')
@@ -234,13 +243,16 @@ def claims_rows(report:Report) -> tuple[list, list]:
         ran = c.n > 0
         p = f"{c.p:.2g} ({max(c.p_holm.values()) if c.kind == 'two-sided' else c.p_holm['holds']:.2g})" if ran else '—'
         rows.append([(c.id, None), (c.claim, None), (_contrast(c), None), (c.task, None), (c.metric, None),
-                     (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]" if ran else '—', None), (p, None), (f"{c.margin:g}", None),
-                     (c.verdict, c.verdict), (str(c.n) if ran else '—', None), ('—' if c.mde is None else f"{c.mde:.3f}", None),
+                     (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]" if ran else '—', None), (p, None),
+                     (f"{c.margin:g}", None),
+                     (c.verdict, c.verdict), (str(c.n) if ran else '—', None),
+                     ('—' if c.mde is None else f"{c.mde:.3f}", None),
                      ('—' if c.seeds_needed is None else str(c.seeds_needed), None)])
     return CLAIM_HEAD, rows
 
 # %% ../nbs/06g_report.ipynb #83e75837
-STUDY_HEAD = ['arm', 'mean over the run (AUC)', 'reached the target (steps, median)', "score at Flow-GRPO's NFE", 'flat from step',
+STUDY_HEAD = ['arm', 'mean over the run (AUC)', 'reached the target (steps, median)', "score at Flow-GRPO's NFE",
+              'flat from step',
               'eval SE / seed SD']
 
 def _median_of(a) -> str: return '—' if a is None else f"{a.median:.0f}"
@@ -273,7 +285,8 @@ def _setup_items(s:dict) -> list[str]:
             f"guidance {ev['guidance']}, noise {ev['noise']}",
             *[f"task {t}: trained on {d['about']} ({d['name']}; {d['train_prompts']} train prompts), judged by {d['evaluation']} on "
               f"{d['eval_prompts']} held-out prompts; arms {', '.join(d['arms'])}" for t, d in s['tasks'].items()],
-            f"statistics: {s['statistics']}", f"costs: {s['step_time_ratio']}; calibration counted into a run's NFE and CPU seconds"]
+            f"statistics: {s['statistics']}",
+            f"costs: {s['step_time_ratio']}; calibration counted into a run's NFE and CPU seconds"]
 
 def setup_html(report:Report) -> str:
     "The opening of report.html: base model, budget, seeds, tasks, evaluation, statistics, and the arms' settings."
@@ -321,7 +334,8 @@ def results_markdown(report:Report) -> str:
              f"evaluation (the same noise for every run of a seed and the base model); tasks: {tasks}. Differences are paired per seed, "
              "with 95% confidence intervals over seeds (Student t); " + _bold_rule(report)]
     parts.append('\n'.join(f'- {f}' for f in report.findings))
-    for t in report.tasks: parts += [f"**{t}**: trained on {s['tasks'][t]['about']}", markdown_table(*results_rows(report, t))]
+    for t in report.tasks: parts += [f"**{t}**: trained on {s['tasks'][t]['about']}",
+                                     markdown_table(*results_rows(report, t))]
     return '\n\n'.join(parts + ['The arms:', markdown_table(*arms_rows(report))])
 
 # %% ../nbs/06g_report.ipynb #a454c22c
@@ -331,7 +345,8 @@ def claims_markdown(report:Report) -> str:
     "The study's headline: one row per claim (its words, the contrast, the effect with its interval over seeds, the verdict)."
     s = report.setup
     rows = [[(f"{c.id}: {c.claim}", None), (f"{_contrast(c)} ({c.task}, {c.metric})", None),
-             (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}] over {c.n} seeds" if c.n else '—', None), (c.verdict, c.verdict)]
+             (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}] over {c.n} seeds" if c.n else '—', None),
+             (c.verdict, c.verdict)]
             for c in report.contrasts]
     lead = (f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps per run, seeds per task "
             + '; '.join(f"{t} {len(d.get('seeds', s['seeds']))}" for t, d in s['tasks'].items()) + ". Each claim is a paired contrast over "

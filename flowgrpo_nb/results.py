@@ -40,7 +40,8 @@ class Record:
     @classmethod
     def from_json(cls, d:dict, where:str|None=None):
         where = where or cls.__name__
-        if not isinstance(d, dict): raise ValueError(f"{where}: expected an object of {cls.__name__} fields, got {type(d).__name__}")
+        if not isinstance(d,
+                          dict): raise ValueError(f"{where}: expected an object of {cls.__name__} fields, got {type(d).__name__}")
         fs, hints = {f.name: f for f in fields(cls)}, typing.get_type_hints(cls)
         unknown = sorted(set(d) - set(fs))
         missing = sorted(n for n, f in fs.items() if n not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
@@ -111,15 +112,20 @@ class RunResult(Record):
     calib_stable:bool|None=None  # calibration stopped because psi stopped moving
 
 # %% ../nbs/06d_results.ipynb #a4f17e4a
-def fake_run(scores:list, learned:list|None=None, every:int=25, nfe:int=160, cpu:float=2.0, cal:tuple=(0, 0.0), **fields) -> RunResult:
+def fake_run(scores:list, learned:list|None=None, every:int=25, nfe:int=160, cpu:float=2.0, cal:tuple=(0, 0.0),
+             **fields) -> RunResult:
     "A made-up run whose held-out strict curve is `scores` (the base point first), for demos and tests; `fields` set any other."
     curve = [CurvePoint(step=i * every, seconds=cal[1] + i * every * cpu, eval=s, se=0.012, base=i == 0, nfe=cal[0] + i * every * nfe,
                         learned=None if learned is None else learned[i]) for i, s in enumerate(scores)]
     steps, per = every * (len(scores) - 1), {k: cpu for k in (*PHASES, 'step')}
-    run = dict(heldout={'overall': dict(strict=scores[-1], se=0.012, n=1200)}, learned_score=None if learned is None else learned[-1],
-               n_images=1200, curve=curve, reward_curve=[], nfe_per_step=dict(rollout=nfe, lookahead=0), nfe_per_sample=dict(rollout=nfe / 16, lookahead=0),
-               seconds_per_step=per, cpu_seconds_per_step=per, calibration=dict(nfe=cal[0], rollouts=0, seconds=cal[1], cpu_seconds=cal[1]),
-               steps=steps, train_seconds=steps * cpu, total_nfe=cal[0] + steps * nfe, total_cpu_seconds=cal[1] + steps * cpu,
+    run = dict(heldout={'overall': dict(strict=scores[-1], se=0.012, n=1200)},
+               learned_score=None if learned is None else learned[-1],
+               n_images=1200, curve=curve, reward_curve=[], nfe_per_step=dict(rollout=nfe, lookahead=0),
+               nfe_per_sample=dict(rollout=nfe / 16, lookahead=0),
+               seconds_per_step=per, cpu_seconds_per_step=per,
+               calibration=dict(nfe=cal[0], rollouts=0, seconds=cal[1], cpu_seconds=cal[1]),
+               steps=steps, train_seconds=steps * cpu, total_nfe=cal[0] + steps * nfe,
+               total_cpu_seconds=cal[1] + steps * cpu,
                eval_cpu_seconds=0.0, turning_points=None, adv_zero=None, skipped=None, window=[0, 9])
     return RunResult(**(run | fields))
 
@@ -135,7 +141,8 @@ def eval_from_metrics(m:dict, n:int, prefix:str='eval_') -> EvalReport:
     names = [k[len(prefix):] for k in m if k.startswith(prefix)]
     cats = [c for c in names if c != 'overall' and f'{c}_se' in names]
     extra = {c: m[prefix + c] for c in names if c != 'overall' and c not in cats and not c.endswith('_se')}
-    return EvalReport(m[prefix + 'overall'], m[prefix + 'overall_se'], n, {c: dict(score=m[prefix + c], se=m[prefix + c + '_se']) for c in cats}, extra)
+    return EvalReport(m[prefix + 'overall'], m[prefix + 'overall_se'], n,
+                      {c: dict(score=m[prefix + c], se=m[prefix + c + '_se']) for c in cats}, extra)
 
 # %% ../nbs/06d_results.ipynb #a81a36cd
 STEP_TIME_RATIO = "process CPU seconds per training step (median over steps) divided by Flow-GRPO's, per seed"
@@ -179,22 +186,29 @@ def run_report(d:Path, base:EvalReport) -> RunResult:
     cfg = GRPOConfig.from_dict(json.loads((d/'config.json').read_text()), str(d/'config.json'))
     steps, evals = [m for m in ms if 'sec_step' in m], [m for m in ms if 'eval_overall' in m and m['step'] > 0]
     if not evals: raise ValueError(f"{d/'metrics.jsonl'}: no evaluation after step 0; the comparison needs the run's final evaluation")
-    cal = {**NO_CALIBRATION, **((json.loads((d/'summary.json').read_text()).get('calibration_cost') if (d/'summary.json').exists() else None) or {})}
+    cal = {**NO_CALIBRATION,
+           **((json.loads((d/'summary.json').read_text()).get('calibration_cost') if (d/'summary.json').exists() else None) or {})}
     B, final = cfg.batch_size, eval_from_metrics(evals[-1], cfg.eval_images)
     cpu, at = cumulative(steps, cal, B)
-    nfe = dict(rollout=(_median(steps, 'nfe_rollout') or 0.0) * B, lookahead=(_median(steps, 'nfe_lookahead') or 0.0) * B)
+    nfe = dict(rollout=(_median(steps, 'nfe_rollout') or 0.0) * B,
+               lookahead=(_median(steps, 'nfe_lookahead') or 0.0) * B)
     tps, loss = [m['turning_points'] for m in steps if 'turning_points' in m], cfg.loss_steps().nonzero().flatten().tolist()
     return RunResult(
-        heldout=heldout(final), learned_score=final.extra.get('score'), n_images=final.n, curve=run_curve(evals, base, cal, cpu, at),
+        heldout=heldout(final), learned_score=final.extra.get('score'), n_images=final.n,
+        curve=run_curve(evals, base, cal, cpu, at),
         reward_curve=[dict(step=m['step'], seconds=float(cpu[m['step']]), reward=m['reward']) for m in steps],
         nfe_per_step=nfe, nfe_per_sample={k: v / B for k, v in nfe.items()},
         seconds_per_step={k: _median(steps, f'sec_{k}') or 0.0 for k in (*PHASES, 'step')},
         cpu_seconds_per_step={k: _median(steps, f'cpu_{k}') or 0.0 for k in (*PHASES, 'step')},
-        calibration=cal, steps=steps[-1]['step'] if steps else 0, train_seconds=steps[-1]['sec_total'] if steps else 0.0,
-        total_nfe=sum(nfe.values()) * len(steps) + cal['nfe'], total_cpu_seconds=float(cpu[steps[-1]['step']]) if steps else cal['cpu_seconds'],
+        calibration=cal, steps=steps[-1]['step'] if steps else 0,
+        train_seconds=steps[-1]['sec_total'] if steps else 0.0,
+        total_nfe=sum(nfe.values()) * len(steps) + cal['nfe'],
+        total_cpu_seconds=float(cpu[steps[-1]['step']]) if steps else cal['cpu_seconds'],
         eval_cpu_seconds=sum(m.get('cpu_eval', 0.0) for m in evals), turning_points=sum(tps) if tps else None,
-        adv_zero=_median(steps, 'adv_zero'), skipped=_median(steps, 'skipped'), window=list(cfg.rollout_config().window),
-        loss=[loss[0], loss[-1] + 1], slide=cfg.window_slide, K=cfg.K, grad_share=grad_share(steps, cfg.K), **calibration_rounds(d, cfg))
+        adv_zero=_median(steps, 'adv_zero'), skipped=_median(steps, 'skipped'),
+        window=list(cfg.rollout_config().window),
+        loss=[loss[0], loss[-1] + 1], slide=cfg.window_slide, K=cfg.K, grad_share=grad_share(steps, cfg.K),
+        **calibration_rounds(d, cfg))
 
 # %% ../nbs/06d_results.ipynb #25ea3527
 @dataclass

@@ -39,7 +39,8 @@ def first_reach(curve:list[CurvePoint], target:float) -> dict:
 # %% ../nbs/06e_summary.ipynb #a7dc24dd
 def study_measures(run:RunResult, target:float, nfe_budget:float) -> dict:
     "The study's measures of one run: `auc`, `reach` of the task's `target`, the scores `at_nfe` the task's NFE budget."
-    at = dict(nfe=nfe_budget, strict=curve_at(run.curve, nfe_budget, 'nfe'), learned=curve_at(run.curve, nfe_budget, 'nfe', 'learned'))
+    at = dict(nfe=nfe_budget, strict=curve_at(run.curve, nfe_budget, 'nfe'),
+              learned=curve_at(run.curve, nfe_budget, 'nfe', 'learned'))
     return dict(auc=curve_auc(run.curve), reach=first_reach(run.curve, target), at_nfe=at)
 
 # %% ../nbs/06e_summary.ipynb #bedd7df1
@@ -114,11 +115,13 @@ def arm_summary(per_seed:dict[str, dict[str, RunResult]], arm:str) -> ArmSummary
     reached = lambda r, st: r.reach_flow_grpo['steps'] is not None and r.reach_flow_grpo['steps'] <= st
     tps = [r.turning_points for r in reps]
     return ArmSummary(
-        heldout_strict=A(lambda r: r.heldout['overall']['strict']), heldout_se=float(np.mean([r.heldout['overall']['se'] for r in reps])),
+        heldout_strict=A(lambda r: r.heldout['overall']['strict']),
+        heldout_se=float(np.mean([r.heldout['overall']['se'] for r in reps])),
         per_category={c: dict(**agg([r.heldout[c]['strict'] for r in reps]).to_json(), se=float(np.mean([r.heldout[c]['se'] for r in reps])))
                       for c in reps[0].heldout if c != 'overall'},
         learned_score=A(lambda r: r.learned_score), partial=A(lambda r: r.heldout['overall'].get('partial')),
-        steps_to_flow_grpo=A(lambda r: r.reach_flow_grpo['steps']), seconds_to_flow_grpo=A(lambda r: r.reach_flow_grpo['seconds']),
+        steps_to_flow_grpo=A(lambda r: r.reach_flow_grpo['steps']),
+        seconds_to_flow_grpo=A(lambda r: r.reach_flow_grpo['seconds']),
         reached=_count([r.reach_flow_grpo['steps'] is not None for r in reps]),
         reached_by={st: sum(reached(r, st) for r in reps) for st in sorted({p.step for r in reps for p in r.curve if p.step > 0})},
         step_time_ratio=A(lambda r: r.step_time_ratio), wall_time_ratio=A(lambda r: r.wall_time_ratio),
@@ -128,7 +131,8 @@ def arm_summary(per_seed:dict[str, dict[str, RunResult]], arm:str) -> ArmSummary
         cpu_seconds_per_step={k: A(lambda r: r.cpu_seconds_per_step[k]) for k in (*PHASES, 'step')},
         calibration=dict(nfe=A(lambda r: r.calibration['nfe']), cpu_seconds=A(lambda r: r.calibration['cpu_seconds'])),
         total_nfe=A(lambda r: r.total_nfe), total_cpu_seconds=A(lambda r: r.total_cpu_seconds),
-        turning_points=None if None in tps else float(sum(tps)), adv_zero=A(lambda r: r.adv_zero), skipped=A(lambda r: r.skipped),
+        turning_points=None if None in tps else float(sum(tps)), adv_zero=A(lambda r: r.adv_zero),
+        skipped=A(lambda r: r.skipped),
         grad_share=None if any(r.grad_share is None for r in reps) else np.mean([r.grad_share for r in reps], 0).tolist())
 
 # %% ../nbs/06e_summary.ipynb #51d0f68c
@@ -149,7 +153,8 @@ def window_match(per_seed:dict[str, dict[str, RunResult]], arm:str, control:str)
     s, e = runs[0][1].loss  # the steps the control's loss takes
     inside = agg([sum(r.grad_share[s:e]) for r, _ in runs])
     outside = {k: float(np.mean([r.grad_share[k] for r, _ in runs])) for k in range(len(runs[0][0].grad_share)) if not s <= k < e}
-    return dict(control=control, window=[s, e], inside=inside.to_json(), outside=outside, matched=inside.mean >= WINDOW_MATCH)
+    return dict(control=control, window=[s, e], inside=inside.to_json(), outside=outside,
+                matched=inside.mean >= WINDOW_MATCH)
 
 # %% ../nbs/06e_summary.ipynb #87745b07
 def _scores(per_seed:dict, arm:str, metric:str) -> tuple[list, list|None]:
@@ -181,7 +186,8 @@ def task_comparisons(per_seed:dict, base:dict, arms:list, levels:str, metrics:tu
     return out
 
 # %% ../nbs/06e_summary.ipynb #664dc89c
-FAMILIES = dict(arms="the comparisons between two arms, over every task and metric of the report", base="the comparisons with the base model")
+FAMILIES = dict(arms="the comparisons between two arms, over every task and metric of the report",
+                base="the comparisons with the base model")
 
 def correct(sections:dict[str, TaskSection], alpha:float=0.05):
     "Holm-correct each family of the sections' comparisons (in place): `p_holm`, the corrected `verdict`, `verdict_alone`."
@@ -218,7 +224,8 @@ def task_section(task:str, per_seed:dict[str, dict[str, RunResult]],
     summary = {a: arm_summary(per_seed, a) for a in arms}
     for a in arms:
         if study:
-            for k, v in study_arm([runs[a] for runs in per_seed.values()], steps, eval_every or steps).items(): setattr(summary[a], k, v)
+            for k, v in study_arm([runs[a] for runs in per_seed.values()], steps,
+                                  eval_every or steps).items(): setattr(summary[a], k, v)
         c = ARMS[a].control_for(levels)
         if c in arms and c != a: summary[a].control_window = window_match(per_seed, a, c)
     comps = task_comparisons(per_seed, base, arms, levels, metrics)
@@ -226,7 +233,8 @@ def task_section(task:str, per_seed:dict[str, dict[str, RunResult]],
         w = summary[c.arm].control_window if c.is_control else None
         if w and 'inside' in w: c.window_share = w['inside']['mean']
         elif w: c.window_unchecked = w['unchecked']
-    bs = dict(**base_summary({s: h for s, (h, _) in base.items()}), learned_score=aggregate([l for _, l in base.values()]),
+    bs = dict(**base_summary({s: h for s, (h, _) in base.items()}),
+              learned_score=aggregate([l for _, l in base.values()]),
               per_seed={s: h for s, (h, _) in base.items()})
     return TaskSection(task=task, levels=levels, arms=summary, base=bs, comparisons=comps, per_seed=per_seed)
 
@@ -249,7 +257,8 @@ def evaluate_contrasts(tasks:dict[str, TaskSection], contrasts=CONTRASTS) -> lis
     "Every claim's paired difference, tests, MDE and verdict; the claims that ran are one Holm family."
     out, rows = [], []
     for c in contrasts:
-        r = ContrastResult(c.id, c.claim, c.arm, c.other, c.task, c.metric, c.kind, c.margin, at=None if c.at is None else list(c.at))
+        r = ContrastResult(c.id, c.claim, c.arm, c.other, c.task, c.metric, c.kind, c.margin,
+                           at=None if c.at is None else list(c.at))
         x, y = contrast_values(tasks[c.task], c) if c.task in tasks else ([], [])
         if x and None not in x + y:
             d = paired(x, y)
@@ -277,6 +286,7 @@ def fake_report(finals:dict,             # {arm: its mean final held-out strict 
     bases = {str(s): ({'overall': dict(strict=float(b), se=0.012, n=1200)}, None) for s, b in enumerate(base)}
     sec = task_section(task, per_seed, bases, list(finals), lv, steps=steps, eval_every=every)
     correct({task: sec})
-    setup = dict(budget='study', steps=steps, prompts_per_step=2, group_size=8, seeds=list(range(seeds)), evaluation=dict(images=1200, every=every),
+    setup = dict(budget='study', steps=steps, prompts_per_step=2, group_size=8, seeds=list(range(seeds)),
+                 evaluation=dict(images=1200, every=every),
                  tasks={task: dict(about=TASKS[task]['about'], arms=list(finals))}, arms=arms)
     return Report(format=FORMAT, setup=setup, tasks={task: sec}, findings=[], contrasts=evaluate_contrasts({task: sec}))
