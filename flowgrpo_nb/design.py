@@ -12,7 +12,7 @@ __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'DEFAULT_ARMS', 'STUDY_ARMS', 'BUDGETS',
 # %% ../nbs/06b_design.ipynb #c862115e
 import math
 from dataclasses import dataclass, field
-from .rollout import lookahead_nfe
+from .rollout import lookahead_nfe, bad_field
 from .config import GRPOConfig, preset_config
 from .stats import KINDS
 
@@ -119,7 +119,7 @@ class CompareConfig:
     overrides:dict=field(default_factory=dict)  # GRPOConfig fields applied to every run
     fidelity:str|None=None       # a fidelity.json (flowgrpo fidelity): the report draws each arm's credit fidelity against its gain
     def __post_init__(self):
-        if self.budget not in BUDGETS: raise ValueError(f"budget={self.budget!r}: allowed {', '.join(BUDGETS)}")
+        if self.budget not in BUDGETS: bad_field(self, 'budget', self.budget, ', '.join(BUDGETS))
         b = BUDGETS[self.budget]
         s = b['seeds'] if self.seeds is None else self.seeds
         self.seeds = {t: tuple(v) for t, v in s.items()} if isinstance(s, dict) else tuple(s)
@@ -137,24 +137,22 @@ class CompareConfig:
     def train_config(self, arm:str, seed:int, task:str|None=None) -> GRPOConfig:
         "The `GRPOConfig` of `arm` in `task` (default: the first) under this budget."
         b = BUDGETS[self.budget]
-        return arm_config(arm,
-                          **{**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
-                                  'eval_start': False, 'save_every': b['steps'], 'seed': seed,
-                                  'reward': TASKS[task or self.tasks[0]]['reward']}, overrides=self.overrides)
+        fields = {**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
+                  'eval_start': False, 'save_every': b['steps'], 'seed': seed, 'reward': TASKS[task or self.tasks[0]]['reward']}
+        return arm_config(arm, **fields, overrides=self.overrides)
 
 # %% ../nbs/06b_design.ipynb #bc5c6093
 def _check_compare(c:CompareConfig):
-    bad = [t for t in c.tasks if t not in TASKS]
-    if bad or not c.tasks or len(set(c.tasks)) < len(c.tasks): raise ValueError(f"tasks={c.tasks!r}: allowed distinct names from {', '.join(TASKS)}")
+    "Every task known, each with distinct whole-number seeds and distinct known arms that include Flow-GRPO."
+    if not c.tasks or len(set(c.tasks)) < len(c.tasks) or set(c.tasks) - set(TASKS):
+        bad_field(c, 'tasks', c.tasks, f"distinct names from {', '.join(TASKS)}")
     for t in c.tasks:
         s = c.task_seeds(t)
         if not s or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in s) or len(set(s)) < len(s):
-            raise ValueError(f"seeds={c.seeds!r} (task {t!r}): allowed distinct whole numbers >= 0, at least one per task")
-    for t in c.tasks:
+            bad_field(c, 'seeds', c.seeds, f"distinct whole numbers >= 0, at least one for task {t!r}")
         arms = c.task_arms(t)
-        bad = [a for a in arms if a not in ARMS]
-        if bad or len(set(arms)) < len(arms): raise ValueError(f"arms={arms!r} (task {t!r}): allowed distinct names from {', '.join(ARMS)}")
-        if 'flow_grpo' not in arms: raise ValueError(f"arms={arms!r} (task {t!r}): must include 'flow_grpo': every arm is measured against it")
+        if set(arms) - set(ARMS) or len(set(arms)) < len(arms): bad_field(c, 'arms', arms, f"distinct names from {', '.join(ARMS)} (task {t!r})")
+        if 'flow_grpo' not in arms: bad_field(c, 'arms', arms, f"a tuple that includes 'flow_grpo' (task {t!r}): every arm is measured against it")
 
 # %% ../nbs/06b_design.ipynb #ac863091
 @dataclass(frozen=True)
