@@ -1,12 +1,19 @@
 """Benchmark of the app under load (not a test): 20 concurrent clients on 127.0.0.1, most sending short Generate
-requests while a few send long Credit strips, against the app served by a second process.
+requests while a few send long Credit strips (or long Generate requests), against the app served by a second process.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/app_bench.py [--clients 20] [--long 3] [--requests 1]
         [--runs 2] [--steps 4] [--credit-steps 16] [--spread 12] [--lanes 2 1] [--deadline 25]
+        [--long-kind credit|generate] [--long-steps 100] [--at-once N ...]
+
+    # issue 26's case: 8 long Generate requests (100 steps, every model), then one 1-step Generate
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/app_bench.py --long-kind generate --long 8 --clients 9 --steps 1 \
+        --long-steps 100 --spread 0 --lanes 2 --at-once 16 1 --runs 4 --deadline 200
 
 The server process loads one app per `--lanes` value (base + `--runs` fake fine-tuned models, `app.fake_runs`),
-each on its own port. Then, one app at a time, every client builds its `gradio_client.Client`, all start together,
-the `--long` clients submit one Credit strip each at `--credit-steps` and the others, starting evenly over `--spread`
+each on its own port (and one per `--at-once` value: how many Generate requests the app admits at once, 1 being
+first come first served). Then, one app at a time, every client builds its `gradio_client.Client`, all start together,
+the `--long` clients submit one Credit strip each at `--credit-steps` (with `--long-kind generate`: one Generate
+request each at `--long-steps`) and the others, starting evenly over `--spread`
 seconds (users do not all click at once; 0: all together), send `--requests` Generate requests each, one after the
 other (every model at `--steps`). It reports the median and worst answer time of the short requests
 that overlapped a long one, next to one short request on the idle server. `lanes=2` is the app's design (credit on
@@ -20,21 +27,26 @@ os.environ.setdefault('GRADIO_ANALYTICS_ENABLED', 'False')
 def free_port() -> int:
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-def server(out:str, n_runs:int, lanes:list[int], ports:list[int]):
-    "The server process: a fake runs folder, one app per lanes value, each on its port, until stdin closes."
+def server(out:str, n_runs:int, variants:list[tuple[int, int]], ports:list[int]):
+    "The server process: a fake runs folder, one app per (lanes, Generate requests at once), each on its port, until stdin closes."
     import torch
     torch.set_num_threads(1)
+    from flowgrpo_nb import app as app_mod
     from flowgrpo_nb.app import fake_runs, make_app, serve
     runs = fake_runs(Path(out)/'compare', methods=('flow_grpo', 'dense', 'stepwise', 'turning_point')[:n_runs])
-    apps = [make_app(runs, lanes=l) for l in lanes]
+    apps = []
+    for lanes, at_once in variants:
+        app_mod.GENERATE_AT_ONCE = at_once  # read by make_app
+        apps.append(make_app(runs, lanes=lanes))
     for app, port in zip(apps, ports): serve(app, port=port, block=False, quiet=True)
     print('ready', flush=True)
     sys.stdin.read()
     for app in apps: app.close(verbose=False)
 
-def start_server(out:Path, n_runs:int, lanes:list[int], timeout:float) -> tuple[subprocess.Popen, dict]:
-    ports = [free_port() for _ in lanes]
-    proc = subprocess.Popen([sys.executable, __file__, '--serve', str(out), '--runs', str(n_runs), '--lanes', *map(str, lanes),
+def start_server(out:Path, n_runs:int, variants:list[tuple[int, int]], timeout:float) -> tuple[subprocess.Popen, dict]:
+    ports = [free_port() for _ in variants]
+    proc = subprocess.Popen([sys.executable, __file__, '--serve', str(out), '--runs', str(n_runs),
+                             '--lanes', *(str(l) for l, _ in variants), '--at-once', *(str(n) for _, n in variants),
                              '--ports', *map(str, ports)],
                             env=os.environ | dict(OMP_NUM_THREADS='1'), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = []
@@ -42,7 +54,7 @@ def start_server(out:Path, n_runs:int, lanes:list[int], timeout:float) -> tuple[
     reader.start(); reader.join(timeout)
     if not line or line[0].strip() != 'ready':
         proc.kill(); raise SystemExit(f'the server process did not start within {timeout} s (exit status {proc.poll()})')
-    return proc, dict(zip(lanes, ports))
+    return proc, dict(zip(variants, ports))
 
 def load(url:str, a) -> dict:
     "Run the mixed clients against `url`; the answer times of short and long requests."
@@ -62,7 +74,8 @@ def load(url:str, a) -> dict:
         if kind == 'short': time.sleep(0.5 + a.spread * (i - a.long) / (a.clients - a.long))  # after the long ones, spread out
         for r in range(1 if kind == 'long' else a.requests):
             t = time.perf_counter()
-            if kind == 'long': job = c.submit(prompts[i % 4], 'base', i, a.credit_steps, 4.0, 'flow_sde', api_name='/credit')
+            if kind == 'long' and a.long_kind == 'generate': job = c.submit(prompts[i % 4], i, a.long_steps, 4.0, 'ode', api_name='/generate')
+            elif kind == 'long': job = c.submit(prompts[i % 4], 'base', i, a.credit_steps, 4.0, 'flow_sde', api_name='/credit')
             else: job = c.submit(prompts[(i + r) % 4], i * 10 + r, a.steps, 4.0, 'ode', api_name='/generate')
             try: out = job.result(timeout=max(0.1, t_end - time.perf_counter())); ok = 'Invalid' not in out[0] and 'Error' not in out[0]
             except Exception as e: ok = False; errors.append(f'{kind}: {type(e).__name__}')
@@ -87,31 +100,37 @@ def main():
     ap.add_argument('--steps', type=int, default=4)
     ap.add_argument('--credit-steps', type=int, default=16)
     ap.add_argument('--lanes', type=int, nargs='+', default=[2, 1])
+    ap.add_argument('--long-kind', choices=('credit', 'generate'), default='credit')  # what the long clients send
+    ap.add_argument('--long-steps', type=int, default=100)  # steps of a long Generate request (--long-kind generate)
+    ap.add_argument('--at-once', type=int, nargs='+', default=None)  # Generate requests admitted at once (default: the app's)
     ap.add_argument('--spread', type=float, default=12.0)    # the short clients start evenly over this many seconds
     ap.add_argument('--deadline', type=float, default=25.0)  # seconds of load per app
     ap.add_argument('--serve', help=argparse.SUPPRESS)       # internal: run as the server process on this runs folder
     ap.add_argument('--ports', type=int, nargs='+', help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.serve: return server(a.serve, a.runs, a.lanes, a.ports)
+    if a.serve: return server(a.serve, a.runs, list(zip(a.lanes, a.at_once)), a.ports)
+    from flowgrpo_nb.app import GENERATE_AT_ONCE
+    variants = [(l, n) for l in a.lanes for n in (a.at_once or [GENERATE_AT_ONCE])]
     if not 0 < a.long < a.clients: raise SystemExit(f'--long {a.long}: allowed 1..{a.clients - 1} (some clients must be short)')
     if not 1 <= a.runs <= 4: raise SystemExit(f'--runs {a.runs}: allowed 1..4')
     tmp = Path(tempfile.mkdtemp(prefix='app-bench-'))
     t_start = time.perf_counter()
-    proc, ports = start_server(tmp, a.runs, a.lanes, 180)
+    proc, ports = start_server(tmp, a.runs, variants, 180)
     rows = {}
     try:
-        print(f'server up in {time.perf_counter() - t_start:.0f} s; {a.clients} clients: {a.long} x Credit at {a.credit_steps} steps, '
+        long = f'Credit at {a.credit_steps} steps' if a.long_kind == 'credit' else f'Generate at {a.long_steps} steps ({a.runs + 1} models)'
+        print(f'server up in {time.perf_counter() - t_start:.0f} s; {a.clients} clients: {a.long} x {long}, '
               f'{a.clients - a.long} x {a.requests} Generate ({a.runs + 1} models, {a.steps} steps)', flush=True)
-        for lanes, port in ports.items(): rows[lanes] = load(f'http://127.0.0.1:{port}/', a)
+        for v, port in ports.items(): rows[v] = load(f'http://127.0.0.1:{port}/', a)
     finally:
         proc.stdin.close()
         try: proc.wait(60)
         except subprocess.TimeoutExpired: proc.kill()
         shutil.rmtree(tmp, ignore_errors=True)
-    print('\n| lanes | short alone (s) | short during long: n | median (s) | worst (s) | long median (s) | long worst (s) | unanswered | wall (s) |')
-    print('|---|---|---|---|---|---|---|---|---|')
-    for lanes, r in rows.items():
-        print(f"| {lanes} | {r['idle']:.2f} | {r['during_n']}/{r['short_n']} | {r['short_median']:.2f} | {r['short_worst']:.2f} | "
+    print('\n| lanes | Generate at once | short alone (s) | short during long: n | median (s) | worst (s) | long median (s) | long worst (s) | unanswered | wall (s) |')
+    print('|---|---|---|---|---|---|---|---|---|---|')
+    for (lanes, at_once), r in rows.items():
+        print(f"| {lanes} | {at_once} | {r['idle']:.2f} | {r['during_n']}/{r['short_n']} | {r['short_median']:.2f} | {r['short_worst']:.2f} | "
               f"{r['long_median']:.1f} | {r['long_worst']:.1f} | {r['unanswered']} | {r['wall']:.0f} |" + (f" {r['errors']}" if r['errors'] else ''))
     print(f'\ntotal {time.perf_counter() - t_start:.0f} s')
 

@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/app.html.md"""
 
 # %% ../nbs/08_app.ipynb #c51fab2b
 from __future__ import annotations
-import copy, errno, inspect, json, os, shutil, signal, socket, tempfile, threading
+import copy, errno, heapq, inspect, json, os, shutil, signal, socket, tempfile, threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,7 @@ from fastcore.script import call_parse
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .display import MAX_WIDTH, STYLES, color, display_name
 from .flow import SAMPLERS
 from .policy import Policy, LORA_FILE, OLD_LORA_FILE
 from .checkpoint import list_checkpoints, verify_checkpoint, write_checkpoint
@@ -29,11 +30,12 @@ from .results import Report
 from .figures import report_figures
 
 # %% auto #0
-__all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'TASK_FIELDS', 'LANES', 'MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES',
-           'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'run_backend', 'base_label', 'base_label_of', 'parse_base',
-           'FineTuned', 'find_models', 'fake_runs', 'pick_bases', 'runs_task', 'Lane', 'ModelBank', 'check_prompt',
-           'check_settings', 'Sample', 'generate_all', 'strip_figure', 'samples_view', 'report_view', 'credit_view',
-           'prune_files', 'make_app', 'serve', 'check_address', 'app_cli']
+__all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'TASK_FIELDS', 'LANES', 'QUICK_STEPS', 'MAX_PROMPT_CHARS', 'MAX_STEPS',
+           'REPORT_FIGURES', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'GENERATE_AT_ONCE', 'PREVIEWS',
+           'GALLERY_COLUMNS', 'CSS', 'run_backend', 'base_label', 'base_label_of', 'parse_base', 'FineTuned',
+           'find_models', 'fake_runs', 'pick_bases', 'runs_task', 'CheapestFirst', 'Lane', 'ModelBank', 'check_prompt',
+           'check_settings', 'Sample', 'generate_all', 'model_label', 'strip_figure', 'samples_view', 'report_view',
+           'credit_view', 'prune_files', 'make_app', 'RefuseUploads', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #ba4d8e76
 ADAPTER_FILES = (LORA_FILE, OLD_LORA_FILE)  # a checkpoint's LoRA file: diffusers' name first, then the older one
@@ -141,15 +143,50 @@ def runs_task(models:list[FineTuned], device=None) -> tuple[Task, list[str]]:
     reward, prompts, eval_prompts, model = keys[0]
     return load_task(reward, prompts, eval_prompts, model, device=device or 'cpu'), [m.name for m, k in zip(models, keys) if k != keys[0]]
 
+# %% ../nbs/08_app.ipynb #5c1e0a01
+class CheapestFirst:
+    "A re-entrant lock that goes to the waiting request of least cost first (ties: first come); its holder can yield to a cheaper one."
+    def __init__(self): self._cv, self._owner, self._depth, self._waiting, self._n = threading.Condition(), None, 0, [], 0
+
+    def acquire(self, cost:float=0):
+        me = threading.get_ident()
+        with self._cv:
+            if self._owner == me: self._depth += 1; return
+            ticket = (cost, self._n); self._n += 1
+            heapq.heappush(self._waiting, ticket)
+            while self._owner is not None or self._waiting[0] != ticket: self._cv.wait()
+            heapq.heappop(self._waiting); self._owner, self._depth = me, 1
+
+    def release(self):
+        with self._cv:
+            self._depth -= 1
+            if not self._depth: self._owner = None; self._cv.notify_all()
+
+    def yield_to_cheaper(self, cost:float):
+        "Let a waiting request of lower cost than `cost` go first, then take the lock back (call it between two pieces of work)."
+        with self._cv:
+            if self._owner != threading.get_ident() or not (self._waiting and self._waiting[0][0] < cost): return
+            depth, self._owner, self._depth = self._depth, None, 0
+            self._cv.notify_all()
+        self.acquire(cost)
+        with self._cv: self._depth = depth
+
+    @contextmanager
+    def hold(self, cost:float=0):
+        self.acquire(cost)
+        try: yield self
+        finally: self.release()
+
 # %% ../nbs/08_app.ipynb #a677e5f8
-LANES = ('generate', 'credit')
+LANES = ('generate', 'quick', 'credit')
+QUICK_STEPS = 10  # Generate requests of at most this many steps run in the 'quick' lane, never behind long ones
 
 @dataclass
 class Lane:
     "One copy of the networks and the lock that makes one thread at a time use them."
     bases:dict  # base label -> its network (adapter disabled when it plays the base model)
     nets:dict   # (base label, LoRA shape) -> network carrying an adapter of that shape
-    lock:threading.Lock
+    lock:CheapestFirst
 
 # %% ../nbs/08_app.ipynb #cc1be38a
 class ModelBank:
@@ -158,7 +195,7 @@ class ModelBank:
                  base:str|None=None,              # a base label ('tiny', 'sd3:PATH'): load only the runs of this base
                  policy:Policy|None=None,         # the base policy, without adapter (default: `load_policy` of the runs' base)
                  task:Task|None=None,             # the task that scores the models (default: `runs_task`)
-                 lanes:int=2,                     # 2: generate and credit each have a copy of the networks; 1: they share one
+                 lanes:int=2,                     # 2: long and quick Generate requests and credit each have a copy of the networks; 1: one copy
                  device=None):
         if lanes not in (1, 2): raise ValueError(f"lanes={lanes!r}: allowed 1 (generate and credit share the networks) or 2 (a copy each)")
         self.runs, self.lanes = (None if runs is None else Path(runs)), lanes
@@ -172,8 +209,9 @@ class ModelBank:
         self.base_names = {('base' if len(bases) == 1 else f'base ({l})'): l for l in bases}
         self.by_name = {m.name: m for m in self.models}
         self.task, self.other_tasks = (task, []) if task is not None else runs_task(self.models, next(iter(bases.values())).device)
-        gen = Lane(bases, nets, threading.Lock())
-        self._lanes = {'generate': gen, 'credit': gen if lanes == 1 else Lane(*copy.deepcopy((bases, nets)), threading.Lock())}
+        gen = Lane(bases, nets, CheapestFirst())
+        copied = lambda: gen if lanes == 1 else Lane(*copy.deepcopy((bases, nets)), CheapestFirst())
+        self._lanes = {'generate': gen, 'quick': copied(), 'credit': copied()}
 
     def _attach(self, groups, bases) -> tuple[dict, list]:
         "One adapter per (base, shape); each run checked against its base and its weights read once."
@@ -194,13 +232,17 @@ class ModelBank:
     @property
     def names(self) -> list[str]: return [*self.base_names, *(m.name for m in self.models)]
 
-    @contextmanager
-    def use(self, name:str, lane:str='generate'):
-        "The policy of model `name` (a base or a run name), held under `lane`'s lock."
-        if name not in self.base_names and name not in self.by_name: raise ValueError(f"model={name!r}: allowed one of {self.names}")
+    def lane(self, lane:str='generate') -> CheapestFirst:
+        "The lock of `lane`: `bank.lane().hold(cost)` keeps it for a request of several models."
         if lane not in LANES: raise ValueError(f"lane={lane!r}: allowed one of {LANES}")
+        return self._lanes[lane].lock
+
+    @contextmanager
+    def use(self, name:str, lane:str='generate', cost:float=0):
+        "The policy of model `name` (a base or a run name), held under `lane`'s lock for a request of `cost`."
+        if name not in self.base_names and name not in self.by_name: raise ValueError(f"model={name!r}: allowed one of {self.names}")
         ln = self._lanes[lane]
-        with ln.lock:
+        with self.lane(lane).hold(cost):
             if name in self.base_names:
                 net = ln.bases[self.base_names[name]]
                 with net.disable_adapter(): yield net
@@ -252,26 +294,40 @@ class Sample:
     previews:torch.Tensor  # [K+1, 3, H, W] Tweedie previews x0_hat(x_k); the last is the image
     values:list            # [K+1] the task's reward of each preview
 
+def _sample(bank:ModelBank, name:str, prompt:str, cfg:RolloutConfig, seed:int, cost:float, lane:str) -> Sample:
+    "Model `name`'s sample for `prompt` (`lane` held while it generates), evaluated by the bank's task."
+    task, describe = bank.task, getattr(bank.task, 'describe', None)
+    with bank.use(name, lane, cost) as policy, torch.no_grad():
+        ro = rollout(policy, [prompt], cfg, task.reward, torch.Generator().manual_seed(seed))
+        sv = step_values(policy, ro, 'tweedie', task.reward, keep_images=True)
+    return Sample(name, ro.images[0].cpu(), task.category(prompt) if task.category else None, task.evaluate(ro.images, [prompt]),
+                  describe(ro.images, [prompt])[0] if describe else None, sv.images[0].cpu(), sv.V[0].tolist())
+
 def generate_all(bank:ModelBank, prompt:str, seed:int=0, steps:int=10, guidance:float=4.0,
                  sampler:str='ode', level:float=0.7,
                  models:list[str]|None=None) -> list[Sample]:  # default: every model of the bank
-    "Each model's sample for `prompt` from the same initial noise, evaluated by the bank's task."
-    task = bank.task
-    prompt = check_prompt(prompt, task)
+    "Each model's sample for `prompt` from the same initial noise, evaluated by the bank's task; cheaper requests go first."
+    prompt = check_prompt(prompt, bank.task)
     seed, steps, guidance, sampler, level = check_settings(seed, steps, guidance, sampler, level)
-    cfg, describe, out = RolloutConfig(K=steps, guidance=guidance, sampler=sampler, level=level, group_size=1), getattr(task, 'describe', None), []
-    for name in models or bank.names:
-        with bank.use(name, 'generate') as policy, torch.no_grad():
-            ro = rollout(policy, [prompt], cfg, task.reward, torch.Generator().manual_seed(seed))
-            sv = step_values(policy, ro, 'tweedie', task.reward, keep_images=True)
-        out.append(Sample(name, ro.images[0].cpu(), task.category(prompt) if task.category else None, task.evaluate(ro.images, [prompt]),
-                          describe(ro.images, [prompt])[0] if describe else None, sv.images[0].cpu(), sv.V[0].tolist()))
+    names = list(models or bank.names)
+    if bad := [n for n in names if n not in bank.names]: raise ValueError(f"models: {bad} unknown; allowed {bank.names}")
+    cfg, cost, out = RolloutConfig(K=steps, guidance=guidance, sampler=sampler, level=level, group_size=1), steps * len(names), []
+    lane = 'quick' if steps <= QUICK_STEPS else 'generate'  # a short request never waits behind a long one
+    with bank.lane(lane).hold(cost) as lock:
+        for name in names:
+            lock.yield_to_cheaper(cost)  # between two models: a cheaper request that waits goes first
+            out.append(_sample(bank, name, prompt, cfg, seed, cost, lane))
     return out
 
 # %% ../nbs/08_app.ipynb #21936c86
 def _pixels(image:torch.Tensor, size:int=192) -> np.ndarray:  # [3, H, W] in [0, 1] -> [~size, ~size, 3] uint8
     a, zoom = (image.clamp(0, 1).permute(1, 2, 0) * 255).round().byte().numpy(), max(1, size // max(image.shape[-2:]))
     return a.repeat(zoom, 0).repeat(zoom, 1)
+
+def model_label(name:str) -> str:
+    "A model as a reader sees it: its arm's display name (`display.STYLES`) and where its run is, e.g. 'DenseGRPO (seed0)'."
+    *where, arm = name.split('/')
+    return (display_name(arm) + (f" ({'/'.join(where)})" if where else '')) if arm in STYLES else name
 
 def _means(s:Sample) -> list[tuple[str, float]]:
     return [('overall', s.report.overall), *s.report.extra.items()]
@@ -280,7 +336,7 @@ def strip_figure(samples:list[Sample]) -> go.Figure:
     "One row per model: the Tweedie previews x0_hat(x_0..x_K), each step's value V_k under it."
     K1, pad = len(samples[0].values), 2
     every = max(1, K1 // 20)  # at most ~20 tick labels a row
-    fig = make_subplots(len(samples), 1, vertical_spacing=0.3 / len(samples), subplot_titles=[s.model for s in samples])
+    fig = make_subplots(len(samples), 1, vertical_spacing=0.3 / len(samples), subplot_titles=[model_label(s.model) for s in samples])
     for r, s in enumerate(samples, 1):
         W = s.image.shape[-1]
         fig.add_trace(go.Image(z=image_strip(s.previews), name=s.model, hovertemplate=f"{s.model}<extra></extra>"), r, 1)
@@ -288,34 +344,41 @@ def strip_figure(samples:list[Sample]) -> go.Figure:
         fig.update_xaxes(tickvals=[(W + pad) * k + W / 2 for k in ks], ticktext=[f"k={k}<br>V={s.values[k]:.2f}" for k in ks],
                          row=r, col=1)
     fig.update_yaxes(showticklabels=False)
+    for i, (a, s) in enumerate(zip(fig.layout.annotations, samples)): a.font.color = color(s.model.split('/')[-1], i)
     return fig.update_layout(title="Tweedie previews x0_hat(x_k); V_k = the task's reward of each",
-                             width=max(60 * K1 + 80, 500), height=150 * len(samples) + 90, margin=dict(l=20, r=20, t=70, b=20))
+                             width=min(max(60 * K1 + 80, 500), MAX_WIDTH), height=150 * len(samples) + 90, margin=dict(l=20, r=20, t=70, b=20))
 
-def samples_view(samples:list[Sample], size:int=192) -> tuple[list, str, go.Figure]:
+def samples_view(samples:list[Sample], size:int=192,
+                 previews:list[str]|None=None, # models whose Tweedie previews are drawn (None: every one)
+                ) -> tuple[list, str, go.Figure|None]:
     "Gallery items (image, caption) per model, a Markdown table of the task's evaluations, and the figure of Tweedie previews."
     found = any(s.found is not None for s in samples)
-    caption = lambda s: ' · '.join([s.model, *(f"{k} {v:.2f}" for k, v in _means(s))] + ([f"found: {s.found}"] if s.found is not None else []))
+    caption = lambda s: f"{model_label(s.model)}: {s.report.overall:.2f}" + (f" · found: {s.found}" if s.found is not None else '')
     cols = [k for k, _ in _means(samples[0])] + (['found'] if found else [])
     rows = [[s.model, *(f"{v:.3f}" for _, v in _means(s)), *([s.found or ''] if found else [])] for s in samples]
     head = [f"prompt category: **{samples[0].category}**\n"] if samples[0].category else []
     table = '\n'.join(head + ['| model | ' + ' | '.join(cols) + ' |', '|---' * (len(cols) + 1) + '|'] + ['| ' + ' | '.join(r) + ' |' for r in rows])
-    return [(_pixels(s.image, size), caption(s)) for s in samples], table, strip_figure(samples)
+    shown = [s for s in samples if previews is None or s.model in previews]
+    return [(_pixels(s.image, size), caption(s)) for s in samples], table, strip_figure(shown) if shown else None
 
 # %% ../nbs/08_app.ipynb #53a3bef6
-REPORT_FIGURES = ('curve_steps', 'curve_seconds', 'categories', 'costs')
+REPORT_FIGURES = ('curve_steps', 'curve_seconds', 'differences', 'categories', 'costs', 'gradient')
 
-def report_view(runs:str|Path|None) -> tuple[str, list]:
-    "Markdown (findings or why there is no report) and the report's figures (None when absent)."
-    p = None if runs is None else Path(runs)/'report.json'
+def report_view(runs:str|Path|None, task:str|None=None) -> tuple[str, list, list]:
+    "Markdown (a task's findings, or why there is no report), that task's figures (None where absent) and the report's tasks."
+    p, none = None if runs is None else Path(runs)/'report.json', [None] * len(REPORT_FIGURES)
     if p is None or not p.exists():
-        return f"No `report.json` in `{runs}`: run `flowgrpo compare --out DIR` and open the app on DIR.", [None] * 4
+        return f"No `report.json` in `{runs}`: run `flowgrpo compare --out DIR` and open the app on DIR.", none, []
     try:
         report = Report.from_json(json.loads(p.read_text()), str(p))
-        figs = report_figures(report)
+        tasks = list(report.tasks)
+        task = task if task in tasks else tasks[0]
+        figs = report_figures(report, task)
     except Exception as e:
-        return f"**`{p}` cannot be read** ({type(e).__name__}: {e})", [None] * 4
-    md = '\n'.join(f"- {s}" for s in report.findings)
-    return f"Report: `{p}`\n\n{md}", [figs[k] for k in REPORT_FIGURES]
+        return f"**`{p}` cannot be read** ({type(e).__name__}: {e})", none, []
+    md = '\n'.join(f"- {s.removeprefix(f'[{task}] ')}" for s in report.findings if s.startswith(f'[{task}] '))
+    about = report.setup['tasks'][task].get('about', '')
+    return f"Report: `{p}`; task **{task}** ({about}), one of {len(tasks)}\n\n{md}", [figs.get(k) for k in REPORT_FIGURES], tasks
 
 def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:int=10, guidance:float=4.0,
                 sampler:str='flow_sde', level:float=0.7, group_size:int=4) -> tuple:
@@ -325,7 +388,7 @@ def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:
     if sampler == 'ode': raise ValueError("sampler='ode': credit needs an SDE sampler; allowed one of " + str(SAMPLERS[1:]))
     if steps < 2: raise ValueError(f"steps={steps}: credit needs at least 2 steps (the last step is never trained)")
     cfg, reward = RolloutConfig(K=steps, guidance=guidance, sampler=sampler, level=level, group_size=group_size), bank.task.reward
-    with bank.use(model, 'credit') as policy, torch.no_grad():
+    with bank.use(model, 'credit', steps * steps * group_size) as policy, torch.no_grad():  # its cost: ode:rest's NFE, about
         ro = rollout(policy, [prompt], cfg, reward, torch.Generator().manual_seed(seed))
         values = {op: step_values(policy, ro, op, reward, keep_images=True) for op in ('tweedie', 'ode:rest')}
     credits = method_credits(ro, values)
@@ -336,6 +399,9 @@ def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:
 QUEUE_SIZE = 64        # waiting requests, all groups together; more are refused at once
 MAX_FILES = 256        # gallery images kept in Gradio's cache (the newest)
 UPLOAD_LIMIT = 0       # bytes: the app has no upload control, so uploads are refused
+GENERATE_AT_ONCE = 16  # Generate requests admitted at once; the lane's CheapestFirst lock runs the cheapest first
+PREVIEWS = 3           # models whose Tweedie previews the Generate tab draws until the user picks others
+GALLERY_COLUMNS = 6
 
 def prune_files(component, keep:int=MAX_FILES) -> int:
     "Delete the oldest files `component` wrote to Gradio's cache beyond the newest `keep` (and their emptied folders); how many."
@@ -361,14 +427,15 @@ def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare); Non
     import gradio as gr
     bank = bank or ModelBank(runs, **kw)
     examples = list(dict.fromkeys(bank.task.eval_prompts))[:200]
-    torch_group = dict(concurrency_limit=1, concurrency_id='generate')
-    credit_group = dict(concurrency_limit=1, concurrency_id='credit' if bank.lanes == 2 else 'generate')
+    torch_group = dict(concurrency_limit=GENERATE_AT_ONCE, concurrency_id='generate')  # CheapestFirst orders them in the lane
+    credit_group = dict(concurrency_limit=1, concurrency_id='credit') if bank.lanes == 2 else torch_group
     light = dict(concurrency_limit=4, concurrency_id='light')
 
-    def generate(prompt, seed, steps, guidance, sampler):
+    def generate(prompt, seed, steps, guidance, sampler, previews=None):
         try:
             prune_files(gallery, max_files)
-            images, table, strips = samples_view(generate_all(bank, prompt, seed, steps, guidance, sampler))
+            samples = generate_all(bank, prompt, seed, steps, guidance, sampler)
+            images, table, strips = samples_view(samples, previews=bank.names[:PREVIEWS] if previews is None else previews)
             return f"{len(images)} models, seed {int(seed)}, {int(steps)} steps, CFG {float(guidance):g}, {sampler}", images, table, strips
         except Exception as e: return _error(e), [], '', None
 
@@ -379,9 +446,10 @@ def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare); Non
             return f"{model}: 4 samples of {check_prompt(prompt, bank.task)!r}", gain, preview, rows
         except Exception as e: return _error(e), None, None, []
 
-    def report():
-        md, figs = report_view(bank.runs)
-        return md, *figs
+    def report(task=None):
+        md, figs, tasks = report_view(bank.runs, task)
+        return md, gr.update(choices=tasks, value=task if task in tasks else tasks[0] if tasks else None, visible=bool(tasks)), \
+            *(gr.update(value=f, visible=f is not None) for f in figs)
 
     with gr.Blocks(title='flowgrpo_nb', delete_cache=(600, 3600)) as app:
         gr.Markdown("# flowgrpo_nb: base vs fine-tuned\n\n" + bank.message())
@@ -396,20 +464,27 @@ def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare); Non
             sampler = gr.Dropdown(list(SAMPLERS), value='ode', label='sampler')
         example.change(lambda p: p or gr.update(), example, prompt, api_name='example', **light)
         with gr.Tab('Generate'):
-            gen = gr.Button('Generate', variant='primary', elem_id='generate')
+            with gr.Row():
+                gen = gr.Button('Generate', variant='primary', elem_id='generate', scale=1)
+                previews = gr.Dropdown(bank.names, value=bank.names[:PREVIEWS], multiselect=True, scale=3, elem_id='previews',
+                                       label='Tweedie previews of (the strips below)')
             status = gr.Markdown(elem_id='status')
-            gallery = gr.Gallery(label='one image per model (same initial noise)', columns=5, height='auto', elem_id='images')
-            table = gr.Markdown()
+            many = len(bank.names) > 2 * GALLERY_COLUMNS
+            gallery = gr.Gallery(label='one image per model (same initial noise)', columns=GALLERY_COLUMNS, height=440 if many else 'auto',
+                                 elem_id='images')
+            with gr.Accordion('scores of every model', open=not many): table = gr.Markdown()
             strip = gr.Plot(label="Tweedie previews x0_hat(x_k) per step, with the task's reward of each", elem_id='strips')
-            io = dict(fn=generate, inputs=[prompt, seed, steps, guidance, sampler], outputs=[status, gallery, table, strip], **torch_group)
+            io = dict(fn=generate, inputs=[prompt, seed, steps, guidance, sampler, previews], outputs=[status, gallery, table, strip], **torch_group)
             gen.click(api_name='generate', **io)
             prompt.submit(api_name='generate_submit', **io)
         with gr.Tab('Report'):
-            md, figs = report_view(bank.runs)
-            reload = gr.Button('Reload report')
+            md, figs, tasks = report_view(bank.runs)
+            with gr.Row():
+                rtask = gr.Dropdown(tasks, value=tasks[0] if tasks else None, label='task', visible=bool(tasks), elem_id='report-task')
+                reload = gr.Button('Reload report')
             rmd = gr.Markdown(md)
-            plots = [gr.Plot(f, label=k) for k, f in zip(REPORT_FIGURES, figs)]
-            reload.click(report, None, [rmd, *plots], api_name='report', **light)
+            plots = [gr.Plot(f, label=k, visible=f is not None) for k, f in zip(REPORT_FIGURES, figs)]
+            gr.on([rtask.input, reload.click], report, rtask, [rmd, rtask, *plots], api_name='report', **light)
         with gr.Tab('Credit'):
             with gr.Row():
                 cmodel = gr.Dropdown(bank.names, value=bank.names[0], label='model')
@@ -423,11 +498,23 @@ def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare); Non
     app.bank, app.gallery = bank, gallery
     return app
 
+class RefuseUploads:
+    "ASGI middleware: every upload is answered 413 before its body is read, an empty one too (the app has no upload control)."
+    def __init__(self, app): self.app = app
+    async def __call__(self, scope, receive, send):
+        if scope['type'] == 'http' and scope['method'] == 'POST' and scope['path'].rstrip('/').endswith('/upload'):
+            await send({'type': 'http.response.start', 'status': 413, 'headers': [(b'content-type', b'text/plain; charset=utf-8')]})
+            return await send({'type': 'http.response.body', 'body': b'uploads are refused: this app takes no files'})
+        await self.app(scope, receive, send)
+
+CSS = '#images .caption-label {white-space: normal; max-width: 100%}'  # gallery captions wrap instead of being cut
+
 def serve(app, host:str='127.0.0.1', port:int=7860, share:bool=False,
           block:bool=True, quiet:bool=False):  # block=False: return once the server is up (tests, notebooks)
-    "Launch `app` with uploads refused (`max_file_size=UPLOAD_LIMIT`)."
-    return app.launch(server_name=host, server_port=port, share=share, max_file_size=UPLOAD_LIMIT,
-                      prevent_thread_lock=not block, quiet=quiet)
+    "Launch `app` with every upload refused (`RefuseUploads`, and `max_file_size=UPLOAD_LIMIT` behind it)."
+    from starlette.middleware import Middleware
+    return app.launch(server_name=host, server_port=port, share=share, max_file_size=UPLOAD_LIMIT, css=CSS,
+                      app_kwargs=dict(middleware=[Middleware(RefuseUploads)]), prevent_thread_lock=not block, quiet=quiet)
 
 # %% ../nbs/08_app.ipynb #ef73ad83
 def check_address(host:str, port:int):

@@ -8,9 +8,10 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/cli.html.md"""
 __all__ = ['COMMANDS', 'FORK_SERVER', 'usage', 'main']
 
 # %% ../nbs/10_cli.ipynb #0c0df7e8
-import argparse, ast, importlib, importlib.util, inspect, math, multiprocessing, multiprocessing.forkserver, os, sys, traceback, warnings
+import argparse, ast, importlib, importlib.util, inspect, math, os, sys, traceback, warnings
 from contextlib import contextmanager
 from fastcore.script import anno_parser
+from .processes import WORKER_PRELOAD, start_fork_server
 
 # %% ../nbs/10_cli.ipynb #cd896d72
 COMMANDS = {
@@ -76,13 +77,12 @@ def _warnings_as_lines(prog:str):
     try: yield
     finally: warnings.formatwarning = fmt
 
-FORK_SERVER = {'compare': ['flowgrpo_nb.compare']}  # commands whose workers fork from a server, and what it imports (compare.WORKER_PRELOAD)
+FORK_SERVER = {'compare': WORKER_PRELOAD}  # commands whose workers fork from a server, and what it imports
 
 def _start_fork_server(name:str, argv:list[str]):
     "Start the server `name`'s workers fork from now, so that it imports the package beside this process's own imports."
-    if name not in FORK_SERVER or {'-h', '--help', '--estimate'} & set(argv) or 'forkserver' not in multiprocessing.get_all_start_methods(): return
-    multiprocessing.get_context('forkserver').set_forkserver_preload(FORK_SERVER[name])
-    multiprocessing.forkserver.ensure_running()  # compare's worker_context reaps it at exit when the jobs run
+    if name not in FORK_SERVER or {'-h', '--help', '--estimate'} & set(argv): return
+    start_fork_server(FORK_SERVER[name])  # the comparison's worker_context reaps it at exit when the jobs run
 
 def _quiet_torchvision_notice():
     "transformers announces on every start that torchvision is missing (the package never needs it): drop that line only."

@@ -15,6 +15,7 @@ import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
 from .rollout import check_fields
+from .display import MAX_WIDTH
 
 # %% auto #0
 __all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig',
@@ -331,7 +332,7 @@ def plot_credit(credits:dict[str, Credit],  # rule name -> its `Credit`
                                      marker=dict(symbol=sym, size=9, color='black')), 1, c)
     fig.update_yaxes(autorange='reversed', type='category')
     fig.update_xaxes(title_text='step k', dtick=1)
-    return fig.update_layout(height=120 + 18 * B, width=min(940, 140 + 200 * len(credits)), legend=dict(orientation='h', y=-0.2))
+    return fig.update_layout(height=120 + 18 * B, width=min(MAX_WIDTH, 140 + 200 * len(credits)), legend=dict(orientation='h', y=-0.2))
 
 # %% ../nbs/05_credit.ipynb #f8266ad7
 LOOKAHEAD = dict(flow_grpo=None, stepwise='tweedie', dense='ode:rest', turning_point='ode:rest')  # each method's step values

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np, torch
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 from fastcore.script import call_parse
 from torch import Tensor
 
-from .flow import write_pngs
+from .processes import write_pngs
+from .display import STYLES, color, display_name
 from .policy import Policy
 from .credit import METHODS
 from .task import Task, load_task, load_policy
@@ -27,18 +27,18 @@ from .train import load_run_policy
 from .fidelity import FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
 
 # %% auto #0
-__all__ = ['COLOURS', 'plot_steps', 'plot_differences', 'plot_scatter', 'plot_overall', 'run_arm', 'report_arms',
-           'fidelity_figures', 'fidelity_report', 'fidelity_cli', 'fidelity_summary']
+__all__ = ['plot_steps', 'plot_differences', 'plot_scatter', 'plot_overall', 'run_arm', 'report_arms', 'fidelity_figures',
+           'fidelity_report', 'fidelity_cli', 'fidelity_summary']
 
 # %% ../nbs/06i_fidelity_report.ipynb #99619064
-COLOURS = dict(flow_grpo='#636efa', stepwise='#00cc96', dense='#ef553b', turning_point='#ab63fa')
-
 def _colour(res:dict, arm:str) -> str:
-    "The method's colour for the first arm of each method, the qualitative palette for the others."
+    "The method's colour (`display.STYLES`) for the first arm of each method; the arm's own or the palette's for the others."
     arms = list(res['settings']['arms'])
     m = res['settings']['arms'][arm]['method']
     first = next(a for a in arms if res['settings']['arms'][a]['method'] == m) == arm
-    return COLOURS[m] if first and m in COLOURS else qualitative.D3[arms.index(arm) % len(qualitative.D3)]
+    return color(m) if first and m in STYLES else color(arm, arms.index(arm))
+
+_LEGEND = dict(orientation='h', x=0, xanchor='left', y=-0.08, yanchor='top')  # below the plots: they keep the width
 
 def _band(fig, x, lo, hi, colour, row, col):
     "A CI band over the steps where it exists (a polygon through a missing point would cut across the plot)."
@@ -58,7 +58,7 @@ def plot_steps(res:dict, quantity:str='advantage', stats:tuple=('kendall', 'spea
         x = [r['step'] for r in rs]
         for i, s in enumerate(stats, 1):
             _band(fig, x, [r[f'{s}_lo'] for r in rs], [r[f'{s}_hi'] for r in rs], c, i, 1)
-            fig.add_trace(go.Scatter(x=x, y=[r[s] for r in rs], mode='lines+markers', name=arm, legendgroup=arm,
+            fig.add_trace(go.Scatter(x=x, y=[r[s] for r in rs], mode='lines+markers', name=display_name(arm), legendgroup=arm,
                                      line=dict(color=c), showlegend=i == 1), i, 1)
         for k, dash in (('share_credit_zero', 'solid'), ('share_truth_zero', 'dot')):
             fig.add_trace(go.Scatter(x=x, y=[r[k] for r in rs], mode='lines', line=dict(color=c, dash=dash), legendgroup=arm,
@@ -67,7 +67,7 @@ def plot_steps(res:dict, quantity:str='advantage', stats:tuple=('kendall', 'spea
     fig.update_yaxes(range=[-0.02, 1.02], row=len(stats) + 1, col=1)
     fig.update_xaxes(title_text='step k', dtick=1, row=len(stats) + 1, col=1)
     M = res['settings']['M']
-    return fig.update_layout(height=220 * (len(stats) + 1), width=900, template='plotly_white',
+    return fig.update_layout(height=220 * (len(stats) + 1), template='plotly_white', legend=_LEGEND,
                              title=title or f"credit ({quantity}) vs Monte-Carlo step advantage per step (M={M}; bands: CI by prompt)")
 
 # %% ../nbs/06i_fidelity_report.ipynb #5b76afa7
@@ -79,8 +79,7 @@ def plot_differences(res:dict, quantity:str='advantage', stat:str='kendall', tit
                                error_x=dict(type='data', symmetric=False, array=[_gap(d['hi'], d['diff']) for d in ds],
                                             arrayminus=[_gap(d['diff'], d['lo']) for d in ds])))
     fig.add_vline(x=0, line=dict(color='#999', dash='dash'))
-    return fig.update_layout(height=120 + 30 * len(ds), width=700, template='plotly_white',
-                             xaxis_title=f'difference of {stat}',
+    return fig.update_layout(height=120 + 30 * len(ds), template='plotly_white', xaxis_title=f'difference of {stat}',
                              title=title or f"paired differences of the pooled {stat} ({quantity}), CI by prompt")
 
 def _gap(a, b): return None if a is None or b is None else a - b
@@ -89,18 +88,16 @@ def _gap(a, b): return None if a is None or b is None else a - b
 def plot_scatter(res:dict, quantity:str='advantage', title:str='') -> go.Figure:
     "Each arm's credit against its truth on every (sample, compared step), coloured by step."
     arms = list(res['data'])
-    fig = make_subplots(1, len(arms), subplot_titles=arms, horizontal_spacing=0.05)
+    fig = make_subplots(1, len(arms), subplot_titles=[display_name(a) for a in arms], horizontal_spacing=0.05)
     for c, arm in enumerate(arms, 1):
         d, ks = res['data'][arm], res['settings']['arms'][arm]['steps']
         t, q = np.array(d['truth'], dtype=float)[:, ks], np.array(d[quantity + 's'], dtype=float)[:, ks]
         fig.add_trace(go.Scatter(x=t.ravel(), y=q.ravel(), mode='markers', showlegend=False, name=arm,
                                  marker=dict(color=np.broadcast_to(ks, t.shape).ravel(), colorscale='Viridis', size=5, cmin=0,
-                                             cmax=len(d['trained']) - 1, showscale=c == len(arms),
-                                             colorbar=dict(title='step'))), 1, c)
+                                             cmax=len(d['trained']) - 1, showscale=c == len(arms), colorbar=dict(title='step'))), 1, c)
         fig.update_xaxes(title_text='MC step advantage', row=1, col=c)
     fig.update_yaxes(title_text=quantity, row=1, col=1)
-    return fig.update_layout(height=340, width=940, template='plotly_white',
-                             title=title or f"{quantity} vs Monte-Carlo step advantage")
+    return fig.update_layout(height=340, template='plotly_white', title=title or f"{quantity} vs Monte-Carlo step advantage")
 
 # %% ../nbs/06i_fidelity_report.ipynb #bff9e427
 def plot_overall(results:dict[str, dict], quantity:str='advantage', stat:str='kendall') -> go.Figure:
@@ -111,7 +108,7 @@ def plot_overall(results:dict[str, dict], quantity:str='advantage', stat:str='ke
         fig.add_trace(go.Bar(x=[r['arm'] for r in rs], y=[r[stat] for r in rs], name=name,
                              error_y=dict(type='data', symmetric=False, array=[_gap(r[f'{stat}_hi'], r[stat]) for r in rs],
                                           arrayminus=[_gap(r[stat], r[f'{stat}_lo']) for r in rs])))
-    return fig.update_layout(barmode='group', height=380, width=700, template='plotly_white', yaxis_range=[-1, 1],
+    return fig.update_layout(barmode='group', height=380, template='plotly_white', yaxis_range=[-1, 1],
                              yaxis_title=stat, title=f"pooled {stat} of {quantity} with the MC step advantage")
 
 # %% ../nbs/06i_fidelity_report.ipynb #f582f924
@@ -190,7 +187,7 @@ def _write_report(out:Path, results:dict, png:bool):
     out.mkdir(parents=True, exist_ok=True)
     (out/'fidelity.json').write_text(json.dumps(results))
     figs = fidelity_figures(results)
-    for n, fig in figs.items(): fig.write_html(out/f'{n}.html', include_plotlyjs='cdn')
+    for n, fig in figs.items(): fig.write_html(out/f'{n}.html', include_plotlyjs='directory')
     if png: write_pngs({out/f'{n}.png': fig for n, fig in figs.items()})  # one browser; a hung export is killed, skipped with a warning
 
 # %% ../nbs/06i_fidelity_report.ipynb #b498d706

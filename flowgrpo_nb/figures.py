@@ -12,28 +12,19 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from .policy import PHASES
 from .stats import t_quantile
-from plotly.colors import qualitative
-from .design import ARMS
+from .display import color, display_name
 from .results import Report, TaskSection
 
 # %% auto #0
-__all__ = ['COLORS', 'VERDICT_COLORS', 'AXES', 'FIDELITY', 'fig_curves', 'fig_differences', 'fig_claims', 'fig_categories',
-           'fig_costs', 'fig_gradient', 'fig_psi', 'fidelity_by_arm', 'fig_fidelity_gain', 'report_figures']
+__all__ = ['VERDICT_COLORS', 'AXES', 'FIDELITY', 'fig_curves', 'fig_differences', 'fig_claims', 'fig_categories', 'fig_costs',
+           'fig_gradient', 'fig_psi', 'fidelity_by_arm', 'fig_fidelity_gain', 'report_figures']
 
 # %% ../nbs/06f_figures.ipynb #3b38df2a
-COLORS = dict(base='#7f7f7f', flow_grpo='#1f77b4', flow_grpo_early='#17becf', flow_grpo_first4='#8c564b',
-              mix_grpo='#bcbd22',
-              flow_grpo_mid='#aec7e8', stepwise='#2ca02c', stepwise_ode='#98df8a', dense='#d62728',
-              dense_early='#ff9896',
-              turning_point='#9467bd', turning_point_early='#c5b0d5')
+_LEGEND = dict(orientation='h', x=0, xanchor='left', y=-0.15, yanchor='top')  # below the plot: the plot keeps the width
 VERDICT_COLORS = {'higher': '#2ca02c', 'lower': '#d62728', 'not distinguishable': '#7f7f7f', 'holds': '#2ca02c',
                   'equivalent': '#1f77b4', 'does not hold': '#d62728', 'undecided at this power': '#7f7f7f'}
 AXES = dict(step='optimizer steps', seconds='process CPU seconds (calibration included)',
             nfe='network evaluations (calibration included)')
-
-def _colour(key:str) -> str:
-    "The colour of arm `key`: its own, or the palette's by the arm's place in `ARMS`."
-    return COLORS.get(key) or qualitative.D3[list(ARMS).index(key) % len(qualitative.D3) if key in ARMS else 0]
 
 def _section(report:Report, task:str|None=None) -> TaskSection: return report.tasks[task or next(iter(report.tasks))]
 
@@ -42,7 +33,7 @@ def _mean_curve(fig, curves, x, name, colour):
     n = len(curves)
     xs, ys = np.array([[getattr(p, x) for p in c] for c in curves],
                       float), np.array([[p.eval for p in c] for c in curves])
-    fig.add_scatter(x=xs.mean(0), y=ys.mean(0), name=f'{name} (mean ± 95% CI, {n} seeds)', legendgroup=name,
+    fig.add_scatter(x=xs.mean(0), y=ys.mean(0), name=f'{display_name(name)} (mean ± 95% CI, {n} seeds)', legendgroup=name,
                     mode='lines+markers',
                     line=dict(color=colour, width=3),
                     error_y=dict(array=t_quantile(n) * ys.std(0, ddof=1) / math.sqrt(n), visible=True))
@@ -52,21 +43,21 @@ def fig_curves(report:Report, x:str='step', task:str|None=None) -> go.Figure:
     "Held-out strict score against `x` ('step', 'seconds' or 'nfe'): each seed faint, their mean ± 95% CI bold, plateaus marked."
     sec, fig = _section(report, task), go.Figure()
     n = len(sec.per_seed)
-    for m, summ in sec.arms.items():
+    for i, (m, summ) in enumerate(sec.arms.items()):
         curves = [runs[m].curve for runs in sec.per_seed.values()]
         if any(getattr(p, x) is None for c in curves for p in c): continue  # a format-2 report has no NFE curve
         for seed, c in zip(sec.per_seed, curves):
             fig.add_scatter(x=[getattr(p, x) for p in c], y=[p.eval for p in c],
-                            name=m if n == 1 else f'{m} (seed {seed})', legendgroup=m,
+                            name=display_name(m) if n == 1 else f'{display_name(m)} (seed {seed})', legendgroup=m,
                             showlegend=n == 1, mode='lines+markers', opacity=1 if n == 1 else 0.25,
-                            line=dict(color=_colour(m), width=2 if n == 1 else 1),
+                            line=dict(color=color(m, i), width=2 if n == 1 else 1),
                             error_y=dict(array=[p.se for p in c], visible=n == 1))
-        if n > 1 and len({len(c) for c in curves}) == 1: _mean_curve(fig, curves, x, m, _colour(m))
+        if n > 1 and len({len(c) for c in curves}) == 1: _mean_curve(fig, curves, x, m, color(m, i))
         if x == 'step' and summ.plateau and summ.plateau['step'] is not None:
-            fig.add_vline(x=summ.plateau['step'], line=dict(color=_colour(m), dash='dot', width=1))
+            fig.add_vline(x=summ.plateau['step'], line=dict(color=color(m, i), dash='dot', width=1))
     fig.add_hline(y=sec.base['overall']['strict'], line_dash='dot', annotation_text='base')
     return fig.update_layout(title=f"{sec.task}: held-out strict score vs {x}" + (' (dotted: where each curve goes flat)' * (x == 'step')),
-                             xaxis_title=AXES[x], yaxis_title='strict score', height=440)
+                             xaxis_title=AXES[x], yaxis_title='strict score', height=440, legend=_LEGEND)
 
 # %% ../nbs/06f_figures.ipynb #6315e133
 def _label(c) -> str:
@@ -111,12 +102,12 @@ def fig_categories(report:Report, task:str|None=None) -> go.Figure:
     "Per-category held-out strict scores of the base model and every arm (95% CI over seeds; one seed: SE)."
     sec, fig = _section(report, task), go.Figure()
     cats = [c for c in sec.base if c not in ('overall', 'learned_score', 'per_seed')]
-    fig.add_bar(x=cats, y=[sec.base[c]['strict'] for c in cats], name='base', marker_color=COLORS['base'],
+    fig.add_bar(x=cats, y=[sec.base[c]['strict'] for c in cats], name=display_name('base'), marker_color=color('base'),
                 error_y=dict(array=[sec.base[c]['se'] for c in cats]))
-    for m, r in sec.arms.items():
-        fig.add_bar(x=cats, y=[r.per_category[c]['mean'] for c in cats], name=m, marker_color=_colour(m),
+    for i, (m, r) in enumerate(sec.arms.items()):
+        fig.add_bar(x=cats, y=[r.per_category[c]['mean'] for c in cats], name=display_name(m), marker_color=color(m, i),
                     error_y=dict(array=[_half(r.per_category[c]) for c in cats]))
-    return fig.update_layout(barmode='group', title=f"{sec.task}: held-out strict score per category", height=420)
+    return fig.update_layout(barmode='group', title=f"{sec.task}: held-out strict score per category", height=420, legend=_LEGEND)
 
 # %% ../nbs/06f_figures.ipynb #170f7f2b
 def fig_costs(report:Report, task:str|None=None) -> go.Figure:
@@ -131,15 +122,16 @@ def fig_costs(report:Report, task:str|None=None) -> go.Figure:
                           name='calibration / steps', row=1, col=1)
     for kind in ('rollout', 'lookahead'): fig.add_bar(x=list(M), y=[M[m].nfe_per_sample[kind] for m in M],
                                                       name=f'NFE {kind}', row=1, col=2)
-    return fig.update_layout(barmode='stack', height=400, title=f"{sec.task}: cost of a training step")
+    return fig.update_layout(barmode='stack', height=400, legend=_LEGEND, title=f"{sec.task}: cost of a training step")
 
 def fig_gradient(report:Report, task:str|None=None) -> go.Figure:
     "Where each arm's gradient is: every denoising step's share of the gradient norm (mean over seeds and diagnosed steps)."
     sec, fig = _section(report, task), go.Figure()
-    for m, r in sec.arms.items():
-        if r.grad_share: fig.add_bar(x=list(range(len(r.grad_share))), y=r.grad_share, name=m, marker_color=_colour(m))
+    for i, (m, r) in enumerate(sec.arms.items()):
+        if r.grad_share: fig.add_bar(x=list(range(len(r.grad_share))), y=r.grad_share, name=display_name(m),
+                                     marker_color=color(m, i))
     return fig.update_layout(barmode='group', title=f"{sec.task}: share of the gradient norm per denoising step",
-                             xaxis_title='denoising step k', yaxis_title='share of the gradient norm', height=400)
+                             xaxis_title='denoising step k', yaxis_title='share of the gradient norm', height=400, legend=_LEGEND)
 
 # %% ../nbs/06f_figures.ipynb #b6d20cea
 def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
@@ -147,7 +139,7 @@ def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
     sec = _section(report, task)
     arms = [a for a in sec.arms if any(runs[a].psi_rounds for runs in sec.per_seed.values())]
     if not arms: return None
-    fig = make_subplots(1, len(arms), subplot_titles=arms, shared_yaxes=True)
+    fig = make_subplots(1, len(arms), subplot_titles=[display_name(a) for a in arms], shared_yaxes=True)
     for i, a in enumerate(arms, 1):
         rounds = [runs[a].psi_rounds for runs in sec.per_seed.values() if runs[a].psi_rounds]
         n = max(map(len, rounds))
@@ -182,7 +174,7 @@ def fig_fidelity_gain(report:Report, fidelity:dict, task:str|None=None) -> go.Fi
         h = [sec.arms[a].heldout_strict for a in arms]
         fig.add_scatter(x=[x.mean - b for x in h], y=[fid[a][k] for a in arms], text=arms, mode='markers+text',
                         textposition='top center',
-                        name=what, marker=dict(symbol=['circle', 'diamond', 'square'][i], size=10, color=[_colour(a) for a in arms]),
+                        name=what, marker=dict(symbol=['circle', 'diamond', 'square'][i], size=10, color=[color(a, list(sec.arms).index(a)) for a in arms]),
                         error_x=dict(type='data', symmetric=False, array=[x.ci[1] - x.mean for x in h], arrayminus=[x.mean - x.ci[0] for x in h]))
     return fig.update_layout(title=f"{sec.task}: credit fidelity (Kendall tau-b) against training gain", height=420,
                              xaxis_title='final held-out strict score − base model',

@@ -8,10 +8,10 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/flow.html.md"""
 __all__ = ['SAMPLERS', 'DDIM_SCHEDULES', 'flow_sigmas', 'x0_hat', 'x1_hat', 'GaussianMixture', 'default_mixture',
            'gaussian_log_prob', 'StepOutput', 'flow_sde_scale', 'step_coefficients', 'sampler_step', 'check_step_args',
            'Trajectory', 'default_sde_steps', 'sample_trajectory', 'SamplerComparison', 'compare_samplers',
-           'format_table', 'sampler_figure', 'write_pngs', 'write_png', 'demo']
+           'format_table', 'sampler_figure', 'demo']
 
 # %% ../nbs/00_flow.ipynb #f68d2ef3
-import contextlib, json, math, os, signal, subprocess, sys, tempfile, time, warnings
+import math, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -21,6 +21,7 @@ from torch import Tensor
 from diffusers import FlowMatchEulerDiscreteScheduler
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from .processes import write_png
 
 # %% ../nbs/00_flow.ipynb #8b263f16
 def flow_sigmas(K:int, # number of sampling steps, >= 1
@@ -395,77 +396,8 @@ def sampler_figure(cmp:SamplerComparison, n_paths:int=12, n_pts:int=1500) -> go.
     fig.update_xaxes(range=[-4.5, 4.5], row=1); fig.update_yaxes(range=[-4.5, 4.5], row=1)
     fig.update_xaxes(title_text='step k', row=2, col=1)
     fig.update_xaxes(title_text='level (a, alpha, eta)', row=2, col=len(names) // 2 + 1)
-    fig.update_layout(height=620, width=900, margin=dict(l=40, r=20, t=60, b=40), template='plotly_white')
+    fig.update_layout(height=620, margin=dict(l=40, r=20, t=60, b=40), template='plotly_white')
     return fig
-
-# %% ../nbs/00_flow.ipynb #50f38f16
-_PNG_CHILD = r"""
-import json, os, sys
-from importlib.metadata import version
-from pathlib import Path
-items, scale = json.loads(Path(sys.argv[1]).read_text()), float(sys.argv[2])  # [[figure JSON file, PNG file], ...]
-if int(version('kaleido').split('.')[0]) >= 1:
-    import plotly.io as pio
-    export = lambda spec: pio.to_image(spec, format='png', scale=scale)
-else:
-    import plotly
-    from kaleido.scopes.plotly import PlotlyScope
-    scope = PlotlyScope(plotlyjs=str(Path(plotly.__file__).parent / 'package_data' / 'plotly.min.js'), mathjax=False)
-    export = lambda spec: scope.transform(spec, format='png', width=spec.get('layout', {}).get('width'),
-                                          height=spec.get('layout', {}).get('height'), scale=scale)
-for spec, out in items:  # one browser start for all; each file appears whole (renamed) when it is done
-    Path(out + '.part').write_bytes(export(json.loads(Path(spec).read_text())))
-    os.replace(out + '.part', out)
-"""
-
-def _exited(proc:subprocess.Popen, timeout:float, progress=lambda: 0) -> bool:
-    "Wait for `proc` to exit until `timeout` s pass without `progress()` growing, without reaping it (its group stays ours to kill)."
-    deadline, seen = time.monotonic() + timeout, progress()
-    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        if (now := progress()) > seen: seen, deadline = now, time.monotonic() + timeout
-        if time.monotonic() > deadline: return False
-        time.sleep(0.02)
-    return True
-
-# %% ../nbs/00_flow.ipynb #dfaca42a
-def write_pngs(figs:dict, scale:float=1.0,  # {path: go.Figure}
-               timeout:float=20.0, # seconds a try may go without finishing a figure before its processes are killed
-               tries:int=2,        # tries before the files still missing are skipped
-              ) -> dict:           # {path: True when its PNG was written}
-    "Save every figure as PNG through kaleido in one child process group; a file skipped after `tries` is a warning."
-    if not (isinstance(tries, int) and tries >= 1): raise ValueError(f"tries={tries!r}: must be an int >= 1")
-    if not timeout > 0: raise ValueError(f"timeout={timeout!r}: must be > 0 seconds")
-    figs, written, why = {Path(p): f for p, f in figs.items()}, {}, ''
-    with tempfile.TemporaryDirectory(prefix='flowgrpo-png-') as d:
-        tmp = {p: (Path(d)/f'{i}.json', Path(d)/f'{i}.png') for i, p in enumerate(figs)}
-        for p, f in figs.items(): tmp[p][0].write_text(f.to_json())
-        for _ in range(tries):
-            if not (left := [p for p in figs if p not in written]): break
-            why = _export(left, tmp, scale, timeout, Path(d)/'stderr.txt')
-            for p in left:
-                if tmp[p][1].is_file(): p.write_bytes(tmp[p][1].read_bytes()); written[p] = True
-    for p in figs:
-        if p not in written: warnings.warn(f"{p}: PNG skipped: {why}" + (f" ({tries} tries)" if tries > 1 else ""))
-    return {p: p in written for p in figs}
-
-def write_png(fig:go.Figure, path, scale:float=1.0, timeout:float=20.0, tries:int=2) -> bool:
-    "Save one figure as PNG (`write_pngs`); True when it was written."
-    return write_pngs({path: fig}, scale, timeout, tries)[Path(path)]
-
-# %% ../nbs/00_flow.ipynb #6fa11d53
-def _export(left:list, tmp:dict, scale:float, timeout:float, err:Path) -> str:
-    "One try of the child on the files `left`; why it stopped short (when it did)."
-    (items := err.with_name('items.json')).write_text(json.dumps([[str(tmp[p][0]), str(tmp[p][1])] for p in left]))
-    with open(err, 'wb') as e:
-        proc = subprocess.Popen([sys.executable, '-c', _PNG_CHILD, str(items), str(scale)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=e, start_new_session=True)
-    try: done = _exited(proc, timeout, lambda: sum(tmp[p][1].is_file() for p in left))
-    finally:
-        with contextlib.suppress(ProcessLookupError): os.killpg(proc.pid, signal.SIGKILL)  # the child and its browser
-        proc.wait()
-    lines = err.read_text(errors='replace').strip().splitlines()
-    return (f"the export failed ({lines[-1] if lines else f'exit status {proc.returncode}'})" if done else
-            f"the export (kaleido) did not finish in {timeout:g} s; its processes were stopped")
 
 # %% ../nbs/00_flow.ipynb #48486b3c
 def demo(out='demo', # folder for samplers.png and samplers.html
@@ -476,7 +408,7 @@ def demo(out='demo', # folder for samplers.png and samplers.html
     cmp = compare_samplers(**kwargs)
     print(format_table(cmp.rows))
     fig = sampler_figure(cmp)
-    fig.write_html(out / 'samplers.html', include_plotlyjs='cdn')
+    fig.write_html(out / 'samplers.html', include_plotlyjs='directory')  # plotly.min.js beside it: opens offline
     png = write_png(fig, out / 'samplers.png')
     print(f"saved {out/'samplers.html'}" + (f" and {out/'samplers.png'}" if png else ''))
     return cmp.rows

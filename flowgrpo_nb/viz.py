@@ -18,6 +18,7 @@ from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from .display import MAX_WIDTH, color, display_name
 from .flow import flow_sigmas, flow_sde_scale
 from .policy import PHASES
 from .rollout import Rollout, StepValues
@@ -76,7 +77,7 @@ def preview_figure(ro:Rollout, values:dict[str, StepValues],  # lookahead op -> 
                          ticktext=[f"k={k}<br>V={v:.2f}" for k, v in enumerate(V)])
     fig.update_yaxes(showticklabels=False)
     return fig.update_layout(title=f"{ro.prompts[i]!r}, sample {sample} (row {i}), reward {float(ro.reward[i]):.2f}",
-                             width=min(80 * (K + 1) + 60, 940), height=140 * len(ops) + 110, margin=dict(l=20, r=20, t=70, b=20))
+                             width=min(80 * (K + 1) + 60, MAX_WIDTH), height=140 * len(ops) + 110, margin=dict(l=20, r=20, t=70, b=20))
 
 # %% ../nbs/07_viz.ipynb #0f93e127
 def turning_point_table(ro:Rollout, mc:MethodCredit,  # the turning_point rule's result
@@ -144,7 +145,7 @@ def gain_figure(ro:Rollout, credits:dict[str, MethodCredit],  # from `method_cre
         _tp_markers(fig, mc, rows, mc.credit.advantages, 2, c, False)
         first = False
     fig.update_xaxes(**_int_ticks(K)); fig.update_xaxes(title_text='step k', row=2)
-    return fig.update_layout(title=f"{ro.prompts[rows[0]]!r}: {len(rows)} samples", width=min(80 + 215 * n, 940), height=680,
+    return fig.update_layout(title=f"{ro.prompts[rows[0]]!r}: {len(rows)} samples", width=min(80 + 215 * n, MAX_WIDTH), height=680,
                              legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=80, b=40))
 
 # %% ../nbs/07_viz.ipynb #0131844f
@@ -184,7 +185,7 @@ def calibration_figure(cal:Calibration|str|Path,  # a `Calibration` or a run fol
         fig.add_trace(go.Bar(x=k, y=h.n_pos.tolist(), name='n+ (gain > 0)', marker_color='seagreen'), 1, 3)
         fig.add_trace(go.Bar(x=k, y=(-h.n_neg).tolist(), name='-n- (gain < 0)', marker_color='indianred'), 1, 3)
     fig.update_xaxes(title_text='step k', **_int_ticks(K - 1))
-    return fig.update_layout(barmode='relative', width=940, height=440, legend={**_LEGEND_BELOW, 'y': -0.2}, margin=dict(l=40, r=20, t=60, b=40))
+    return fig.update_layout(barmode='relative', height=440, legend={**_LEGEND_BELOW, 'y': -0.2}, margin=dict(l=40, r=20, t=60, b=40))
 
 # %% ../nbs/07_viz.ipynb #78e75bdf
 def read_metrics(run_dir:str|Path) -> list[dict]:
@@ -206,10 +207,10 @@ def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or 
         'clip fraction', 'seconds per step, median by phase', 'NFE per trajectory'])
     last = 1
     for j, (name, d) in enumerate(runs.items()):
-        rows, c = read_metrics(d), _colour(j)
+        rows, c = read_metrics(d), color(name, j)
         last = max(last, max(r['step'] for r in rows))
         st, r = _series(rows, 'reward'); _, sd = _series(rows, 'reward_std')
-        fig.add_trace(go.Scatter(x=st, y=r, name=name, legendgroup=name, line=dict(color=c),
+        fig.add_trace(go.Scatter(x=st, y=r, name=display_name(name), legendgroup=name, line=dict(color=c),
                                  error_y=dict(type='data', array=sd, visible=True, thickness=1)), 1, 1)
         st, e = _series(rows, 'eval_overall'); _, se = _series(rows, 'eval_overall_se')
         fig.add_trace(go.Scatter(x=st, y=e, name=f'{name}: overall', legendgroup=name, showlegend=False, mode='lines+markers',
@@ -228,7 +229,8 @@ def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or 
         nfe = [float(np.median(_series(rows, f'nfe_{p}')[1] or [0])) for p in ('rollout', 'lookahead')]
         fig.add_trace(go.Bar(x=['rollout', 'lookahead'], y=nfe, name=name, legendgroup=name, showlegend=False, marker_color=c), 2, 3)
     for row, col in ((1, 1), (1, 2), (1, 3), (2, 1)): fig.update_xaxes(title_text='step', row=row, col=col, **_int_ticks(last))
-    return fig.update_layout(width=940, height=660, barmode='group', legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=60, b=40))
+    fig.update_yaxes(exponentformat='e', row=1, col=3)  # a KL of 1e-15 reads 1e-15, not '1f' (femto)
+    return fig.update_layout(height=660, barmode='group', legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=60, b=40))
 
 # %% ../nbs/07_viz.ipynb #c0f31d75
 def grad_share_figure(runs:str|Path|list|dict) -> go.Figure:
@@ -239,8 +241,8 @@ def grad_share_figure(runs:str|Path|list|dict) -> go.Figure:
     for j, (name, d) in enumerate(runs.items()):
         rows = [r for r in read_metrics(d) if any(k.startswith('grad_share_') for k in r)]
         ks = sorted({int(k[11:]) for r in rows for k in r if k.startswith('grad_share_')})
-        fig.add_bar(x=ks, y=[float(np.mean([r.get(f'grad_share_{k}', 0.0) for r in rows])) for k in ks], name=name,
-                    marker_color=_colour(j))
+        fig.add_bar(x=ks, y=[float(np.mean([r.get(f'grad_share_{k}', 0.0) for r in rows])) for k in ks], name=display_name(name),
+                    marker_color=color(name, j))
     return fig.update_layout(barmode='group', xaxis_title='denoising step k', yaxis_title='share of the gradient norm',
                              title='where the gradient comes from (mean over diagnostic steps)', height=340, width=640)
 

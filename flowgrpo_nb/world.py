@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 import numpy as np
 import torch
+from .display import MAX_WIDTH
 
 # %% auto #0
 __all__ = ['SHAPES', 'COLOURS', 'RGB', 'GRID', 'CELL', 'SIZE', 'CATEGORIES', 'PLURALS', 'NUMBERS', 'RELATIONS', 'GRAMMAR',
@@ -288,7 +289,7 @@ def show_images(images:torch.Tensor, # [B, 3, H, W] in [0, 1]
     for i in range(B): fig.add_trace(go.Image(z=x[i]), row=i // cols + 1, col=i % cols + 1)
     fig.update_xaxes(visible=False); fig.update_yaxes(visible=False)
     fig.update_annotations(font_size=9)
-    return fig.update_layout(width=size * min(cols, B) + 40, height=(size + 30) * rows + 30, margin=dict(l=10, r=10, t=30, b=10))
+    return fig.update_layout(width=min(size * min(cols, B) + 40, MAX_WIDTH), height=(size + 30) * rows + 30, margin=dict(l=10, r=10, t=30, b=10))
 
 # %% ../nbs/01_world.ipynb #cc3df734
 def _blur(x:torch.Tensor, sigma:float)->torch.Tensor:

@@ -71,13 +71,16 @@ def test_models_found(bank):
 def test_every_event_has_api_name_and_group(app):
     groups = {f.api_name: (f.concurrency_id, f.concurrency_limit) for f in app.fns.values()}
     assert set(groups) == {'generate', 'generate_submit', 'report', 'credit', 'example'}
-    assert groups['generate'] == groups['generate_submit'] == ('generate', 1) and groups['credit'] == ('credit', 1)
+    assert groups['generate'] == groups['generate_submit'] == ('generate', app_mod.GENERATE_AT_ONCE) and groups['credit'] == ('credit', 1)
     assert groups['report'][0] == groups['example'][0] == 'light'
     assert app._queue.max_size == QUEUE_SIZE, 'the queue is bounded'
 
 def test_generate_handler(app, bank):
     msg, images, table, strips = handler(app, 'generate')('a red circle', 3, STEPS, 4.0, 'ode')
-    assert len(images) == len(strips.data) == len(bank.names), msg
+    assert len(images) == len(bank.names) and len(strips.data) == min(len(bank.names), app_mod.PREVIEWS), msg
+    _, _, _, picked = handler(app, 'generate')('a red circle', 3, STEPS, 4.0, 'ode', ['seed0/turning_point'])
+    assert [a.text for a in picked.layout.annotations] == ['TP-GRPO (seed0)']  # previews of the picked models only, named as in display.STYLES
+    assert handler(app, 'generate')('a red circle', 3, STEPS, 4.0, 'ode', [])[3] is None
     assert all(img.shape == (192, 192, 3) for img, _ in images)
     for name in bank.names: assert f'| {name} |' in table
     assert 'colors' in table and '| overall | partial | score |' in table
@@ -203,18 +206,23 @@ def test_credit_handler(app):
     assert gain is None and 'at least 2 steps' in msg
 
 def test_report(app, runs, tmp_path):
-    md, figs = report_view(runs)
-    assert 'No `report.json`' in md and figs == [None] * 4
+    none = [None] * len(app_mod.REPORT_FIGURES)
+    md, figs, tasks = report_view(runs)
+    assert 'No `report.json`' in md and figs == none and tasks == []
     report = json.loads((ROOT/'results'/'compare'/'report.json').read_text())  # the committed report (format 2)
     (tmp_path/'report.json').write_text(json.dumps(report))
-    md, figs = report_view(tmp_path)
-    assert report['findings'][0] in md and all(f is not None for f in figs)
+    for task in report['tasks']:  # every task of the report, each with its findings and its figures
+        md, figs, tasks = report_view(tmp_path, task)
+        assert tasks == list(report['tasks']) and f'task **{task}**' in md
+        mine = [f for f in report['findings'] if f.startswith(f'[{task}] ')]
+        assert mine and all(f.removeprefix(f'[{task}] ') in md for f in mine)
+        assert all(f is not None and f.layout.title.text.startswith(f'{task}:') for f in figs), task
     (tmp_path/'report.json').write_text(json.dumps(dict(per_seed={}, methods={}, findings=['old'])))  # format 1: refused, with the fix
-    md, figs = report_view(tmp_path)
-    assert 'cannot be read' in md and 'report format 1' in md and 'flowgrpo compare --out DIR' in md and figs == [None] * 4
+    md, figs, _ = report_view(tmp_path)
+    assert 'cannot be read' in md and 'report format 1' in md and 'flowgrpo compare --out DIR' in md and figs == none
     (tmp_path/'report.json').write_text('{not json')
-    md, figs = report_view(tmp_path)
-    assert 'cannot be read' in md and figs == [None] * 4
+    md, figs, _ = report_view(tmp_path)
+    assert 'cannot be read' in md and figs == none
 
 def test_check_settings():
     assert check_settings(1, 10.0, 4, 'cps') == (1, 10, 4.0, 'cps', 0.7)
@@ -260,6 +268,18 @@ def test_long_request_does_not_block_short(served, bank):
     msg, gain, *_ = long.result(timeout=600)
     assert gain is not None, msg
 
+def test_short_generate_not_stuck_behind_long_ones(served, bank):
+    "Long Generate requests submitted first do not hold back a 1-step one: it is answered while they still run."
+    from gradio_client import Client
+    c = Client(served, verbose=False)
+    longs = [c.submit('three circles', i, 40, 4.0, 'ode', api_name='/generate') for i in range(3)]
+    time.sleep(1.0)
+    msg, images, *_ = c.predict('a cross', 0, 1, 4.0, 'ode', api_name='/generate')
+    assert len(images) == len(bank.names), msg
+    running = sum(not j.done() for j in longs)
+    assert running >= 2, f'the 1-step request was answered after {3 - running} of the 3 long ones'
+    assert all(len(j.result(timeout=600)[1]) == len(bank.names) for j in longs)
+
 def test_generated_files_bounded(served, app, bank):
     "Gradio's cache keeps at most MAX_FILES of the gallery's images (plus the last answer's), older ones are deleted."
     from gradio_client import Client
@@ -273,9 +293,14 @@ def test_generated_files_bounded(served, app, bank):
     assert all(not os.path.exists(f) for f in seen[0] - on_disk) and seen[0] - on_disk, 'the oldest images were deleted'
 
 def test_uploads_refused(served):
-    import httpx
-    r = httpx.post(served + 'gradio_api/upload', files={'files': ('x.txt', b'x' * 2048)}, timeout=30)
-    assert r.status_code == 413, (r.status_code, r.text)
+    "Every upload is refused, an empty one too, and none leaves a file behind."
+    import httpx, tempfile
+    cache = Path(os.environ.get('GRADIO_TEMP_DIR') or Path(tempfile.gettempdir())/'gradio')
+    before = set(cache.rglob('*')) if cache.exists() else set()
+    for body in (b'x' * 2048, b''):
+        r = httpx.post(served + 'gradio_api/upload', files={'files': ('x.txt', body)}, timeout=30)
+        assert r.status_code == 413 and 'uploads are refused' in r.text, (len(body), r.status_code, r.text)
+    assert {p for p in (cache.rglob('*') if cache.exists() else ()) if p.name == 'x.txt'} - before == set()
 
 # --- the command line ---
 

@@ -393,7 +393,7 @@ def test_fidelity_report_files(run_dir, tmp_path):
     assert set(d) == {'base', 'finetuned'} and d['finetuned']['settings']['reward'] == 'partial'
     assert d['base']['stats'] != d['finetuned']['stats']
     names = {p.name for p in tmp_path.iterdir()}
-    assert names == {'fidelity.json', 'overall.html'} | {f'{f}_{m}.html' for f in ('steps', 'differences', 'scatter') for m in ('base', 'finetuned')}
+    assert names == {'fidelity.json', 'overall.html', 'plotly.min.js'} | {f'{f}_{m}.html' for f in ('steps', 'differences', 'scatter') for m in ('base', 'finetuned')}
 
 def test_fidelity_report_run_arm_by_default(tmp_path, policy):
     "Without arms, the run's own method is the run's arm (its config and psi); the others are presets on its schedule."

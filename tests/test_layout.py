@@ -78,3 +78,17 @@ MAX_LINES = 520  # about 500 lines a module, the largest of the core notebooks' 
 def test_modules_stay_small(path):
     n = len((PKG/path).read_text().splitlines())
     assert n <= MAX_LINES, f'{path} has {n} lines (at most {MAX_LINES}): split its notebook along a seam'
+
+def test_wheel_builds_without_warnings_and_ships_the_assets(tmp_path):
+    "pyproject.toml's packaging: no setuptools warning (flowgrpo_nb.assets is listed), the shipped weights inside the wheel."
+    import subprocess, sys, zipfile
+    files = subprocess.run(['git', 'ls-files', '-co', '--exclude-standard'], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    src = tmp_path/'src'
+    for f in files:
+        if (ROOT/f).is_file(): (src/f).parent.mkdir(parents=True, exist_ok=True); (src/f).write_bytes((ROOT/f).read_bytes())
+    r = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '-w', str(tmp_path/'whl'), str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert 'Warning' not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    names = zipfile.ZipFile(next((tmp_path/'whl').glob('*.whl'))).namelist()
+    assert {'flowgrpo_nb/assets/tiny.safetensors', 'flowgrpo_nb/assets/tiny.json', 'flowgrpo_nb/display.py'} <= set(names)

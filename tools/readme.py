@@ -5,17 +5,21 @@ Where it is not (Quarto has no wheel or Debian package), this script does the sa
 the notebook through nbdev's own processors (directives, `#| hide`, `#| echo: false`, ...), runs its code cells
 (so the numbers it shows are computed from the files the package wrote, never typed into the page), and writes its
 markdown cells, visible code cells and their outputs as GitHub markdown. Usage: python tools/readme.py [--quarto]"""
-import json, shutil, subprocess, sys
+import json, re, shutil, subprocess, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 def _text(v): return ''.join(v) if isinstance(v, list) else v
 
+def from_root(md:str) -> str:
+    "Links to notebooks, relative to nbs/ in the index (as the docs site reads them), made relative to README.md's folder."
+    return re.sub(r'\]\((?!https?:|#|/)([^)\s]+\.ipynb(?:#[^)\s]*)?)\)', r'](nbs/\1)', md)
+
 def cell_markdown(cell):
     "GitHub markdown for one processed notebook cell ('' when the cell is hidden)."
     src = _text(cell.source).strip()
-    if cell.cell_type == 'markdown': return src
+    if cell.cell_type == 'markdown': return from_root(src)
     if cell.cell_type != 'code': return ''
     d = cell.get('directives_', {}) or {}
     if 'hide' in d or 'exporti' in d or 'include:' in d and d['include:'] == ['false']: return ''
