@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 from .display import MAX_WIDTH, STYLES, color, display_name
 from .flow import SAMPLERS
 from .policy import Policy, LORA_FILE, OLD_LORA_FILE
-from .checkpoint import list_checkpoints, verify_checkpoint, write_checkpoint
+from .checkpoint import verify_checkpoint, RunFolder
 from .rollout import RolloutConfig, rollout, step_values
 from .task import Task, EvalReport, MODELS, load_task, load_policy
 from .train import check_base
@@ -88,12 +88,13 @@ def find_models(runs:str|Path  # a runs folder (e.g. runs/compare) or one traine
         d = cfg_file.parent
         if d.parent.name == 'checkpoints' or d.name.startswith('.'): continue  # a checkpoint's own config.json
         name = str(d.relative_to(root)) if d != root else d.name
-        ckpts = [c for c in list_checkpoints(d) if any((c/f).is_file() for f in ADAPTER_FILES)]
+        run = RunFolder(d)
+        ckpts = [c for c in run.checkpoints() if any((c/f).is_file() for f in ADAPTER_FILES)]
         if not ckpts:
-            if (d/'checkpoints').exists() or (d/'metrics.jsonl').exists(): skipped.append(f"{name}: no checkpoint yet")
+            if (d/'checkpoints').exists() or run.file('metrics').exists(): skipped.append(f"{name}: no checkpoint yet")
             continue
         try:
-            m = FineTuned(name, d, ckpts[-1], json.loads(cfg_file.read_text()))
+            m = FineTuned(name, d, ckpts[-1], run.config())
             m.shape, m.base
         except Exception as e:
             skipped.append(f"{name}: unreadable {cfg_file.name} ({type(e).__name__}: {e})"); continue
@@ -116,11 +117,12 @@ def fake_runs(out:str|Path,                                  # folder to create
     fp, g = policy.base_fingerprint(), torch.Generator().manual_seed(0)
     for m in methods:
         cfg = dict(preset_config(m, lora_rank=rank, lora_alpha=float(rank), steps=1).to_dict(), model=model, model_path=model_path)
-        d = out/folder/m; d.mkdir(parents=True, exist_ok=True)
-        (d/'config.json').write_text(json.dumps(cfg, indent=1))
-        (d/'base.json').write_text(json.dumps(dict(fingerprint=fp)))
-        policy.load_lora_state_dict({k: torch.randn(v.shape, generator=g) * scale for k, v in policy.lora_state_dict().items()})
-        write_checkpoint(d, 1, {LORA_FILE: policy.save_lora, 'state.json': dict(step=1)})
+        run = RunFolder(out/folder/m)
+        with run.lock('fake_runs'):  # a writer like the trainer: creates the folder, refused if a trainer writes it
+            run.write('config', cfg)
+            run.write('base', dict(fingerprint=fp))
+            policy.load_lora_state_dict({k: torch.randn(v.shape, generator=g) * scale for k, v in policy.lora_state_dict().items()})
+            run.write_checkpoint(1, {LORA_FILE: policy.save_lora, 'state.json': dict(step=1)})
     return out
 
 # %% ../nbs/08_app.ipynb #9d465282

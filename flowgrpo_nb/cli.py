@@ -10,6 +10,7 @@ __all__ = ['COMMANDS', 'FORK_SERVER', 'usage', 'main']
 # %% ../nbs/10_cli.ipynb #0c0df7e8
 import argparse, ast, importlib, importlib.util, inspect, math, os, sys, traceback, warnings
 from contextlib import contextmanager
+from pathlib import Path
 from fastcore.script import anno_parser
 from .processes import WORKER_PRELOAD, start_fork_server
 
@@ -63,7 +64,10 @@ def _kwargs(name:str, fn, args:list[str]) -> dict:
 
 # %% ../nbs/10_cli.ipynb #f40adccc
 def _one_line(e:BaseException) -> str:
-    "An exception's message as one line; an OSError as 'file: reason'."
+    "An exception's message as one line; an OSError as 'file: reason', a folder that is a file as saying so."
+    if isinstance(e, (FileExistsError, NotADirectoryError)) and e.filename:  # making a folder where a file is
+        f = next((p for p in (Path(e.filename), *Path(e.filename).parents) if p.is_file()), None)
+        if f is not None: return f"{'' if str(f) == str(e.filename) else f'{e.filename}: '}{f} is a file, not a folder"
     if isinstance(e, OSError) and e.strerror:
         msg = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     else: msg = str(e) or type(e).__name__

@@ -20,8 +20,8 @@ from typing import Annotated
 from .processes import write_pngs, worker_context
 from .policy import Policy
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
-from .config import GRPOConfig, config_diff, parse_overrides
-from .checkpoint import list_checkpoints
+from .config import GRPOConfig, config_diff, parse_overrides, run_config
+from .checkpoint import RunFolder, FolderLock, read_json, write_json
 from .train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
 from .design import ARMS, TASKS, BUDGETS, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
 from .results import FORMAT, Report, heldout, run_report, STEP_TIME_RATIO
@@ -35,26 +35,26 @@ def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, pro
     ev = eval_settings(cfg)
     key = dict(task=task.name, **ev, weights=policy.base_fingerprint(), fast=cfg.fast)
     if path is not None and path.exists():
-        d = json.loads(path.read_text())
-        if d.get('key') == key: return EvalReport.from_dict(d)
+        d = read_json(path, 'the base evaluation cache')
+        if isinstance(d, dict) and d.get('key') == key: return EvalReport.from_dict(d)
     c0 = time.process_time()
     was = policy.fast
     try: rep = evaluate_policy(policy.set_fast(cfg.fast), task, **ev, progress=progress)  # the path the runs evaluate on
     finally: policy.set_fast(was)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(dict(rep.to_dict(), key=key, cpu_seconds=time.process_time() - c0), indent=1))
+        write_json(path, dict(rep.to_dict(), key=key, cpu_seconds=time.process_time() - c0), 'the base evaluation cache')
     return rep
 
 # %% ../nbs/06h_compare.ipynb #2f4044aa
 def run_dir(out:Path, task:str, seed:int, arm:str) -> Path: return Path(out)/task/f'seed{seed}'/arm
 
-def finished(d:Path, cfg:GRPOConfig) -> bool: return (d/'summary.json').exists() and json.loads((d/'summary.json').read_text())['steps'] >= cfg.steps
+def finished(d:Path, cfg:GRPOConfig) -> bool: return (s := RunFolder(d).summary()) is not None and s['steps'] >= cfg.steps
 
 def earlier_invocations(out:Path) -> list[dict]:
     "The invocations of `compare` that wrote `out`'s report.json before this one: wall seconds and runs each trained (none: no readable report)."
-    try: tm = (r := json.loads((Path(out)/'report.json').read_text())).get('timing', {})
-    except (OSError, ValueError): return []
+    try: tm = (r := read_json(Path(out)/'report.json', 'the comparison report')).get('timing', {})
+    except ValueError: return []
     return tm.get('invocations') or [dict(wall_seconds=r.get('wall_seconds'), runs_trained=tm.get('runs', 0) - tm.get('runs_reused', 0))]
 
 def _check_reused(keys:list, out:Path, ccfg:CompareConfig, policy:Policy|None):
@@ -68,12 +68,13 @@ def _check_reused(keys:list, out:Path, ccfg:CompareConfig, policy:Policy|None):
 
 def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:bool):
     "Train (or resume, or reuse) one run in `d` from `policy` (None: the trainer loads the config's)."
-    if (d/'config.json').exists():
-        diff = config_diff(GRPOConfig.from_dict(json.loads((d/'config.json').read_text()), str(d/'config.json')), cfg)
+    run = RunFolder(d)
+    if run.is_run():
+        diff = config_diff(run_config(run), cfg)
         if diff: raise ValueError(f"{d} holds a run with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
                                   "use another --out, or delete that folder")
     if finished(d, cfg): return  # `compare` checked its base weights before any work (`_check_reused`)
-    tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(list_checkpoints(d)), progress=progress)
+    tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(run.checkpoints()), progress=progress)  # holds d's lock
     tr.train()
     tr.acc.end_training()
 
@@ -175,7 +176,8 @@ def _in_process(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict, policy:Poli
 def measured_cpu(report:Report, out:Path, bases:dict) -> dict:
     "Process CPU seconds the jobs measured: runs (training, calibration, evaluations) and base evaluations, to set against `estimate_cost`."
     runs = [r for sec in report.tasks.values() for runs in sec.per_seed.values() for r in runs.values()]
-    base = [json.loads(p.read_text()).get('cpu_seconds', 0.0) for k in bases for p in [out/'base'/k[1]/f'seed{k[2]}.json'] if p.exists()]
+    base = [read_json(p, 'the base evaluation cache').get('cpu_seconds', 0.0)
+            for k in bases for p in [out/'base'/k[1]/f'seed{k[2]}.json'] if p.exists()]
     return dict(train=sum(r.total_cpu_seconds for r in runs), evaluation=sum(r.eval_cpu_seconds for r in runs),
                 base=sum(base),
                 total=sum(r.total_cpu_seconds + r.eval_cpu_seconds for r in runs) + sum(base))
@@ -203,39 +205,40 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     "Train every arm of `ccfg` per task and seed, evaluate the base model per seed, write report.json/.html and figures."
     ccfg, out = ccfg or CompareConfig(), Path(out)
     given = _given_tasks(ccfg, task)
-    tasks, fidelity = given or load_tasks(ccfg), read_fidelity(ccfg.fidelity)
-    _check_runs(ccfg, tasks)
-    costs = job_costs(ccfg, given is not None)
-    workers, threads = _workers(ccfg, given, policy, len(costs), workers, threads)
-    out.mkdir(parents=True, exist_ok=True)
-    (out/'compare.json').write_text(json.dumps(asdict(ccfg), indent=1))
-    t0, c0 = time.perf_counter(), time.process_time()
-    jobs = schedule(costs, workers)[0]
-    runs = [k for k in jobs if k[0] != 'base']
-    reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]  # wall_seconds counts only the rest
-    _check_reused(reused, out, ccfg, policy)
-    done = (_in_process(jobs, out, ccfg, tasks, policy, threads, progress) if workers == 1 else
-            run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress))
-    bases = {k: v for k, v in done.items() if k[0] == 'base'}
-    report = build_report(ccfg, out, tasks, bases, given is not None)
-    report.wall_seconds = time.perf_counter() - t0
-    report.timing = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(),
-                         step_time_ratio=STEP_TIME_RATIO,
-                         estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
-                         main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
-    report.timing['invocations'] = earlier_invocations(out) + [dict(wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))]
-    write_report(report, out, png, fidelity)
-    return report
+    with FolderLock(out, 'a comparison'):  # a second job on `out` is refused here, before any work; its runs lock their own folders
+        tasks, fidelity = given or load_tasks(ccfg), read_fidelity(ccfg.fidelity)
+        _check_runs(ccfg, tasks)
+        costs = job_costs(ccfg, given is not None)
+        workers, threads = _workers(ccfg, given, policy, len(costs), workers, threads)
+        out.mkdir(parents=True, exist_ok=True)
+        (out/'compare.json').write_text(json.dumps(asdict(ccfg), indent=1))
+        t0, c0 = time.perf_counter(), time.process_time()
+        jobs = schedule(costs, workers)[0]
+        runs = [k for k in jobs if k[0] != 'base']
+        reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]  # wall_seconds counts only the rest
+        _check_reused(reused, out, ccfg, policy)
+        done = (_in_process(jobs, out, ccfg, tasks, policy, threads, progress) if workers == 1 else
+                run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress))
+        bases = {k: v for k, v in done.items() if k[0] == 'base'}
+        report = build_report(ccfg, out, tasks, bases, given is not None)
+        report.wall_seconds = time.perf_counter() - t0
+        report.timing = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(),
+                             step_time_ratio=STEP_TIME_RATIO,
+                             estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
+                             main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
+        report.timing['invocations'] = earlier_invocations(out) + [dict(wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))]
+        write_report(report, out, png, fidelity)
+        return report
 
 # %% ../nbs/06h_compare.ipynb #4751eddb
 def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
     "What was compared, under which settings: base model, budget, seeds, evaluation, tasks, and every arm's choices."
     t0 = ccfg.tasks[0]
     cfg = ccfg.train_config('flow_grpo', ccfg.task_seeds(t0)[0], t0)
-    bj = out and run_dir(out, t0, ccfg.task_seeds(t0)[0], 'flow_grpo')/'base.json'
     arms = dict.fromkeys(a for t in ccfg.tasks for a in ccfg.task_arms(t))
     return dict(
-        base=dict(model=cfg.model, model_path=cfg.model_path, fingerprint=json.loads(bj.read_text()).get('fingerprint') if bj and bj.exists() else None),
+        base=dict(model=cfg.model, model_path=cfg.model_path,
+                  fingerprint=out and RunFolder(run_dir(out, t0, ccfg.task_seeds(t0)[0], 'flow_grpo')).fingerprint()),
         budget=ccfg.budget, seeds=list(ccfg.all_seeds), steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
         group_size=cfg.group_size,
         lr=cfg.lr, lora_rank=cfg.lora_rank, overrides=ccfg.overrides,
@@ -272,7 +275,7 @@ def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:boo
 def write_report(report:Report, out:str|Path, png:bool=True, fidelity:dict|None=None):
     "report.json, report.html and (`png`) figures/<task>_<figure>.png in `out` (`fidelity`: a fidelity.json, for its figure)."
     out = Path(out); (out/'figures').mkdir(parents=True, exist_ok=True)
-    (out/'report.json').write_text(json.dumps(report.to_json(), indent=1))
+    write_json(out/'report.json', report.to_json(), 'the comparison report')
     figs = {t: report_figures(report, t, fidelity) for t in report.tasks}
     (out/'report.html').write_text(report_html(report, figs))
     if png: write_pngs({out/'figures'/f'{t}_{name}.png': f for t, fs in figs.items() for name, f in fs.items()})  # one browser start

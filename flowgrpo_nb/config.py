@@ -6,11 +6,13 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/config.html.md"""
 
 # %% auto #0
 __all__ = ['EARLY', 'PRESETS', 'REMOVED_FIELDS', 'ADDED_FIELDS', 'RESUMABLE_CHANGES', 'GRPOConfig', 'step_stds', 'trained_stds',
-           'degenerate_steps', 'preset_config', 'validate_config', 'config_diff', 'parse_overrides', 'config_help']
+           'degenerate_steps', 'preset_config', 'validate_config', 'config_diff', 'run_config', 'parse_overrides',
+           'config_help']
 
 # %% ../nbs/05c_config.ipynb #4a150b27
 import typing, warnings
 from dataclasses import dataclass, asdict, fields
+from pathlib import Path
 from fastcore.docments import docments
 import torch
 from .flow import SAMPLERS, DDIM_SCHEDULES, flow_sigmas, step_coefficients
@@ -18,6 +20,7 @@ from .policy import LORA_TARGETS
 from .rollout import RolloutConfig, bad_field, field_types, check_fields, check_window, parse_lookahead
 from .credit import METHODS, CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL, CALIB_STOP
 from .task import check_task_names, DTYPES
+from .checkpoint import RunFolder
 
 # %% ../nbs/05c_config.ipynb #439a1cd4
 @dataclass
@@ -272,6 +275,12 @@ def config_diff(a:GRPOConfig, b:GRPOConfig, ignore=RESUMABLE_CHANGES) -> dict:
     "Fields whose values differ between `a` and `b`: {name: (a's, b's)}."
     da, db = a.to_dict(), b.to_dict()
     return {k: (da[k], db[k]) for k in da if k not in ignore and da[k] != db[k]}
+
+# %% ../nbs/05c_config.ipynb #e0d4ea02
+def run_config(run:str|Path|RunFolder) -> GRPOConfig:
+    "A run folder's `GRPOConfig`: its config.json, checked field by field."
+    run = RunFolder(run)
+    return GRPOConfig.from_dict(run.config(), str(run.file('config')))
 
 # %% ../nbs/05c_config.ipynb #d8e9a624
 def _parse_value(name:str, text:str, tp):

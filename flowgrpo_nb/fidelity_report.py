@@ -21,8 +21,8 @@ from .display import STYLES, color, display_name
 from .policy import Policy
 from .credit import METHODS
 from .task import Task, load_task, load_policy
-from .config import GRPOConfig, preset_config
-from .checkpoint import latest_checkpoint, read_checkpoint, read_json
+from .config import GRPOConfig, preset_config, run_config
+from .checkpoint import read_checkpoint, RunFolder
 from .train import load_run_policy
 from .fidelity import FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
 
@@ -114,16 +114,14 @@ def plot_overall(results:dict[str, dict], quantity:str='advantage', stat:str='ke
 # %% ../nbs/06i_fidelity_report.ipynb #f582f924
 def run_arm(run:str|Path) -> tuple[GRPOConfig, Tensor|None]:
     "A trainer run's arm: its config and its calibrated psi (newest checkpoint's state, else calibration.json; None without)."
-    run = Path(run)
-    if not (run/'config.json').exists(): raise ValueError(f"run={str(run)!r}: not a trainer run folder (no config.json)")
-    cfg = GRPOConfig.from_dict(read_json(run/'config.json', 'the run config'), str(run/'config.json'))
+    run = RunFolder(run)
+    cfg = run_config(run)
     if not cfg.calibrate: return cfg, None
-    ckpt = latest_checkpoint(run)
+    ckpt = run.latest_checkpoint()
     psi = read_checkpoint(ckpt, ['state.json'])['state.json'].get('psi') if ckpt is not None else None
-    if psi is None and (run/'calibration.json').exists(): psi = read_json(run/'calibration.json',
-                                                                          'the calibration').get('psi')
-    if psi is None: warnings.warn(f"run {str(run)!r} calibrates but has no psi yet: its arm explores with the initial scale")
-    return cfg, None if psi is None else _check_arm_psi(str(run), cfg, psi)
+    if psi is None: psi = (run.calibration() or {}).get('psi')
+    if psi is None: warnings.warn(f"run {str(run.path)!r} calibrates but has no psi yet: its arm explores with the initial scale")
+    return cfg, None if psi is None else _check_arm_psi(str(run.path), cfg, psi)
 
 # %% ../nbs/06i_fidelity_report.ipynb #d5398cc3
 def report_arms(names=None,                 # preset names (list or comma-separated); 'run': the run's arm

@@ -251,8 +251,20 @@ def save_lora(self:Policy, path:str|Path):  # a folder (created if needed)
     "Write the adapter as diffusers does: `path`/pytorch_lora_weights.safetensors with its LoraConfig as metadata."
     path, sd = Path(path), self.lora_state_dict()
     if path.is_file(): raise ValueError(f"path={str(path)!r} is a file: save_lora writes a folder")
-    self.lora_pipeline_cls.save_lora_weights(path, transformer_lora_layers=sd,
-                                             transformer_lora_adapter_metadata=self.transformer.peft_config['default'].to_dict())
+    meta = {k: sorted(v) if isinstance(v, (set, frozenset)) else v  # peft's sets in a fixed order: identical runs, identical bytes
+            for k, v in self.transformer.peft_config['default'].to_dict().items()}
+    self.lora_pipeline_cls.save_lora_weights(path, transformer_lora_layers=sd, transformer_lora_adapter_metadata=meta)
+    _sort_metadata(path/LORA_FILE)
+
+def _sort_metadata(f:Path):
+    "Rewrite a safetensors file's header with its metadata keys in order (safetensors writes them in a random order per call)."
+    data = f.read_bytes()
+    n = int.from_bytes(data[:8], 'little')
+    head = json.loads(data[8:8 + n])
+    head = {'__metadata__': dict(sorted(head.pop('__metadata__', {}).items())), **head}  # the tensors keep their order
+    h = json.dumps(head, separators=(',', ':'), ensure_ascii=False).encode()
+    h += b' ' * (-len(h) % 8)  # safetensors' alignment of the data
+    f.write_bytes(len(h).to_bytes(8, 'little') + h + data[8 + n:])
 
 # %% ../nbs/00b_policy.ipynb #485c3b1e
 def _lora_file(path:Path) -> Path:

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 from .policy import PHASES
 from .task import EvalReport
-from .config import GRPOConfig
+from .config import GRPOConfig, run_config
+from .checkpoint import RunFolder
 from .stats import aggregate
 
 # %% auto #0
@@ -148,8 +149,6 @@ def eval_from_metrics(m:dict, n:int, prefix:str='eval_') -> EvalReport:
 STEP_TIME_RATIO = "process CPU seconds per training step (median over steps) divided by Flow-GRPO's, per seed"
 NO_CALIBRATION = dict(nfe=0, rollouts=0, seconds=0.0, cpu_seconds=0.0)
 
-def _metrics(d:Path) -> list[dict]: return [json.loads(l) for l in (d/'metrics.jsonl').read_text().splitlines() if l]
-
 def _median(rows:list, k:str): return float(np.median([m[k] for m in rows])) if rows and all(k in m for m in rows) else None
 
 def grad_share(rows:list, K:int) -> list|None:
@@ -172,22 +171,21 @@ def run_curve(evals:list, base:EvalReport, cal:dict, cpu:dict, nfe:dict) -> list
             [CurvePoint(step=m['step'], seconds=float(cpu[m['step']]), wall=m.get('sec_total'), eval=m['eval_overall'], se=m['eval_overall_se'],
                         nfe=float(nfe[m['step']]), learned=m.get('eval_score')) for m in evals])
 
-def calibration_rounds(d:Path, cfg:GRPOConfig) -> dict:
-    "psi of every calibration round of the run in `d` and whether its calibration stopped because psi stopped moving."
-    f = d/'calibration.json'
-    if not (cfg.calibrate and f.exists()): return dict(psi_rounds=None, calib_stable=None)
-    rounds = [h['psi'] for h in json.loads(f.read_text()).get('history', [])]
+def calibration_rounds(run:RunFolder, cfg:GRPOConfig) -> dict:
+    "psi of every calibration round of `run` and whether its calibration stopped because psi stopped moving."
+    cal = run.calibration() if cfg.calibrate else None
+    if cal is None: return dict(psi_rounds=None, calib_stable=None)
+    rounds = [h['psi'] for h in cal.get('history', [])]
     return dict(psi_rounds=rounds, calib_stable=cfg.calib_stop == 'stable' and len(rounds) < cfg.calib_iters)
 
 # %% ../nbs/06d_results.ipynb #95b21fed
 def run_report(d:Path, base:EvalReport) -> RunResult:
     "One run's record from its folder `d`; `base` is the base model's evaluation of the run's seed (its step 0)."
-    d, ms = Path(d), _metrics(Path(d))
-    cfg = GRPOConfig.from_dict(json.loads((d/'config.json').read_text()), str(d/'config.json'))
+    run = RunFolder(d)
+    ms, cfg = run.metrics(), run_config(run)  # a torn last line of metrics.jsonl (a killed run) is dropped with a warning
     steps, evals = [m for m in ms if 'sec_step' in m], [m for m in ms if 'eval_overall' in m and m['step'] > 0]
-    if not evals: raise ValueError(f"{d/'metrics.jsonl'}: no evaluation after step 0; the comparison needs the run's final evaluation")
-    cal = {**NO_CALIBRATION,
-           **((json.loads((d/'summary.json').read_text()).get('calibration_cost') if (d/'summary.json').exists() else None) or {})}
+    if not evals: raise ValueError(f"{run.file('metrics')}: no evaluation after step 0; the comparison needs the run's final evaluation")
+    cal = {**NO_CALIBRATION, **((run.summary() or {}).get('calibration_cost') or {})}
     B, final = cfg.batch_size, eval_from_metrics(evals[-1], cfg.eval_images)
     cpu, at = cumulative(steps, cal, B)
     nfe = dict(rollout=(_median(steps, 'nfe_rollout') or 0.0) * B,
@@ -208,7 +206,7 @@ def run_report(d:Path, base:EvalReport) -> RunResult:
         adv_zero=_median(steps, 'adv_zero'), skipped=_median(steps, 'skipped'),
         window=list(cfg.rollout_config().window),
         loss=[loss[0], loss[-1] + 1], slide=cfg.window_slide, K=cfg.K, grad_share=grad_share(steps, cfg.K),
-        **calibration_rounds(d, cfg))
+        **calibration_rounds(run, cfg))
 
 # %% ../nbs/06d_results.ipynb #25ea3527
 @dataclass

@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/rewards.html.md"""
 
 # %% ../nbs/03c_rewards.ipynb #677ebe19
 from __future__ import annotations
-import json
+import inspect, json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -18,9 +18,10 @@ from safetensors.torch import load_file
 from transformers import AutoProcessor, CLIPModel
 
 # %% auto #0
-__all__ = ['check_reward_inputs', 'check_finite', 'Reward', 'to_uint8', 'CLIPScore', 'tiny_clip_folder', 'AestheticMLP',
-           'AestheticScore', 'Detection', 'relative_position', 'geneval_check', 'load_geneval_metadata',
-           'GenEvalReward', 'edit_distance', 'ocr_target', 'ocr_similarity', 'OCRReward', 'WeightedSum']
+__all__ = ['REWARD_CALL', 'check_reward_inputs', 'check_finite', 'Reward', 'call_user', 'check_scores', 'UserReward', 'to_uint8',
+           'CLIPScore', 'tiny_clip_folder', 'AestheticMLP', 'AestheticScore', 'Detection', 'relative_position',
+           'geneval_check', 'load_geneval_metadata', 'GenEvalReward', 'edit_distance', 'ocr_target', 'ocr_similarity',
+           'OCRReward', 'WeightedSum']
 
 # %% ../nbs/03c_rewards.ipynb #6534cdc7
 def check_reward_inputs(images:torch.Tensor, # [B, 3, H, W] in [0, 1]
@@ -67,6 +68,49 @@ class Reward:
                             for i in range(0, len(images), bs)])
         check_finite(scores, prompts, type(self).__name__)
         return scores.to(images.device)
+
+# %% ../nbs/03c_rewards.ipynb #46aa1b2e
+def _shown(x) -> str:
+    "A value as a message shows it: its type, and its shape or its first characters."
+    if x is None: return 'None'
+    t = type(x).__name__
+    a = f"{'an' if t[0] in 'aeiou' else 'a'} {t}"
+    if isinstance(x, (torch.Tensor, np.ndarray)): return f"{a} of shape {list(x.shape)} ({x.dtype})"
+    r = repr(x)
+    return f"{a} ({r if len(r) <= 40 else r[:37] + '...'})"
+
+def call_user(fn:Callable, call:str, expected:str, *args):
+    "`fn(*args)`, `fn` being the user's code: whatever it raises is one ValueError naming `call` and what was `expected`."
+    try: return fn(*args)
+    except Exception as e:
+        raise ValueError(f"{call} raised {type(e).__name__} ({' '.join(str(e).split()) or 'no message'}); expected {expected}") from e
+
+def check_scores(out, n:int, call:str) -> torch.Tensor:  # [n]
+    "What a reward returned as a tensor of `n` real scores; anything else is one ValueError naming `call` and what came back."
+    try: t = out if torch.is_tensor(out) else torch.as_tensor(out)
+    except Exception: t = None
+    if t is None or t.is_complex() or tuple(t.shape) != (n,):
+        raise ValueError(f"{call} returned {_shown(out)}; expected a Tensor[{n}] of real numbers, one score per image")
+    return t
+
+# %% ../nbs/03c_rewards.ipynb #1c0ae258
+REWARD_CALL = 'reward(images [B, 3, H, W] in [0, 1], prompts) -> Tensor[B]'
+
+class UserReward:
+    "A reward the user wrote, checked: callable as `fn(images, prompts)` at load; at every call, what it raises or returns wrongly."
+    def __init__(self, fn:Callable, name:str,   # name: how the user named it, e.g. the spec 'py:mymodule:make_reward'
+                 made_by:str|None=None):        # the call that returned `fn`, e.g. 'mymodule.make_reward()'
+        self.fn, self.name, got = fn, name, f"{made_by} returned" if made_by else 'got'
+        if not callable(fn): raise ValueError(f"reward {name!r}: {got} {_shown(fn)}; expected a callable {REWARD_CALL}")
+        try: sig = inspect.signature(fn)
+        except (TypeError, ValueError): sig = None  # no signature to read (some builtins): the first call tells
+        try: sig and sig.bind(None, None)
+        except TypeError as e: raise ValueError(f"reward {name!r}: {got} a callable that cannot be called as {REWARD_CALL} ({e})") from None
+    def __repr__(self): return f"UserReward({self.name!r})"
+
+    def __call__(self, images:torch.Tensor, prompts:list[str]) -> torch.Tensor:  # [B]
+        call = f"reward {self.name!r}: reward(images {list(images.shape)}, {len(prompts)} prompts)"
+        return check_scores(call_user(self.fn, call, f'a Tensor[{len(prompts)}] of scores', images, prompts), len(prompts), call)
 
 # %% ../nbs/03c_rewards.ipynb #2f16d195
 def to_uint8(images:torch.Tensor)->torch.Tensor: # [B, 3, H, W] uint8
@@ -217,8 +261,11 @@ class GenEvalReward(Reward):
         if missing: raise ValueError(f"prompts without GenEval metadata: {missing[:3]}{' ...' if len(missing) > 3 else ''}")
 
     def score(self, images, prompts):
-        detections = self.detector(images)
-        if len(detections) != len(images): raise ValueError(f"detector returned {len(detections)} lists for {len(images)} images")
+        call, want = f"detector(images {list(images.shape)})", f"a list of {len(images)} lists of Detection, one per image"
+        detections = call_user(self.detector, call, want, images)
+        if not (isinstance(detections, (list, tuple)) and len(detections) == len(images) and
+                all(isinstance(d, (list, tuple)) and all(isinstance(o, Detection) for o in d) for d in detections)):
+            raise ValueError(f"{call} returned {_shown(detections)}; expected {want}")
         verdicts = [geneval_check(d, self.metadata[p], **self.thresholds) for d, p in zip(detections, prompts)]
         return torch.tensor([float(s) if self.kind == 'strict' else f for s, f in verdicts])
 
@@ -252,8 +299,10 @@ class OCRReward(Reward):
     def validate(self, prompts):
         for p in prompts: ocr_target(p)
     def score(self, images, prompts):
-        texts = self.recognizer(images)
-        if len(texts) != len(images): raise ValueError(f"recognizer returned {len(texts)} texts for {len(images)} images")
+        call, want = f"recognizer(images {list(images.shape)})", f"a list of {len(images)} str, one per image"
+        texts = call_user(self.recognizer, call, want, images)
+        if not (isinstance(texts, (list, tuple)) and len(texts) == len(images) and all(isinstance(t, str) for t in texts)):
+            raise ValueError(f"{call} returned {_shown(texts)}; expected {want}")
         return torch.tensor([ocr_similarity(t, ocr_target(p)) for t, p in zip(texts, prompts)])
 
 # %% ../nbs/03c_rewards.ipynb #4cf8c407

@@ -16,9 +16,9 @@ from .policy import Policy
 from .rollout import RolloutConfig, rollout
 
 # %% auto #0
-__all__ = ['GRID_REWARDS', 'MODELS', 'DTYPES', 'EvalReport', 'mean_se', 'reward_report', 'Task', 'balanced_prompts',
-           'evaluate_policy', 'normalise_grid_prompt', 'geneval_task', 'read_prompts', 'prompt_splits',
-           'reward_from_spec', 'reward_task', 'check_task_names', 'load_task', 'load_policy']
+__all__ = ['GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'EvalReport', 'mean_se', 'reward_report', 'Task',
+           'balanced_prompts', 'evaluate_policy', 'normalise_grid_prompt', 'geneval_task', 'read_prompts',
+           'prompt_splits', 'reward_from_spec', 'reward_task', 'check_task_names', 'load_task', 'load_policy']
 
 # %% ../nbs/05b_task.ipynb #4c1b1e5a
 @dataclass
@@ -98,6 +98,9 @@ def evaluate_policy(policy:Policy, task:Task,
     images = torch.cat([rollout(policy, names[i:i + batch], rcfg, lambda im, p: torch.zeros(len(p)), gen).images
                         for i in tqdm(range(0, n_images, batch), desc='evaluate', disable=not progress, leave=False)])
     rep = task.evaluate(images, names)
+    bad = {k: v for k, v in rep.metrics('').items() if isinstance(v, (int, float)) and not math.isfinite(v)}
+    if bad: raise ValueError(f"task {task.name!r}: the evaluation of {n_images} images gave {', '.join(f'{k} = {v}' for k, v in bad.items())}; "
+                             "an evaluation's scores must be finite")
     return (rep, images, names) if return_images else rep
 
 # %% ../nbs/05b_task.ipynb #7b5ca6bb
@@ -128,47 +131,81 @@ def geneval_task(reward:str='partial') -> Task:
                 lambda p: parse_prompt(p).category, normalise_grid_prompt, describe)
 
 # %% ../nbs/05b_task.ipynb #59bd8c95
-def read_prompts(path:str|Path) -> tuple[list[str], dict]:
+MAX_PROMPT_CHARS = 2000  # more than any backend's text encoder reads (T5: 256-512 tokens): a longer line is a file without line breaks
+
+def _text(path:Path) -> str:
+    "A prompt file's text; bytes that are not UTF-8 are one ValueError naming the file and the line."
+    data = path.read_bytes()
+    try: return data.decode('utf-8-sig')
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b'\n') + 1
+        raise ValueError(f"prompt file {path}, line {line}: byte 0x{data[e.start]:02x} is not UTF-8; "
+                         "expected a UTF-8 text file (one prompt per line, or JSONL)") from None
+
+def _check_length(path:Path, line:int, prompt:str, max_words:int|None):
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"prompt file {path}, line {line}: a prompt of {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are allowed")
+    if max_words is not None and len(prompt.split()) > max_words:
+        raise ValueError(f"prompt file {path}, line {line}: a prompt of {len(prompt.split())} words; the model reads at most {max_words}")
+
+# %% ../nbs/05b_task.ipynb #b98c00a3
+def read_prompts(path:str|Path,
+                 max_words:int|None=None,  # the model's limit in words (the tiny model: 7); None: only `MAX_PROMPT_CHARS`
+                ) -> tuple[list[str], dict]:
     "Prompts of a `.txt` (one per line) or `.jsonl` file (`prompt`, optional `tag`); returns (prompts, {prompt: tag})."
     path = Path(path)
     if not path.is_file(): raise ValueError(f"prompt file {str(path)!r} does not exist (expected a .txt with one prompt per line or a .jsonl)")
-    lines = [l.strip() for l in path.read_text(encoding='utf-8').splitlines() if l.strip()]
-    if path.suffix != '.jsonl': prompts, tags = lines, {}
-    else:
-        rows = []
-        for i, l in enumerate(lines, 1):
-            try: rows.append(json.loads(l)); rows[-1]['prompt']
-            except (json.JSONDecodeError, KeyError, TypeError): raise ValueError(f"{path}: line {i} is not a JSON object with a 'prompt' field") from None
-        prompts, tags = [r['prompt'] for r in rows], {r['prompt']: r['tag'] for r in rows if 'tag' in r}
+    lines = [(i, l.strip()) for i, l in enumerate(_text(path).split('\n'), 1) if l.strip()]
+    rows = [(i, dict(prompt=l)) for i, l in lines] if path.suffix != '.jsonl' else [(i, _json_row(path, i, l)) for i, l in lines]
+    for i, r in rows: _check_length(path, i, r['prompt'], max_words)
+    prompts, tags = [r['prompt'] for _, r in rows], {r['prompt']: r['tag'] for _, r in rows if 'tag' in r}
     if not prompts: raise ValueError(f"prompt file {str(path)!r} holds no prompts")
     return prompts, tags
 
+def _json_row(path:Path, line:int, text:str) -> dict:
+    try: r = json.loads(text)
+    except ValueError: r = None
+    if not (isinstance(r, dict) and isinstance(r.get('prompt'), str)):
+        raise ValueError(f"{path}: line {line} is not a JSON object with a 'prompt' field (a string)")
+    return r
+
 # %% ../nbs/05b_task.ipynb #f08b3d3e
-def prompt_splits(prompts:str|Path, eval_prompts:str|Path|None=None) -> tuple[list, list, dict]:
+def prompt_splits(prompts:str|Path, eval_prompts:str|Path|None=None, max_words:int|None=None) -> tuple[list, list, dict]:
     "(train, eval, tags) from a file (eval = `eval_prompts` or the same file) or a folder with train/test files."
     p = Path(prompts)
     if p.is_dir():
         for tr, te in (('train.txt', 'test.txt'), ('train_metadata.jsonl', 'test_metadata.jsonl')):
             if (p/tr).exists(): prompts, eval_prompts = p/tr, eval_prompts or ((p/te) if (p/te).exists() else p/tr); break
         else: raise ValueError(f"prompt folder {str(p)!r} has neither train.txt nor train_metadata.jsonl")
-    (train, t1), (test, t2) = read_prompts(prompts), read_prompts(eval_prompts or prompts)
+    (train, t1), (test, t2) = read_prompts(prompts, max_words), read_prompts(eval_prompts or prompts, max_words)
     return train, test, t1 | t2
 
 # %% ../nbs/05b_task.ipynb #89cdc8b1
-def _one_reward(spec:str, device):
+def _py_reward(spec:str, arg:str):
+    "`py:MODULE:FUNCTION`: FUNCTION() returns the reward, checked as a `UserReward`."
+    from flowgrpo_nb.rewards import UserReward, call_user, REWARD_CALL
+    mod, _, fn = arg.rpartition(':')
+    try: factory = getattr(importlib.import_module(mod), fn)
+    except Exception as e: raise ValueError(f"reward {spec!r}: cannot load {fn!r} from module {mod!r} ({type(e).__name__}: "
+                                            f"{' '.join(str(e).split())}); expected py:MODULE:FUNCTION") from e
+    made_by = f"{mod}.{fn}()"
+    return UserReward(call_user(factory, f"reward {spec!r}: {made_by}", f"it to return a callable {REWARD_CALL}"), spec, made_by)
+
+def _weights_reward(kind:str, arg:str, device):
     from flowgrpo_nb.rewards import CLIPScore, AestheticScore, AestheticMLP
-    kind, _, arg = spec.partition(':')
     if kind in ('clip', 'pickscore'): return CLIPScore.from_pretrained(arg, device=device, **({'scale': 1 / 26} if kind == 'pickscore' else {}))
-    if kind == 'aesthetic':
-        folder, _, head = arg.rpartition(':')
-        c = CLIPScore.from_pretrained(folder, device=device)
-        return AestheticScore(c.model, c.processor, AestheticMLP.from_file(head), device=device)
-    if kind == 'py':
-        mod, _, fn = arg.rpartition(':')
-        try: return getattr(importlib.import_module(mod), fn)()
-        except (ImportError, AttributeError, ValueError) as e: raise ValueError(f"reward {spec!r}: cannot load {fn!r} from module {mod!r} ({e})") from None
-    raise ValueError(f"reward {spec!r}: expected clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MODULE:FUNCTION or a '+'-sum of them "
-                     f"(the grid world's rewards {', '.join(GRID_REWARDS)} need model='tiny')")
+    folder, _, head = arg.rpartition(':')
+    c = CLIPScore.from_pretrained(folder, device=device)
+    return AestheticScore(c.model, c.processor, AestheticMLP.from_file(head), device=device)
+
+def _one_reward(spec:str, device):
+    kind, _, arg = spec.partition(':')
+    if kind == 'py': return _py_reward(spec, arg)
+    if kind not in ('clip', 'pickscore', 'aesthetic'):
+        raise ValueError(f"reward {spec!r}: expected clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MODULE:FUNCTION or a '+'-sum of them "
+                         f"(the grid world's rewards {', '.join(GRID_REWARDS)} need model='tiny')")
+    try: return _weights_reward(kind, arg, device)
+    except Exception as e: raise ValueError(f"reward {spec!r} cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())})") from e
 
 # %% ../nbs/05b_task.ipynb #5dc37b88
 def reward_from_spec(spec:str, device='cpu') -> Callable:
@@ -186,13 +223,20 @@ def reward_from_spec(spec:str, device='cpu') -> Callable:
     return WeightedSum(comps, weights)
 
 # %% ../nbs/05b_task.ipynb #5553b840
-def reward_task(reward:str|Callable, prompts:str|Path, eval_prompts:str|Path|None=None, device='cpu', name:str|None=None) -> Task:
+def reward_task(reward:str|Callable, prompts:str|Path, eval_prompts:str|Path|None=None, device='cpu', name:str|None=None,
+                max_words:int|None=None) -> Task:  # max_words: the model's prompt limit in words (`read_prompts`)
     "A task from a prompt file (or folder) and a reward (a spec or a callable); evaluated on that reward."
-    train, test, tags = prompt_splits(prompts, eval_prompts)
-    fn = reward_from_spec(reward, device) if isinstance(reward, str) else reward
+    from flowgrpo_nb.rewards import Reward, WeightedSum, UserReward, check_finite
+    train, test, tags = prompt_splits(prompts, eval_prompts, max_words)
+    name = name or (reward if isinstance(reward, str) else 'reward')
+    fn = (reward_from_spec(reward, device) if isinstance(reward, str) else
+          reward if isinstance(reward, (Reward, WeightedSum, UserReward)) else UserReward(reward, name))
     category = (lambda p: tags.get(p, 'untagged')) if tags else None
-    return Task(name or (reward if isinstance(reward, str) else 'reward'), train, test, fn,
-                lambda images, ps: reward_report(fn(images, ps).float().cpu(), ps, category), category)
+    def evaluate(images, ps):
+        scores = fn(images, ps).float().cpu()
+        check_finite(scores, ps, f'the evaluation reward {name!r}')  # names the prompt; evaluate_policy checks the report too
+        return reward_report(scores, ps, category)
+    return Task(name, train, test, fn, evaluate, category)
 
 # %% ../nbs/05b_task.ipynb #8fb63f0b
 MODELS = ('tiny', 'sd3', 'flux')
@@ -209,7 +253,9 @@ def check_task_names(model:str, reward:str, prompts:str|None=None):
 def load_task(reward:str='partial', prompts:str|None=None, eval_prompts:str|None=None, model:str='tiny', device='cpu') -> Task:
     "The task named by a run config's `reward`, `prompts`, `eval_prompts` (for `model`)."
     check_task_names(model, reward, prompts)
-    return geneval_task(reward) if reward in GRID_REWARDS else reward_task(reward, prompts, eval_prompts, device)
+    if reward in GRID_REWARDS: return geneval_task(reward)
+    from flowgrpo_nb.world import MAX_WORDS  # the tiny model's text encoder reads the grid world's words
+    return reward_task(reward, prompts, eval_prompts, device, max_words=MAX_WORDS if model == 'tiny' else None)
 
 # %% ../nbs/05b_task.ipynb #074c88ce
 DTYPES = ('auto', 'bfloat16', 'float16', 'float32')

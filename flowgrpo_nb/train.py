@@ -22,10 +22,10 @@ from .policy import Policy, PHASES, ema_weights, seeded_generator, timed
 from .rollout import rollout, step_values, logprob_pairs
 from .credit import METHODS, compute_credit, calibrate_exploration, Calibration
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
-from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help
+from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config
 from .checkpoint import (write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint,
-                                    clean_interrupted, flatten_optimizer, unflatten_optimizer, MetricsLog, read_json, write_json,
-                                    check_output_dir)
+                                    clean_interrupted, flatten_optimizer, unflatten_optimizer, MetricsLog,
+                                    check_output_dir, RunFolder)
 
 # %% ../nbs/06_train.ipynb #c31c22a1
 def step_prompts(cfg:GRPOConfig, step:int, prompts:list[str]) -> list[str]:
@@ -48,15 +48,20 @@ class GRPOTrainer:
                  accelerator=None,              # default: a new `accelerate.Accelerator`
                  progress:bool=True):           # tqdm bar
         from accelerate import Accelerator
-        self.cfg, self.run_dir, self.progress = cfg, Path(run_dir), progress
+        self.cfg, self.run_dir, self.folder, self.progress = cfg, Path(run_dir), RunFolder(run_dir), progress
         check_output_dir(self.run_dir)
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), project_dir=str(run_dir),
                                               log_with=None if cfg.log_with == 'none' else cfg.log_with)
         self._check_sizes()
-        self._check_run_dir(resume)
-        self.task = task or load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)
-        self.policy = policy or load_policy(device=self.acc.device, **cfg.backend())
-        self._init_state(resume)
+        self.lock = self.folder.lock() if self.acc.is_main_process else None  # another writer of the folder: refused here
+        try:
+            self._check_run_dir(resume)
+            self.task = task or load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)
+            self.policy = policy or load_policy(device=self.acc.device, **cfg.backend())
+            self._init_state(resume)
+        except BaseException:
+            if self.lock is not None: self.lock.release()
+            raise
 
 # %% ../nbs/06_train.ipynb #4b390c80
 @patch
@@ -64,7 +69,7 @@ def _init_state(self:GRPOTrainer, resume:bool):
     cfg = self.cfg
     self.policy.set_fast(cfg.fast)
     self.base = dict(fingerprint=self.policy.base_fingerprint(), model=cfg.model, model_path=cfg.model_path)
-    if resume: check_base(self.run_dir, self.base['fingerprint'], 'resume')
+    if resume: check_base(self.folder, self.base['fingerprint'], 'resume')
     torch.manual_seed(cfg.seed)
     self.policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     self.params = self.policy.trainable_parameters()
@@ -72,9 +77,9 @@ def _init_state(self:GRPOTrainer, resume:bool):
     self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     self.ema = ema_of(self.params, cfg.ema_decay) if cfg.ema else None
     self.step, self.psi, self.calibration, self.calibration_record, self.history = 0, None, None, None, []
-    self.log_file = MetricsLog(self.run_dir/'metrics.jsonl')
-    if self.acc.is_main_process: clean_interrupted(self.run_dir)
-    if resume: self.load(latest_checkpoint(self.run_dir))
+    self.log_file = self.folder.log
+    if self.acc.is_main_process: self.folder.clean_interrupted()
+    if resume: self.load(self.folder.latest_checkpoint())
     else: self._start_run_dir()
     if self.acc.trackers == [] and cfg.log_with != 'none':
         self.acc.init_trackers('grpo', config={k: str(v) for k, v in cfg.to_dict().items()})
@@ -243,19 +248,23 @@ def train_step(self:GRPOTrainer) -> dict:
 def train(self:GRPOTrainer) -> dict:
     "Run (or continue) training to `cfg.steps`; returns the summary also written to summary.json."
     cfg = self.cfg
-    if cfg.calibrate and self.psi is None: self.calibrate()
-    if self.step == 0 and not self.history and self.evaluates and cfg.eval_start: self.log(self.eval_metrics() | dict(sec_total=0.0))
-    bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.method, disable=not (self.progress and self.acc.is_main_process))
-    while self.step < cfg.steps:
-        m = self.train_step()
-        if self.evaluates and ((cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps):
-            with timed(m, 'eval'): m |= self.eval_metrics()
-        m['sec_total'] = (self.history[-1].get('sec_total', 0.0) if self.history else 0.0) + m['sec_step']
-        self.log(m)
-        bar.update(1); bar.set_postfix(reward=f"{m['reward']:.3f}", **({'eval': f"{m['eval_overall']:.3f}"} if 'eval_overall' in m else {}))
-        if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == cfg.steps: self.save()
-    bar.close()
-    return self.summary()
+    if self.lock is not None and not self.lock.held: self.lock = self.folder.lock()  # a second `train` of this trainer
+    try:
+        if cfg.calibrate and self.psi is None: self.calibrate()
+        if self.step == 0 and not self.history and self.evaluates and cfg.eval_start: self.log(self.eval_metrics() | dict(sec_total=0.0))
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.method, disable=not (self.progress and self.acc.is_main_process))
+        while self.step < cfg.steps:
+            m = self.train_step()
+            if self.evaluates and ((cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps):
+                with timed(m, 'eval'): m |= self.eval_metrics()
+            m['sec_total'] = (self.history[-1].get('sec_total', 0.0) if self.history else 0.0) + m['sec_step']
+            self.log(m)
+            bar.update(1); bar.set_postfix(reward=f"{m['reward']:.3f}", **({'eval': f"{m['eval_overall']:.3f}"} if 'eval_overall' in m else {}))
+            if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == cfg.steps: self.save()
+        bar.close()
+        return self.summary()
+    finally:
+        if self.lock is not None: self.lock.release()
 
 # %% ../nbs/06_train.ipynb #7e7a3516
 @patch
@@ -280,7 +289,7 @@ def calibrate(self:GRPOTrainer) -> Calibration:
     cost = dict(rounds=len(self.calibration.history), rollouts=len(self.calibration.history) * P * cfg.group_size, nfe=sum(self.policy.nfe.nfe.values()) - nfe0, seconds=times['sec_calibration'],
                 cpu_seconds=times['cpu_calibration'])
     self.psi, self.calibration_record = self.calibration.psi, self.calibration.to_dict() | dict(cost=cost)
-    if self.acc.is_main_process: (self.run_dir/'calibration.json').write_text(json.dumps({**self.calibration_record, 'sigmas': t.tolist()}))
+    if self.acc.is_main_process: self.folder.write('calibration', {**self.calibration_record, 'sigmas': t.tolist()})
     return self.calibration
 
 # %% ../nbs/06_train.ipynb #514b297a
@@ -300,11 +309,10 @@ def _check_sizes(self:GRPOTrainer):
 @patch
 def _check_run_dir(self:GRPOTrainer, resume:bool):
     "Refuse to mix runs: resume needs a run with a checkpoint and the same config; a new run needs a folder without checkpoints."
-    ckpts = list_checkpoints(self.run_dir)
+    ckpts = self.folder.checkpoints()
     if resume:
         if not ckpts: raise ValueError(f"resume: {self.run_dir} has no checkpoint to resume from; run without --resume to start it anew")
-        saved = GRPOConfig.from_dict(read_json(self.run_dir/'config.json', 'the run config'), str(self.run_dir/'config.json'))
-        diff = config_diff(saved, self.cfg)
+        diff = config_diff(run_config(self.folder), self.cfg)
         if diff: raise ValueError(f"resume: {self.run_dir} was run with another config; differing fields: " +
                                   ', '.join(f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in diff.items()))
     elif ckpts: raise ValueError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it or choose another folder")
@@ -314,8 +322,8 @@ def _start_run_dir(self:GRPOTrainer):
     "A new run: its config and base, and an empty log (a run stopped before its first checkpoint starts over)."
     if not self.acc.is_main_process: return
     self.run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(self.run_dir/'config.json', self.cfg.to_dict(), 'the run config')
-    write_json(self.run_dir/'base.json', self.base, 'the run base record')
+    self.folder.write('config', self.cfg.to_dict())
+    self.folder.write('base', self.base)
     self.log_file.truncate(None)
 
 # %% ../nbs/06_train.ipynb #2204ed1d
@@ -332,7 +340,7 @@ def save(self:GRPOTrainer) -> Path|None:
     if self.ema is not None:
         files['ema.safetensors'] = {f'{i}': p.contiguous() for i, p in enumerate(self.ema.shadow_params)}
         state['ema_steps'] = self.ema.optimization_step
-    return write_checkpoint(self.run_dir, self.step, files | {'state.json': state}, self.cfg.keep_last)
+    return self.folder.write_checkpoint(self.step, files | {'state.json': state}, self.cfg.keep_last)
 
 # %% ../nbs/06_train.ipynb #e10127dd
 @patch
@@ -352,24 +360,22 @@ def load(self:GRPOTrainer, ckpt:Path):
     self.history = self.log_file.read()
 
 # %% ../nbs/06_train.ipynb #d2108326
-def check_base(run_dir:Path, fingerprint:str, what:str='load'):
+def check_base(run_dir:str|Path|RunFolder, fingerprint:str, what:str='load'):
     "Raise when the run in `run_dir` was trained on base weights other than those of `fingerprint`."
-    f = Path(run_dir)/'base.json'
-    if not f.exists(): return  # runs written before fingerprints were recorded
-    saved = read_json(f, 'the run base record')['fingerprint']
-    if saved != fingerprint:
-        raise ValueError(f"{what}: {run_dir} was trained on other base weights (base fingerprint of the run: {saved}, "
+    run = RunFolder(run_dir)
+    saved = run.fingerprint()  # None: a run written before fingerprints were recorded
+    if saved is not None and saved != fingerprint:
+        raise ValueError(f"{what}: {run.path} was trained on other base weights (base fingerprint of the run: {saved}, "
                          f"of this model: {fingerprint}); load the base model the run was trained on")
 
-def load_run_policy(run:str|Path,          # a trainer run folder (config.json + checkpoints/)
+def load_run_policy(run:str|Path|RunFolder,   # a trainer run folder (config.json + checkpoints/)
                     policy:Policy|None=None,  # the base policy without adapter (default: `load_policy` of the run's config)
                     device=None) -> tuple[Policy, GRPOConfig, Path]:  # (policy, run config, checkpoint)
     "The policy of a trainer run's newest intact checkpoint."
-    run = Path(run)
-    if not (run/'config.json').exists(): raise ValueError(f"run={str(run)!r}: not a trainer run folder (no config.json)")
-    cfg = GRPOConfig.from_dict(read_json(run/'config.json', 'the run config'), str(run/'config.json'))
-    ckpt = latest_checkpoint(run)  # verifies every checksum, skipping a corrupt newest checkpoint with a warning
-    if ckpt is None: raise ValueError(f"run={str(run)!r}: no checkpoint under {run/'checkpoints'} (the run stopped before its first one)")
+    run = RunFolder(run)
+    cfg = run_config(run)
+    ckpt = run.latest_checkpoint()  # verifies every checksum, skipping a corrupt newest checkpoint with a warning
+    if ckpt is None: raise ValueError(f"run={str(run.path)!r}: no checkpoint under {run.path/'checkpoints'} (the run stopped before its first one)")
     policy = policy or load_policy(device=device, **cfg.backend())
     check_base(run, policy.base_fingerprint())
     policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
@@ -401,7 +407,14 @@ def evaluate(self:GRPOTrainer, n_images:int|None=None, **kw) -> EvalReport:
     with ema_weights(self.ema, self.params): return evaluate_policy(self.policy, self.task, **ev, **kw)
 
 @patch
-def eval_metrics(self:GRPOTrainer) -> dict: return self.evaluate().metrics()
+def eval_metrics(self:GRPOTrainer) -> dict:
+    "The evaluation's metrics for the log; an evaluation that fails (a NaN score) stops the run, naming the step, and is not logged."
+    try: return self.evaluate().metrics()
+    except ValueError as e:
+        kept = self.folder.checkpoints()
+        raise ValueError(f"evaluation at step {self.step}: {e}; nothing of this evaluation was recorded and the run stopped"
+                         + (f" (its checkpoints up to {kept[-1].name} are kept: resuming continues from there)" if kept
+                            else " before its first checkpoint")) from e
 
 # %% ../nbs/06_train.ipynb #d9b13871
 @patch
@@ -426,7 +439,7 @@ def summary(self:GRPOTrainer) -> dict:
              cpu_seconds_per_step={k: med(f'cpu_{k}') for k in (*PHASES, 'step')},
              psi=None if self.psi is None else self.psi.tolist(),
              calibration_cost=(self.calibration_record or {}).get('cost'))
-    if self.acc.is_main_process: (self.run_dir/'summary.json').write_text(json.dumps(s, indent=1))
+    if self.acc.is_main_process: self.folder.write('summary', s)
     return s
 
 # %% ../nbs/06_train.ipynb #557c638f

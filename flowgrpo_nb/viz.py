@@ -21,6 +21,7 @@ from torch import Tensor
 from .display import MAX_WIDTH, color, display_name
 from .flow import flow_sigmas, flow_sde_scale
 from .policy import PHASES
+from .checkpoint import RunFolder
 from .rollout import Rollout, StepValues
 from .credit import (METHODS, CreditConfig, Credit, compute_credit, Calibration, CalibrationRound, LOOKAHEAD,
                                 MethodCredit, method_credits)
@@ -151,9 +152,10 @@ def gain_figure(ro:Rollout, credits:dict[str, MethodCredit],  # from `method_cre
 # %% ../nbs/07_viz.ipynb #0131844f
 def load_calibration(run_dir:str|Path) -> tuple[Calibration, Tensor, float]:
     "A run folder's calibration, its schedule's sigmas [K+1] and noise level."
-    p = Path(run_dir)
-    if not (p/'calibration.json').exists(): raise ValueError(f"run_dir={str(run_dir)!r} has no calibration.json (only calibrate=True runs do)")
-    d, cfg = json.loads((p/'calibration.json').read_text()), json.loads((p/'config.json').read_text())
+    run = RunFolder(run_dir)
+    d = run.calibration()
+    if d is None: raise ValueError(f"run_dir={str(run_dir)!r} has no calibration.json (only calibrate=True runs do)")
+    cfg = run.config()
     hist = [CalibrationRound(*(torch.tensor(h[k]) for k in ('psi', 'n_pos', 'n_neg'))) for h in d['history']]
     sigmas = torch.tensor(d['sigmas']) if 'sigmas' in d else flow_sigmas(cfg['K'], cfg['shift'])  # the run's own schedule
     return Calibration(torch.tensor(d['psi']), hist), sigmas, cfg['level']
@@ -190,9 +192,9 @@ def calibration_figure(cal:Calibration|str|Path,  # a `Calibration` or a run fol
 # %% ../nbs/07_viz.ipynb #78e75bdf
 def read_metrics(run_dir:str|Path) -> list[dict]:
     "The rows of a run folder's metrics.jsonl (one per optimizer step; step 0 = the base evaluation)."
-    p = Path(run_dir)/'metrics.jsonl'
-    if not p.exists(): raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl; allowed a trainer run folder")
-    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+    run = RunFolder(run_dir)
+    if not run.file('metrics').exists(): raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl; allowed a trainer run folder")
+    return run.metrics()  # a torn last line (a run killed while logging) is dropped with a warning
 
 def _series(rows, key): return [r['step'] for r in rows if key in r], [r[key] for r in rows if key in r]
 
@@ -306,8 +308,9 @@ def run_dashboard(root:str|Path) -> widgets.VBox:
                            value=str(runs[0]), description='run')
     rnd = widgets.IntSlider(0, 0, 0, description='round')
     def cal(run, round):
-        rnd.layout.display = None if (Path(run)/'calibration.json').exists() else 'none'  # no slider without rounds
-        if not (Path(run)/'calibration.json').exists(): return _no_calibration(run)
+        has = RunFolder(run).file('calibration').exists()
+        rnd.layout.display = None if has else 'none'  # no slider without rounds
+        if not has: return _no_calibration(run)
         c = load_calibration(run)[0]
         rnd.max = max(len(c.history) - 1, 0)
         return calibration_figure(run, round=min(round, rnd.max) if c.history else None)

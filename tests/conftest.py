@@ -43,3 +43,21 @@ def clip_folder(tmp_path_factory):
     "A local folder with a tiny random CLIP model (`rewards.tiny_clip_folder`), for `CLIPScore.from_pretrained`."
     from flowgrpo_nb.rewards import tiny_clip_folder
     return tiny_clip_folder(tmp_path_factory.mktemp('clip'))
+
+
+HOLD = ("import sys, time\nfrom flowgrpo_nb.checkpoint import FolderLock\n"
+        "lock = FolderLock(sys.argv[1], sys.argv[2])\nprint('held', flush=True)\ntime.sleep(600)")
+
+@pytest.fixture
+def lock_holder():
+    "Starts another process that takes a folder's writer lock (`FolderLock(folder, what)`) and waits: `hold(folder, what) -> Popen`."
+    import subprocess, sys
+    procs = []
+    def hold(folder, what='a trainer'):
+        p = subprocess.Popen([sys.executable, '-c', HOLD, str(folder), what], stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        assert p.stdout.readline().strip() == 'held', 'the child did not take the lock'
+        return p
+    yield hold
+    for p in procs:
+        p.kill(); p.wait(); p.stdout.close()

@@ -12,6 +12,7 @@ from flowgrpo_nb import app as app_mod
 from flowgrpo_nb.app import (ModelBank, fake_runs, find_models, generate_all, credit_view, make_app, serve, report_view,
                              check_settings, check_prompt, check_address, prune_files, QUEUE_SIZE)
 from flowgrpo_nb.task import geneval_task, load_policy
+from flowgrpo_nb.checkpoint import RunFolder
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path('/usr/bin/chromium')
@@ -23,8 +24,8 @@ MAX_FILES = 6  # gallery images the served app keeps: small, so that pruning sho
 def runs(tmp_path_factory):
     torch.set_num_threads(1)
     out = fake_runs(tmp_path_factory.mktemp('runs')/'compare', methods=('flow_grpo', 'dense', 'turning_point'))
-    (out/'seed0'/'stepwise'/'checkpoints').mkdir(parents=True)  # started, nothing saved yet
-    (out/'seed0'/'stepwise'/'config.json').write_text('{}')
+    RunFolder(out/'seed0'/'stepwise').write('config', {})
+    (out/'seed0'/'stepwise'/'checkpoints').mkdir()  # started, nothing saved yet
     return out
 
 @pytest.fixture(scope='module')
@@ -136,11 +137,9 @@ def test_runs_without_checkpoints(runs):
 
 def test_old_and_corrupt_adapters(runs, bank, tmp_path):
     "An older run's lora.safetensors (peft names, no metadata) loads; a corrupt adapter is skipped with its reason."
-    from flowgrpo_nb.checkpoint import write_checkpoint
-    old = tmp_path/'old'/'dense'
-    old.mkdir(parents=True)
-    for f in ('config.json', 'base.json'): (old/f).write_text((runs/'seed0'/'dense'/f).read_text())
-    write_checkpoint(old, 1, {'lora.safetensors': bank.by_name['seed0/dense'].lora, 'state.json': dict(step=1)})
+    old, new = RunFolder(tmp_path/'old'/'dense'), RunFolder(runs/'seed0'/'dense')
+    for name in ('config', 'base'): old.write(name, new.read(name))
+    old.write_checkpoint(1, {'lora.safetensors': bank.by_name['seed0/dense'].lora, 'state.json': dict(step=1)})
     bad = fake_runs(tmp_path/'bad', methods=('flow_grpo',), folder='x')/'x'/'flow_grpo'
     lora = next((bad/'checkpoints').iterdir())/'pytorch_lora_weights.safetensors'
     data = bytearray(lora.read_bytes()); data[-1] ^= 0xFF; lora.write_bytes(bytes(data))
@@ -177,7 +176,7 @@ def test_several_bases(runs, tmp_path):
     with pytest.raises(ValueError, match="base='sdxl': allowed a model of"): ModelBank(mixed, base='sdxl')
     with pytest.raises(ValueError, match='one base policy given for runs of 2 bases'): ModelBank(mixed, policy=load_policy('tiny'))
     # a run whose base.json names other weights than its config's base is left out, and said
-    (mixed/'other'/'dense'/'config.json').write_text(json.dumps(json.loads((mixed/'seed0'/'flow_grpo'/'config.json').read_text()) | {'method': 'dense'}))
+    RunFolder(mixed/'other'/'dense').write('config', RunFolder(mixed/'seed0'/'flow_grpo').config() | {'method': 'dense'})
     b = ModelBank(mixed, lanes=1)
     assert b.names == ['base', 'seed0/flow_grpo'] and 'other/dense: ' in b.skipped[0] and 'other base weights' in b.skipped[0]
 

@@ -1,5 +1,5 @@
 """Failure cases of flowgrpo_nb.checkpoint (nbs/00c_checkpoint.ipynb teaches the same functions)."""
-import errno, json, os, warnings
+import errno, json, os, time, warnings
 from pathlib import Path
 
 import pytest
@@ -10,7 +10,7 @@ from safetensors.torch import save_file, load_file
 import flowgrpo_nb.checkpoint as ck
 from flowgrpo_nb.checkpoint import (CheckpointError, MetricsLog, check_output_dir, clean_interrupted, flatten_optimizer,
                                     latest_checkpoint, list_checkpoints, read_checkpoint, read_json, unflatten_optimizer,
-                                    verify_checkpoint, write_checkpoint, write_json)
+                                    verify_checkpoint, write_checkpoint, write_json, FolderLock, FolderLocked, LOCK_FILE, RunFolder)
 
 torch.set_num_threads(1)
 LORA = {'to_q.lora_A.weight': torch.arange(24.).reshape(4, 6) / 100, 'to_q.lora_B.weight': torch.ones(6, 4)}
@@ -292,3 +292,94 @@ def test_check_output_dir(tmp_path, monkeypatch):
         f_flag = os.ST_RDONLY
     monkeypatch.setattr(os, 'statvfs', lambda p: RO())
     with pytest.raises(ValueError, match='on a read-only file system'): check_output_dir(tmp_path/'new')
+
+
+# ---------------------------------------------------------------- the writer's lock
+
+def test_lock_refuses_another_process_and_takes_over_after_it_is_killed(tmp_path, lock_holder):
+    run = tmp_path/'run'
+    child = lock_holder(run, 'a comparison')
+    with pytest.raises(FolderLocked, match=rf"^{run} is being written by another process \(a comparison, PID {child.pid}, since "):
+        FolderLock(run, 'a trainer')
+    child.kill(); child.wait()  # SIGKILL: the kernel drops its lock, the file with its record stays
+    assert json.loads((run/LOCK_FILE).read_text())['pid'] == child.pid
+    with pytest.warns(UserWarning, match=rf'\(a comparison, PID {child.pid}\) ended without letting go of it'):
+        lock = FolderLock(run, 'a trainer')
+    assert json.loads((run/LOCK_FILE).read_text()) | dict(since=None) == dict(pid=os.getpid(), what='a trainer', since=None)
+    lock.release(); lock.release()  # a second release does nothing
+    assert not (run/LOCK_FILE).exists() and run.is_dir()
+
+
+def test_lock_is_reentrant_in_a_process_and_counts_its_holders(tmp_path):
+    with FolderLock(tmp_path, 'a trainer') as a:
+        b = FolderLock(tmp_path, 'a trainer')
+        b.release()
+        assert (tmp_path/LOCK_FILE).exists()  # `a` still holds it
+    assert not a.held and not (tmp_path/LOCK_FILE).exists()
+    with FolderLock(tmp_path/'new'/'run'): pass
+    assert not (tmp_path/'new'/'run').exists()  # made by the lock, nothing written: removed (its parent is not)
+
+
+def _race(folder, start):
+    "A forked child: wait for `start`, try the lock; exit 0 holding it (for a while, then killed by os._exit), 3 when refused."
+    while not start.exists(): time.sleep(0.001)
+    try: lock = FolderLock(folder, 'a racer')  # kept: a lock nobody refers to is released
+    except FolderLocked: os._exit(3)
+    except BaseException: os._exit(4)
+    time.sleep(1.0)
+    os._exit(0 if lock.held else 5)
+
+
+def test_one_of_many_processes_racing_for_a_lock_gets_it(tmp_path):
+    start, pids = tmp_path/'go', []
+    for _ in range(4):
+        pid = os.fork()
+        if pid == 0: _race(tmp_path/'run', start)
+        pids.append(pid)
+    start.touch()
+    codes = sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids)
+    assert codes == [0, 3, 3, 3], codes
+
+
+def test_a_forked_child_shares_the_lock_and_leaves_its_file(tmp_path, lock_holder):
+    lock = FolderLock(tmp_path, 'a comparison')
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the lock lets go, the parent's must stay
+        lock.release(); os._exit(0)
+    os.waitpid(pid, 0)
+    assert lock.held and json.loads((tmp_path/LOCK_FILE).read_text())['pid'] == os.getpid()
+    import subprocess, sys
+    r = subprocess.run([sys.executable, '-c', 'import sys; from flowgrpo_nb.checkpoint import FolderLock; FolderLock(sys.argv[1])', str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and f'(a comparison, PID {os.getpid()}' in r.stderr
+    lock.release()
+
+
+# ---------------------------------------------------------------- the run folder
+
+def test_run_folder_reads_an_older_run_as_the_trainer_wrote_it(tmp_path):
+    "A folder written before RunFolder existed (json.dumps by hand, no base.json, a torn last log line) reads the same."
+    (tmp_path/'config.json').write_text(json.dumps(dict(method='dense', K=4), indent=1))
+    (tmp_path/'calibration.json').write_text(json.dumps(dict(psi=[0.5, 0.4, 0.0, 0.0], history=[])))
+    (tmp_path/'summary.json').write_text(json.dumps(dict(steps=2, calibration_cost=None), indent=1))
+    (tmp_path/'metrics.jsonl').write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.6}\n{"step": 3, "rew')
+    write_checkpoint(tmp_path, 2, {'lora.safetensors': LORA, 'state.json': dict(step=2)})
+    run = RunFolder(tmp_path)
+    assert run.is_run() and run.config() == dict(method='dense', K=4) and run.fingerprint() is None
+    with pytest.warns(UserWarning, match='line 3: dropped a partial last line'): assert [m['step'] for m in run.metrics()] == [1, 2]
+    assert run.summary()['steps'] == 2 and run.calibration()['psi'][0] == 0.5
+    assert [c.name for c in run.checkpoints()] == ['ckpt-000002'] == [run.latest_checkpoint().name]
+    before = {f: (tmp_path/f).read_bytes() for f in ('config.json', 'calibration.json', 'summary.json')}
+    for name in ('config', 'calibration', 'summary'): run.write(name, run.read(name))  # the same bytes back: the format is kept
+    assert {f: (tmp_path/f).read_bytes() for f in before} == before
+
+
+def test_run_folder_errors_name_the_file(tmp_path):
+    run = RunFolder(tmp_path/'run')
+    assert (run.summary(), run.calibration(), run.fingerprint(), run.metrics(), run.checkpoints()) == (None, None, None, [], [])
+    with pytest.raises(ValueError, match=r"not a trainer run folder \(.*config.json does not exist\)"): run.config()
+    run.write('config', dict(K=4)); run.file('summary').write_text('[1, 2]')
+    with pytest.raises(ValueError, match=r'the run summary .*summary.json holds a list, not a JSON object'): run.summary()
+    run.file('base').write_text('{"fingerprint": ')
+    with pytest.raises(ValueError, match=r'the run base .*base.json is not valid JSON'): run.fingerprint()
+    assert RunFolder(RunFolder(run.path)).path == run.path and Path(run) == run.path  # a RunFolder is a path-like

@@ -58,7 +58,7 @@ def test_os_error_is_one_sentence(tmp_path):
     (tmp_path/'taken').write_text('a file, not a folder')
     r = flowgrpo('demo', '--out', str(tmp_path/'taken'))
     assert r.returncode == 2
-    assert own_lines(r.stderr) == [f"flowgrpo demo: {tmp_path/'taken'}: File exists"]
+    assert own_lines(r.stderr) == [f"flowgrpo demo: {tmp_path/'taken'} is a file, not a folder"]
 
 
 @pytest.mark.parametrize('how', ['flag', 'env'])

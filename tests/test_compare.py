@@ -13,6 +13,7 @@ from flowgrpo_nb.summary import first_reach
 from flowgrpo_nb.summary import task_section, correct
 from flowgrpo_nb.report import findings, results_markdown
 from flowgrpo_nb.config import GRPOConfig
+from flowgrpo_nb.checkpoint import RunFolder
 from flowgrpo_nb.task import Task, EvalReport, evaluate_policy, load_policy, reward_report
 from flowgrpo_nb.train import GRPOTrainer
 
@@ -48,10 +49,11 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     for m in ('flow_grpo', 'dense'):
         r, run = sec.arms[m], sec.per_seed['0'][m]
         assert r.per_category == {} and r.learned_score is None and r.heldout_strict.n == 1
-        last = [json.loads(l) for l in (tmp_path/'geneval'/'seed0'/m/'metrics.jsonl').read_text().splitlines()][-1]
+        last = RunFolder(tmp_path/'geneval'/'seed0'/m).metrics()[-1]
         assert run.heldout['overall']['strict'] == last['eval_overall'] and run.curve[0].eval == base.overall
         assert [p.step for p in run.curve] == [0, 2] and not (tmp_path/'figures'/'geneval_costs.png').exists()  # the base point, then the trainer's final evaluation
-    assert json.loads((tmp_path/'geneval'/'seed0'/'dense'/'config.json').read_text())['method'] == 'dense'
+    assert RunFolder(tmp_path/'geneval'/'seed0'/'dense').config()['method'] == 'dense'
+    assert not list(tmp_path.rglob('.lock'))  # every writer let go of its folder
     assert report.setup['tasks']['geneval']['name'] == 'brightness'
     assert (tmp_path/'report.html').exists() and report.findings
     again = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=1, png=False)  # every run reused
@@ -83,20 +85,19 @@ def test_base_eval_cache(task, tmp_path):
 def test_finished_run_of_other_base_weights_is_not_reused(task, tmp_path):
     "A finished run is reused only when it was trained on the base weights of the given policy."
     from flowgrpo_nb.compare import _train_one
-    cfg, d = CompareConfig(budget='smoke').train_config('flow_grpo', 0), tmp_path/'run'
-    d.mkdir()
-    (d/'config.json').write_text(json.dumps(cfg.to_dict())); (d/'summary.json').write_text(json.dumps(dict(steps=cfg.steps)))
+    cfg, d = CompareConfig(budget='smoke').train_config('flow_grpo', 0), RunFolder(tmp_path/'run')
+    d.write('config', cfg.to_dict()); d.write('summary', dict(steps=cfg.steps))
     policy = load_policy('tiny')
-    (d/'base.json').write_text(json.dumps(dict(fingerprint=policy.base_fingerprint())))
-    _train_one(cfg, d, policy, task, False)  # the same weights: reused, nothing trained
-    assert not (d/'metrics.jsonl').exists()
+    d.write('base', dict(fingerprint=policy.base_fingerprint()))
+    _train_one(cfg, d.path, policy, task, False)  # the same weights: reused, nothing trained
+    assert not d.file('metrics').exists()
     from flowgrpo_nb.compare import _check_reused, run_dir  # compare checks before any work, loading the config's model when none is given
     ccfg = CompareConfig(budget='smoke')
-    run = run_dir(tmp_path/'out', 'geneval', 0, 'flow_grpo'); run.mkdir(parents=True)
-    (run/'base.json').write_text(json.dumps(dict(fingerprint='0' * 16)))
+    run = RunFolder(run_dir(tmp_path/'out', 'geneval', 0, 'flow_grpo'))
+    run.write('base', dict(fingerprint='0' * 16))
     for given in (policy, None):
         with pytest.raises(ValueError, match='other base weights'): _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, given)
-    (run/'base.json').write_text(json.dumps(dict(fingerprint=policy.base_fingerprint())))
+    run.write('base', dict(fingerprint=policy.base_fingerprint()))
     _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, None)
 
 def test_heldout_keeps_category_fields():
@@ -117,10 +118,19 @@ def test_compare_checks_before_it_starts(task, tmp_path):
         compare(tmp_path/'out', CompareConfig(**ONE, overrides=dict(lr=-1)), task=task, progress=False)
     assert not (tmp_path/'out').exists()  # nothing written, nothing trained
 
+def test_a_second_job_on_the_same_out_is_refused_before_any_work(task, tmp_path, lock_holder):
+    "While another process writes --out (a comparison), a job on it is refused at once, naming that process; a run folder likewise."
+    child = lock_holder(tmp_path/'out', 'a comparison')
+    with pytest.raises(ValueError, match=rf"out is being written by another process \(a comparison, PID {child.pid}, since "):
+        compare(tmp_path/'out', CompareConfig(**ONE), task=task, progress=False, workers=1)
+    assert [p.name for p in (tmp_path/'out').iterdir()] == ['.lock']  # nothing of the refused job
+    run = lock_holder(tmp_path/'run', 'a trainer')
+    with pytest.raises(ValueError, match=rf"run is being written by another process \(a trainer, PID {run.pid}, since "):
+        _train_one(CompareConfig(**ONE).train_config('flow_grpo', 0), tmp_path/'run', None, task, False)
+
 def test_a_folder_of_other_settings_is_not_reused(task, tmp_path):
     cfg = CompareConfig(**ONE).train_config('flow_grpo', 0)
-    (tmp_path/'run').mkdir()
-    (tmp_path/'run'/'config.json').write_text(json.dumps(cfg.to_dict() | dict(lr=1e-3)))
+    RunFolder(tmp_path/'run').write('config', cfg.to_dict() | dict(lr=1e-3))
     with pytest.raises(ValueError, match=r"run holds a run with other settings \(lr: 0.001 -> 0.002\)"):
         _train_one(cfg, tmp_path/'run', None, task, False)
 
@@ -165,15 +175,15 @@ def test_workers_need_a_picklable_task(task, tmp_path):
 
 def _fake_run(d, method, wall, cpu, nfe, final=0.5, steps=2, calibration=None, turning_points=None, score=None):
     "A run folder with `steps` steps of the given wall / CPU seconds and NFE per sample, and a final evaluation."
-    d.mkdir(parents=True)
-    (d/'config.json').write_text(json.dumps(dict(prompts_per_step=2, group_size=4, minibatch=8, method=method, eval_images=4)))
-    (d/'summary.json').write_text(json.dumps(dict(steps=steps, calibration_cost=calibration)))
+    run = RunFolder(d)
+    run.write('config', dict(prompts_per_step=2, group_size=4, minibatch=8, method=method, eval_images=4))
+    run.write('summary', dict(steps=steps, calibration_cost=calibration))
     ms = [dict(step=i + 1, sec_total=(i + 1) * wall, reward=0.5, nfe_rollout=nfe, nfe_lookahead=0.0,
                **({} if turning_points is None else dict(turning_points=turning_points)),
                **{f'{k}_{p}': v for k, v in (('sec', wall), ('cpu', cpu)) for p in ('rollout', 'values', 'credit', 'update', 'step')})
           for i in range(steps)]
     ms[-1] |= dict(eval_overall=final, eval_overall_se=0.1, **({} if score is None else dict(eval_score=score)))
-    (d/'metrics.jsonl').write_text('\n'.join(json.dumps(m) for m in ms))
+    for m in ms: run.log.append(m)
     return d
 
 def _report(runs:dict, levels='few', finals=None):

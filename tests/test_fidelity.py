@@ -15,7 +15,7 @@ from flowgrpo_nb.stats import STATS, cluster_draws, boot_stats, percentile_ci as
 from flowgrpo_nb.rollout import RolloutConfig, rollout
 from flowgrpo_nb.task import Task, load_policy, load_task, balanced_prompts
 from flowgrpo_nb.config import GRPOConfig, preset_config
-from flowgrpo_nb.checkpoint import write_checkpoint
+from flowgrpo_nb.checkpoint import RunFolder
 from flowgrpo_nb.train import load_run_policy
 
 torch.set_num_threads(1)
@@ -339,11 +339,11 @@ def run_dir(tmp_path_factory, policy):
     "A hand-made trainer run folder with a non-trivial adapter."
     run = tmp_path_factory.mktemp('run')
     cfg = preset_config('flow_grpo+smoke', log_with='none')
-    (run/'config.json').write_text(json.dumps(cfg.to_dict()))
+    RunFolder(run).write('config', cfg.to_dict())
     p = load_policy('tiny').add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     g = torch.Generator().manual_seed(0)
     sd = {k: 0.1 * torch.randn(v.shape, generator=g) for k, v in p.lora_state_dict().items()}
-    write_checkpoint(run, 2, {'lora.safetensors': sd, 'state.json': dict(step=2, psi=None)})
+    RunFolder(run).write_checkpoint(2, {'lora.safetensors': sd, 'state.json': dict(step=2, psi=None)})
     return run, sd
 
 def test_load_run_policy(run_dir, policy, tmp_path):
@@ -355,20 +355,20 @@ def test_load_run_policy(run_dir, policy, tmp_path):
     with torch.no_grad():
         assert not torch.allclose(p.velocity(x, t, c), policy.velocity(x, t, policy.encode(['a circle'] * 2)))
     with pytest.raises(ValueError, match='not a trainer run folder'): load_run_policy(tmp_path)
-    (tmp_path/'config.json').write_text((run/'config.json').read_text())
+    RunFolder(tmp_path).write('config', RunFolder(run).config())
     with pytest.raises(ValueError, match='no checkpoint'): load_run_policy(tmp_path)
 
 def test_run_arm(run_dir, tmp_path):
     cfg, psi = run_arm(run_dir[0])
     assert cfg.method == 'flow_grpo' and psi is None
-    dense = preset_config('dense+smoke', log_with='none')
-    (tmp_path/'config.json').write_text(json.dumps(dense.to_dict()))
+    dense, rf = preset_config('dense+smoke', log_with='none'), RunFolder(tmp_path)
+    rf.write('config', dense.to_dict())
     with pytest.warns(UserWarning, match='has no psi yet'): assert run_arm(tmp_path)[1] is None
-    (tmp_path/'calibration.json').write_text(json.dumps(dict(psi=[0.1, 0.2, 0.3, 0.4])))
+    rf.write('calibration', dict(psi=[0.1, 0.2, 0.3, 0.4]))
     torch.testing.assert_close(run_arm(tmp_path)[1], torch.tensor([0.1, 0.2, 0.3, 0.4]))
-    write_checkpoint(tmp_path, 1, {'state.json': dict(step=1, psi=[0.5, 0.5, 0.5, 0.0])})  # the checkpoint's psi wins
+    rf.write_checkpoint(1, {'state.json': dict(step=1, psi=[0.5, 0.5, 0.5, 0.0])})  # the checkpoint's psi wins
     torch.testing.assert_close(run_arm(tmp_path)[1], torch.tensor([0.5, 0.5, 0.5, 0.0]))
-    write_checkpoint(tmp_path, 2, {'state.json': dict(step=2, psi=[0.5, 0.5])})
+    rf.write_checkpoint(2, {'state.json': dict(step=2, psi=[0.5, 0.5])})
     with pytest.raises(ValueError, match=r'psi must be a finite, non-negative Tensor\[K=4\]'): run_arm(tmp_path)
 
 def test_report_arms(tmp_path):
@@ -397,10 +397,10 @@ def test_fidelity_report_files(run_dir, tmp_path):
 
 def test_fidelity_report_run_arm_by_default(tmp_path, policy):
     "Without arms, the run's own method is the run's arm (its config and psi); the others are presets on its schedule."
-    cfg = preset_config('dense+smoke', log_with='none')
-    (tmp_path/'config.json').write_text(json.dumps(cfg.to_dict()))
+    cfg, rf = preset_config('dense+smoke', log_with='none'), RunFolder(tmp_path)
+    rf.write('config', cfg.to_dict())
     p = load_policy('tiny').add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
-    write_checkpoint(tmp_path, 1, {'lora.safetensors': p.lora_state_dict(), 'state.json': dict(step=1, psi=[0.4, 0.3, 0.2, 0.0])})
+    rf.write_checkpoint(1, {'lora.safetensors': p.lora_state_dict(), 'state.json': dict(step=1, psi=[0.4, 0.3, 0.2, 0.0])})
     res = fidelity_report(None, FidelityConfig(prompts=1, group=2, M=2, n_boot=10), run=tmp_path, base=False)
     arms = res['finetuned']['settings']['arms']
     assert list(arms) == list(METHODS) and arms['dense']['psi'] == pytest.approx([0.4, 0.3, 0.2, 0.0])

@@ -98,8 +98,11 @@ def test_resume_after_sigkill_is_exact(straight, tmp_path, method, when):
     assert not list((tmp_path/'checkpoints').glob('.tmp-*')), 'the interrupted write was not cleaned up'
 
 def test_same_command_twice_is_bitwise_equal(straight, tmp_path):
+    "Every tensor equal, and every file of the final checkpoint byte-identical: state.json's checksums compare two runs."
     train(tmp_path, 'flow_grpo')
     assert_same_run(final_state(straight['flow_grpo']), final_state(tmp_path))
+    files = lambda out: json.loads((Path(out)/'checkpoints'/f'ckpt-{STEPS:06d}'/'state.json').read_text())['files']
+    assert files(straight['flow_grpo']) == files(tmp_path)  # sha256 and size of the adapter, optimizer, RNG, config
 
 def test_two_processes_match_one(straight, tmp_path):
     "The same run under `accelerate launch --num_processes 2` reaches the same adapter up to float error."
