@@ -178,8 +178,7 @@ def measured_cpu(report:Report, out:Path, bases:dict) -> dict:
     runs = [r for sec in report.tasks.values() for runs in sec.per_seed.values() for r in runs.values()]
     base = [read_json(p, 'the base evaluation cache').get('cpu_seconds', 0.0)
             for k in bases for p in [out/'base'/k[1]/f'seed{k[2]}.json'] if p.exists()]
-    return dict(train=sum(r.total_cpu_seconds for r in runs), evaluation=sum(r.eval_cpu_seconds for r in runs),
-                base=sum(base),
+    return dict(train=sum(r.total_cpu_seconds for r in runs), evaluation=sum(r.eval_cpu_seconds for r in runs), base=sum(base),
                 total=sum(r.total_cpu_seconds + r.eval_cpu_seconds for r in runs) + sum(base))
 
 # %% ../nbs/06h_compare.ipynb #29019ac6
@@ -266,8 +265,7 @@ def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:boo
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
     correct(sections)
     report = Report(format=FORMAT, config=asdict(ccfg), budget=BUDGETS[ccfg.budget], setup=setup(ccfg, tasks, out),
-                    tasks=sections,
-                    findings=[], contrasts=evaluate_contrasts(sections))
+                    tasks=sections, findings=[], contrasts=evaluate_contrasts(sections))
     report.findings = findings(report)
     return report
 

@@ -182,16 +182,13 @@ def _fail(name, value, allowed): bad_field('GRPOConfig', name, value, allowed)
 
 # %% ../nbs/05c_config.ipynb #9bf706b8
 _AT_LEAST = dict(K=2, prompts_per_step=1, group_size=2, minibatch=1, updates_per_rollout=1, steps=1, lora_rank=1,
-                 keep_last=1,
-                 calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0, window_start=0,
-                 window_slide=0, diag_every=0)
+                 keep_last=1, calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0,
+                 window_start=0, window_slide=0, diag_every=0)
 _POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance', 'eps', 'calib_eps1', 'calib_eps2')
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 _CHOICES = dict(method=METHODS, sampler=tuple(s for s in SAMPLERS if s != 'ode'), untrained=UNTRAINED,
-                group_size_one=GROUP_SIZE_ONE,
-                log_with=('tensorboard', 'none'), dtype=DTYPES, ddim_schedule=tuple(DDIM_SCHEDULES),
-                calib_no_signal=NO_SIGNAL,
-                calib_stop=CALIB_STOP)
+                group_size_one=GROUP_SIZE_ONE, log_with=('tensorboard', 'none'), dtype=DTYPES,
+                ddim_schedule=tuple(DDIM_SCHEDULES), calib_no_signal=NO_SIGNAL, calib_stop=CALIB_STOP)
 
 def validate_config(c:GRPOConfig):
     "Raise a ValueError naming the first field of `c` that cannot run; fills the method's default lookahead."
@@ -213,8 +210,8 @@ def _check_train_steps(c:GRPOConfig, rc):
     "train_start/train_size pick steps inside the SDE window (a fixed one), at least one."
     if c.train_start is None and c.train_size is None: return
     s, e = rc.window
-    if c.window_slide: _fail('train_start', c.train_start,
-                             "None when window_slide is set (the loss follows the sliding window)")
+    if c.window_slide:
+        _fail('train_start', c.train_start, "None when window_slide is set (the loss follows the sliding window)")
     a = s if c.train_start is None else c.train_start
     if not s <= a < e: _fail('train_start', c.train_start, f"a step of the SDE window [{s}, {e})")
     if c.train_size is not None and not 1 <= c.train_size <= e - a:
@@ -226,11 +223,11 @@ def _check_combinations(c:GRPOConfig):
         _fail('lookahead', c.lookahead, "None for method='flow_grpo' (it uses the final reward only)")
     if c.method != 'flow_grpo': c.lookahead = c.lookahead or LOOKAHEAD[c.method]
     if c.lookahead is not None: _check_lookahead(c.lookahead)
-    if c.calibrate and c.sampler != 'flow_sde': _fail('sampler', c.sampler,
-                                                      "'flow_sde' when calibrate=True (psi replaces its s_k)")
+    if c.calibrate and c.sampler != 'flow_sde':
+        _fail('sampler', c.sampler, "'flow_sde' when calibrate=True (psi replaces its s_k)")
     rc = c.rollout_config()
-    if not rc.trained.any(): _fail('window_size', c.window_size,
-                                   f"at least 1: the window [{c.window_start}, {c.window_start}+{c.window_size}) trains no step")
+    if not rc.trained.any():
+        _fail('window_size', c.window_size, f"at least 1: the window [{c.window_start}, {c.window_start}+{c.window_size}) trains no step")
     _check_train_steps(c, rc)
     if c.batch_size % c.updates_per_rollout or (c.batch_size // c.updates_per_rollout) % c.minibatch:
         _fail('minibatch', c.minibatch,
@@ -238,18 +235,18 @@ def _check_combinations(c:GRPOConfig):
               f"(prompts_per_step x group_size = {c.batch_size}, updates_per_rollout = {c.updates_per_rollout})")
     try: check_task_names(c.model, c.reward, c.prompts)
     except ValueError as e: raise ValueError(f"GRPOConfig: {e}") from None
-    if c.model in ('sd3', 'flux') and not c.model_path: _fail('model_path', c.model_path,
-                                                              f"the local diffusers folder when model={c.model!r}")
-    if c.resolution is not None and c.resolution < 1: _fail('resolution', c.resolution,
-                                                            'an integer >= 1 (a multiple of the model\'s VAE factor x patch size)')
+    if c.model in ('sd3', 'flux') and not c.model_path:
+        _fail('model_path', c.model_path, f"the local diffusers folder when model={c.model!r}")
+    if c.resolution is not None and c.resolution < 1:
+        _fail('resolution', c.resolution, 'an integer >= 1 (a multiple of the model\'s VAE factor x patch size)')
 
 def _check_noise(c:GRPOConfig):
     "A sliding window needs a size; trained steps below the std floor warn."
     if c.window_slide and (c.window_size is None or c.trim_degenerate):
         _fail('window_slide', c.window_slide,
               "0 unless window_size is set and trim_degenerate is False (the window slides by its size)")
-    if c.window_slide and c.calibrate: _fail('window_slide', c.window_slide,
-                                             "0 when calibrate=True (psi is calibrated on one window)")
+    if c.window_slide and c.calibrate:
+        _fail('window_slide', c.window_slide, "0 when calibrate=True (psi is calibrated on one window)")
     bad = degenerate_steps(c)
     if bad:
         std = step_stds(c)
@@ -264,8 +261,8 @@ ADDED_FIELDS = dict(fast=False)   # a config written before these fields existed
 RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with')
 
 def _known_fields(d:dict, source:str) -> dict:
-    if not isinstance(d,
-                      dict): raise ValueError(f"{source}: expected a JSON object of GRPOConfig fields, got {type(d).__name__}")
+    if not isinstance(d, dict):
+        raise ValueError(f"{source}: expected a JSON object of GRPOConfig fields, got {type(d).__name__}")
     names = {f.name for f in fields(GRPOConfig)}
     unknown = [k for k in d if k not in names and k not in REMOVED_FIELDS]
     if unknown: raise ValueError(f"{source}: unknown GRPOConfig fields {unknown}; allowed: {', '.join(sorted(names))}")

@@ -169,8 +169,8 @@ class Contrast:
     at:tuple|None=None      # the arm's score read at ('step', f) or ('seconds', f): f x the reference's final; None: final
     def __post_init__(self):
         if self.kind not in KINDS: raise ValueError(f"Contrast {self.id}: kind={self.kind!r}; allowed {', '.join(KINDS)}")
-        if self.metric not in ('strict',
-                               'learned'): raise ValueError(f"Contrast {self.id}: metric={self.metric!r}; allowed strict, learned")
+        if self.metric not in ('strict', 'learned'):
+            raise ValueError(f"Contrast {self.id}: metric={self.metric!r}; allowed strict, learned")
 
 # %% ../nbs/06b_design.ipynb #a7229c31
 def _both(id:str, claim:str, arm:str, other:str, score_other:str|None=None, **kw) -> tuple:
@@ -269,6 +269,5 @@ def estimate_cost(ccfg:CompareConfig, workers:int=2) -> dict:
     _, span = schedule(jobs, workers)
     fixed = workers * COSTS['worker'] + COSTS['report']
     return dict(core_seconds=sum(jobs.values()) + fixed, wall_seconds=span + COSTS['worker'] + COSTS['report'],
-                workers=workers,
-                limit_core_seconds=workers * LIMIT, limit_wall_seconds=LIMIT, jobs=len(jobs),
+                workers=workers, limit_core_seconds=workers * LIMIT, limit_wall_seconds=LIMIT, jobs=len(jobs),
                 runs=sum(k[0] != 'base' for k in jobs))

@@ -45,15 +45,14 @@ def check_arms(arms:dict,                  # name -> GRPOConfig or (GRPOConfig, 
                sampler_of:GRPOConfig|None=None  # every arm explores with this config's sampler (no psi) instead
               ) -> dict[str, Arm]:
     "Each arm's `Arm`; a ValueError names the first one that cannot run."
-    if not isinstance(arms,
-                      dict) or not arms: raise ValueError(f"arms={arms!r}: must be a non-empty dict name -> (GRPOConfig, psi)")
+    if not isinstance(arms, dict) or not arms:
+        raise ValueError(f"arms={arms!r}: must be a non-empty dict name -> (GRPOConfig, psi)")
     if not isinstance(group, int) or group < 2:
         raise ValueError(f"group={group!r}: must be an int >= 2 (credit rules normalise within a group)")
     out = {}
     for name, a in arms.items():
-        cfg, psi = (a, None) if isinstance(a, GRPOConfig) else a if isinstance(a,
-                                                                               (tuple, list)) and len(a) == 2 else (a,
-                                                                                                                    None)
+        pair = isinstance(a, (tuple, list)) and len(a) == 2
+        cfg, psi = (a, None) if isinstance(a, GRPOConfig) else a if pair else (a, None)
         if not isinstance(cfg, GRPOConfig):
             raise ValueError(f"arms[{name!r}]: expected a GRPOConfig or (GRPOConfig, psi), got {type(a).__name__}")
         if sampler_of is not None and sampler_of.K != cfg.K:
@@ -96,8 +95,8 @@ class MCValues:
 def _mc_plan(ro:Rollout, states) -> tuple[Tensor, Tensor, Tensor]:
     "Distinct states to continue, sorted by step (rows [N], steps [N]), and src [B, K] indexing them (-1: not estimated)."
     rows, ks, src = value_plan(ro, 'tweedie')  # every state x_0..x_{K-1}; shared ones once
-    keep = torch.ones(len(ks), dtype=torch.bool) if states is None else torch.isin(ks,
-                                                                                   torch.as_tensor(list(states), dtype=torch.long))
+    keep = (torch.ones(len(ks), dtype=torch.bool) if states is None else
+            torch.isin(ks, torch.as_tensor(list(states), dtype=torch.long)))
     order = keep.nonzero().flatten()
     order = order[torch.argsort(ks[order], stable=True)]  # by start step: the running continuations are a prefix
     pos = torch.full((len(ks),), -1, dtype=torch.long)
@@ -139,8 +138,8 @@ def _continue(policy, ro, rows, ks, M, reward_fn, generator, max_batch) -> tuple
         for k in range(int(ks.min()), ro.K):
             n, n_old = int((start <= k).sum()), int((start < k).sum())  # running rows; those past their first step
             v = v0[:n].clone()
-            if n_old: v[:n_old] = policy.velocity(y[:n_old], ro.t[k].expand(n_old), cond.index(slice(0, n_old)),
-                                                  ro.cfg.guidance, max_batch)
+            if n_old:
+                v[:n_old] = policy.velocity(y[:n_old], ro.t[k].expand(n_old), cond.index(slice(0, n_old)), ro.cfg.guidance, max_batch)
             stochastic = trained[k] and ro.cfg.sampler != 'ode'
             psi = None if ro.psi is None or not trained[k] else ro.psi[k].expand(n)
             y[:n] = _step(ro.cfg, v, y[:n], ro.t[k].expand(n), ro.t[k + 1].expand(n), trained[k], psi,
@@ -253,8 +252,8 @@ def _check_fidelity(c:FidelityConfig):
                  choices=dict(split=('train', 'heldout')))
     if not 0 < c.level < 1: bad_field(c, 'level', c.level, 'a confidence level in (0, 1)')
     if c.K is not None and c.K < 2: bad_field(c, 'K', c.K, 'None or an integer >= 2')
-    if isinstance(c.prompts, int) and c.prompts < 1 or isinstance(c.prompts,
-                                                                  list) and not (c.prompts and all(isinstance(p, str) for p in c.prompts)):
+    if (isinstance(c.prompts, int) and c.prompts < 1
+            or isinstance(c.prompts, list) and not (c.prompts and all(isinstance(p, str) for p in c.prompts))):
         bad_field(c, 'prompts', c.prompts,
                   'an integer >= 1 (drawn from the task, balanced over its categories) or a list of prompts')
     if c.steps is not None and not all(isinstance(k, int) and not isinstance(k, bool) for k in c.steps):
@@ -281,13 +280,13 @@ def _collect(policy, reward_fn, names, arms:dict[str, Arm], plan:dict, cfg:Fidel
     out = {n: dict(truth=[], truth_se=[], rewards=[], advantages=[], cluster=[]) for n in arms}
     for b, i in enumerate(range(0, len(names), bp)):
         for members in by_key.values():
-            with timed(book, 'rollout', policy.nfe): ro = arm_rollout(policy, names[i:i + bp], arms[members[0]],
-                                                                      reward_fn, cfg.seed, b)
-            with timed(book, 'credit', policy.nfe): cr = arm_credits(policy, ro, reward_fn,
-                                                                     {n: arms[n].cfg for n in members})
+            with timed(book, 'rollout', policy.nfe):
+                ro = arm_rollout(policy, names[i:i + bp], arms[members[0]], reward_fn, cfg.seed, b)
+            with timed(book, 'credit', policy.nfe):
+                cr = arm_credits(policy, ro, reward_fn, {n: arms[n].cfg for n in members})
             states = sorted(set().union(*(needed_states(ro.trained, arms[n].cfg.untrained, plan[n]) for n in members)))
-            with timed(book, 'mc', policy.nfe): mc = mc_values(policy, ro, cfg.M, reward_fn,
-                                                               seeded_generator(cfg.seed, b, 1), states=states)
+            with timed(book, 'mc', policy.nfe):
+                mc = mc_values(policy, ro, cfg.M, reward_fn, seeded_generator(cfg.seed, b, 1), states=states)
             for n in members:
                 g, se = true_gains(mc, ro.trained, arms[n].cfg.untrained)
                 got = dict(truth=g, truth_se=se, rewards=cr[n].rewards, advantages=cr[n].advantages,
@@ -323,11 +322,9 @@ def arm_fidelity(policy:Policy, task:Task,
     with timed(book, 'stats', policy.nfe):
         rows, diffs = _arm_stats(data, checked, plan, cluster_draws(len(names), cfg.n_boot, cfg.seed), cfg.level, cfg.z)
     cats = [task.category(p) for p in names] if task.category else []
-    settings = dict(prompts=names, categories={c: cats.count(c) for c in sorted(set(cats))},
-                    batch_prompts=cfg.batch_prompts,
+    settings = dict(prompts=names, categories={c: cats.count(c) for c in sorted(set(cats))}, batch_prompts=cfg.batch_prompts,
                     group=cfg.group, M=cfg.M, seed=cfg.seed, split=cfg.split, steps=cfg.steps, n_boot=cfg.n_boot,
-                    ci_level=cfg.level,
-                    z=cfg.z, sampler_of=None if one is None else one.to_dict(),
+                    ci_level=cfg.level, z=cfg.z, sampler_of=None if one is None else one.to_dict(),
                     arms={n: _arm_settings(a, plan[n]) for n, a in checked.items()})
     out = dict(settings=settings, cost=_cost(book, checked), stats=rows, differences=diffs)
     if cfg.keep_data: out['data'] = {n: {**d, 'trained': checked[n].rollout.trained} for n, d in data.items()}

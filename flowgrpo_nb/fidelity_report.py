@@ -131,8 +131,9 @@ def report_arms(names=None,                 # preset names (list or comma-separa
                ) -> dict[str, tuple]:
     "Arms by preset name; without names the four methods, the run's own method taken from the run."
     default = names is None
-    names = list(METHODS) if default else [n.strip() for n in names.split(',')] if isinstance(names,
-                                                                                              str) else list(names)
+    if default: names = list(METHODS)
+    elif isinstance(names, str): names = [n.strip() for n in names.split(',')]
+    else: names = list(names)
     if 'run' in names and run is None: raise ValueError("arms: 'run' is the run's own arm: give a run folder (--run)")
     b = run[0] if run is not None else base or GRPOConfig()
     sched = dict(K=K or b.K, shift=b.shift, guidance=b.guidance)
@@ -146,8 +147,8 @@ def fidelity_figures(results:dict[str, dict]) -> dict[str, go.Figure]:
     for n, res in results.items():
         figs[f'steps_{n}'] = plot_steps(res, title=f"{n}: credit (advantage) vs MC step advantage per step")
         figs[f'differences_{n}'] = plot_differences(res, title=f"{n}: paired differences of the pooled Kendall tau-b")
-        if 'data' in res: figs[f'scatter_{n}'] = plot_scatter(res,
-                                                              title=f"{n}: advantage vs Monte-Carlo step advantage")
+        if 'data' in res:
+            figs[f'scatter_{n}'] = plot_scatter(res, title=f"{n}: advantage vs Monte-Carlo step advantage")
     figs['overall'] = plot_overall(results)
     return figs
 
@@ -212,8 +213,7 @@ def fidelity_cli(out:str='runs/fidelity',  # output folder
     try: ks = None if steps is None else [int(s) for s in steps.split(',')]
     except ValueError: raise ValueError(f"steps={steps!r}: expected comma-separated step indices, e.g. 0,1,2") from None
     cfg = FidelityConfig(prompts=prompts, batch_prompts=batch_prompts, split=split, group=group, M=M, steps=ks, K=K,
-                         sampler_of=sampler_of,
-                         reward=reward, seed=seed, n_boot=n_boot)
+                         sampler_of=sampler_of, reward=reward, seed=seed, n_boot=n_boot)
     results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png)
     for name, res in results.items(): print(fidelity_summary(name, res))
     print(f"wrote {out}/fidelity.json and figures")

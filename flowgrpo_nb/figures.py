@@ -31,11 +31,10 @@ def _section(report:Report, task:str|None=None) -> TaskSection: return report.ta
 def _mean_curve(fig, curves, x, name, colour):
     "The mean over seeds with its 95% interval, when every seed has the same evaluations."
     n = len(curves)
-    xs, ys = np.array([[getattr(p, x) for p in c] for c in curves],
-                      float), np.array([[p.eval for p in c] for c in curves])
+    xs = np.array([[getattr(p, x) for p in c] for c in curves], float)
+    ys = np.array([[p.eval for p in c] for c in curves])
     fig.add_scatter(x=xs.mean(0), y=ys.mean(0), name=f'{display_name(name)} (mean ± 95% CI, {n} seeds)', legendgroup=name,
-                    mode='lines+markers',
-                    line=dict(color=colour, width=3),
+                    mode='lines+markers', line=dict(color=colour, width=3),
                     error_y=dict(array=t_quantile(n) * ys.std(0, ddof=1) / math.sqrt(n), visible=True))
 
 # %% ../nbs/06f_figures.ipynb #9f74bf04
@@ -117,19 +116,19 @@ def fig_costs(report:Report, task:str|None=None) -> go.Figure:
     fig = make_subplots(1, 2, subplot_titles=('CPU seconds per step', 'NFE per sample'))
     for ph in PHASES: fig.add_bar(x=list(M), y=[M[m].cpu_seconds_per_step[ph].mean for m in M], name=ph, row=1, col=1)
     steps = report.setup.get('steps')
-    if steps: fig.add_bar(x=list(M),
-                          y=[(r.calibration['cpu_seconds'].mean if r.calibration['cpu_seconds'] else 0) / steps for r in M.values()],
-                          name='calibration / steps', row=1, col=1)
-    for kind in ('rollout', 'lookahead'): fig.add_bar(x=list(M), y=[M[m].nfe_per_sample[kind] for m in M],
-                                                      name=f'NFE {kind}', row=1, col=2)
+    if steps:
+        fig.add_bar(x=list(M), y=[(r.calibration['cpu_seconds'].mean if r.calibration['cpu_seconds'] else 0) / steps for r in M.values()],
+                    name='calibration / steps', row=1, col=1)
+    for kind in ('rollout', 'lookahead'):
+        fig.add_bar(x=list(M), y=[M[m].nfe_per_sample[kind] for m in M], name=f'NFE {kind}', row=1, col=2)
     return fig.update_layout(barmode='stack', height=400, legend=_LEGEND, title=f"{sec.task}: cost of a training step")
 
 def fig_gradient(report:Report, task:str|None=None) -> go.Figure:
     "Where each arm's gradient is: every denoising step's share of the gradient norm (mean over seeds and diagnosed steps)."
     sec, fig = _section(report, task), go.Figure()
     for i, (m, r) in enumerate(sec.arms.items()):
-        if r.grad_share: fig.add_bar(x=list(range(len(r.grad_share))), y=r.grad_share, name=display_name(m),
-                                     marker_color=color(m, i))
+        if r.grad_share:
+            fig.add_bar(x=list(range(len(r.grad_share))), y=r.grad_share, name=display_name(m), marker_color=color(m, i))
     return fig.update_layout(barmode='group', title=f"{sec.task}: share of the gradient norm per denoising step",
                              xaxis_title='denoising step k', yaxis_title='share of the gradient norm', height=400, legend=_LEGEND)
 
@@ -145,9 +144,9 @@ def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
         n = max(map(len, rounds))
         mean = [np.mean([r[j] for r in rounds if len(r) > j], 0) for j in range(n)]  # [rounds][K]
         for k in range(len(mean[0])):
-            if any(m[k] for m in mean): fig.add_scatter(x=list(range(n)), y=[m[k] for m in mean], name=f'k = {k}',
-                                                        legendgroup=f'k{k}',
-                                                        showlegend=i == 1, mode='lines', row=1, col=i)
+            if any(m[k] for m in mean):
+                fig.add_scatter(x=list(range(n)), y=[m[k] for m in mean], name=f'k = {k}', legendgroup=f'k{k}',
+                                showlegend=i == 1, mode='lines', row=1, col=i)
     return fig.update_layout(title=f"{sec.task}: calibrated noise psi(k) per calibration round", xaxis_title='round',
                              yaxis_title='psi(k)', height=360)
 
@@ -193,6 +192,6 @@ def report_figures(report:Report, task:str|None=None, fidelity:dict|None=None) -
     if any(c.n and c.task == sec.task for c in report.contrasts): figs['claims'] = fig_claims(report)
     if any(r.grad_share for r in sec.arms.values()): figs['gradient'] = fig_gradient(report, task)
     if (psi := fig_psi(report, task)) is not None: figs['psi'] = psi
-    if fidelity is not None and fidelity_by_arm(report, fidelity,
-                                                task): figs['fidelity_gain'] = fig_fidelity_gain(report, fidelity, task)
+    if fidelity is not None and fidelity_by_arm(report, fidelity, task):
+        figs['fidelity_gain'] = fig_fidelity_gain(report, fidelity, task)
     return figs

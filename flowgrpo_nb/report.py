@@ -139,18 +139,15 @@ def _control_cell(report:Report, task:str, a:str, ctl) -> tuple:
     return (f"vs {ctl.other}: " if ctl and ctl.other != 'flow_grpo' else '') + text, ctl and ctl.verdict
 
 # %% ../nbs/06g_report.ipynb #156cd5cc
-RESULTS_HEAD = ['arm', 'held-out strict', 'vs Flow-GRPO', 'vs window-matched control',
-                'held-out learned score (vs Flow-GRPO)',
+RESULTS_HEAD = ['arm', 'held-out strict', 'vs Flow-GRPO', 'vs window-matched control', 'held-out learned score (vs Flow-GRPO)',
                 "reached Flow-GRPO's score (by step: seeds)", 'CPU s per step (× Flow-GRPO)', 'NFE per step',
-                'calibration (NFE, CPU s)',
-                'run CPU s (× Flow-GRPO)']
+                'calibration (NFE, CPU s)', 'run CPU s (× Flow-GRPO)']
 
 def _arm_row(report:Report, task:str, a:str) -> list:
     "One arm's row of the results table."
     sec, r = report.tasks[task], report.tasks[task].arms[a]
     n, cs = len(sec.per_seed), [c for c in sec.comparisons if c.arm == a and c.metric == 'strict']
-    fl = next((c for c in sec.comparisons if c.arm == a and c.other == 'flow_grpo' and c.metric == 'learned_score'),
-              None)
+    fl = next((c for c in sec.comparisons if c.arm == a and c.other == 'flow_grpo' and c.metric == 'learned_score'), None)
     fg, ctl = next((c for c in cs if c.other == 'flow_grpo'), None), next((c for c in cs if c.is_control), None)
     h, cal, ls = r.heldout_strict, r.calibration, r.learned_score
     return [(a, None), (f"{h.mean:.3f} [{h.ci[0]:.3f}, {h.ci[1]:.3f}]" if n > 1 else f"{h.mean:.3f} ± {r.heldout_se:.3f} (SE)", None),
@@ -209,8 +206,7 @@ def arms_rows(report:Report) -> tuple[list, list]:
 
 # %% ../nbs/06g_report.ipynb #36ed09b4
 STUDY_ARM_HEAD = ['arm', 'sampler', 'exploration window', 'loss steps', 'step values', 'calibration (rule, rounds)',
-                  'NFE per step',
-                  'prompts × group']
+                  'NFE per step', 'prompts × group']
 
 def _calibration_cell(report:Report, a:str, d:dict) -> str:
     if not d['calibrate']: return '—'
@@ -231,8 +227,7 @@ def study_arms_rows(report:Report) -> tuple[list, list]:
 
 # %% ../nbs/06g_report.ipynb #7fae0c57
 CLAIM_HEAD = ['id', 'claim', 'contrast', 'task', 'metric', 'effect [95% CI]', 'p (Holm)', 'margin', 'verdict', 'seeds',
-              'MDE (80%)',
-              'seeds for the margin']
+              'MDE (80%)', 'seeds for the margin']
 
 def _contrast(c) -> str: return f"{c.arm} − {c.other}" + (f" (at {c.at[1]:.2g} × its {c.at[0]}s)" if c.at else '')
 
@@ -244,16 +239,14 @@ def claims_rows(report:Report) -> tuple[list, list]:
         p = f"{c.p:.2g} ({max(c.p_holm.values()) if c.kind == 'two-sided' else c.p_holm['holds']:.2g})" if ran else '—'
         rows.append([(c.id, None), (c.claim, None), (_contrast(c), None), (c.task, None), (c.metric, None),
                      (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]" if ran else '—', None), (p, None),
-                     (f"{c.margin:g}", None),
-                     (c.verdict, c.verdict), (str(c.n) if ran else '—', None),
+                     (f"{c.margin:g}", None), (c.verdict, c.verdict), (str(c.n) if ran else '—', None),
                      ('—' if c.mde is None else f"{c.mde:.3f}", None),
                      ('—' if c.seeds_needed is None else str(c.seeds_needed), None)])
     return CLAIM_HEAD, rows
 
 # %% ../nbs/06g_report.ipynb #83e75837
 STUDY_HEAD = ['arm', 'mean over the run (AUC)', 'reached the target (steps, median)', "score at Flow-GRPO's NFE",
-              'flat from step',
-              'eval SE / seed SD']
+              'flat from step', 'eval SE / seed SD']
 
 def _median_of(a) -> str: return '—' if a is None else f"{a.median:.0f}"
 
@@ -334,8 +327,8 @@ def results_markdown(report:Report) -> str:
              f"evaluation (the same noise for every run of a seed and the base model); tasks: {tasks}. Differences are paired per seed, "
              "with 95% confidence intervals over seeds (Student t); " + _bold_rule(report)]
     parts.append('\n'.join(f'- {f}' for f in report.findings))
-    for t in report.tasks: parts += [f"**{t}**: trained on {s['tasks'][t]['about']}",
-                                     markdown_table(*results_rows(report, t))]
+    for t in report.tasks:
+        parts += [f"**{t}**: trained on {s['tasks'][t]['about']}", markdown_table(*results_rows(report, t))]
     return '\n\n'.join(parts + ['The arms:', markdown_table(*arms_rows(report))])
 
 # %% ../nbs/06g_report.ipynb #a454c22c

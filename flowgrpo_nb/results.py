@@ -41,13 +41,14 @@ class Record:
     @classmethod
     def from_json(cls, d:dict, where:str|None=None):
         where = where or cls.__name__
-        if not isinstance(d,
-                          dict): raise ValueError(f"{where}: expected an object of {cls.__name__} fields, got {type(d).__name__}")
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected an object of {cls.__name__} fields, got {type(d).__name__}")
         fs, hints = {f.name: f for f in fields(cls)}, typing.get_type_hints(cls)
         unknown = sorted(set(d) - set(fs))
         missing = sorted(n for n, f in fs.items() if n not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-        if unknown or missing: raise ValueError(f"{where}: {cls.__name__} " + '; '.join(
-            ([f"has unknown fields {unknown}"] if unknown else []) + ([f"misses the fields {missing}"] if missing else [])))
+        if unknown or missing:
+            why = ([f"has unknown fields {unknown}"] if unknown else []) + ([f"misses the fields {missing}"] if missing else [])
+            raise ValueError(f"{where}: {cls.__name__} " + '; '.join(why))
         return cls(**{k: _from(hints[k], v, f'{where}.{k}') for k, v in d.items()})
 
 # %% ../nbs/06d_results.ipynb #61325946
@@ -119,14 +120,12 @@ def fake_run(scores:list, learned:list|None=None, every:int=25, nfe:int=160, cpu
     curve = [CurvePoint(step=i * every, seconds=cal[1] + i * every * cpu, eval=s, se=0.012, base=i == 0, nfe=cal[0] + i * every * nfe,
                         learned=None if learned is None else learned[i]) for i, s in enumerate(scores)]
     steps, per = every * (len(scores) - 1), {k: cpu for k in (*PHASES, 'step')}
-    run = dict(heldout={'overall': dict(strict=scores[-1], se=0.012, n=1200)},
-               learned_score=None if learned is None else learned[-1],
-               n_images=1200, curve=curve, reward_curve=[], nfe_per_step=dict(rollout=nfe, lookahead=0),
-               nfe_per_sample=dict(rollout=nfe / 16, lookahead=0),
+    run = dict(heldout={'overall': dict(strict=scores[-1], se=0.012, n=1200)}, n_images=1200,
+               learned_score=None if learned is None else learned[-1], curve=curve, reward_curve=[],
+               nfe_per_step=dict(rollout=nfe, lookahead=0), nfe_per_sample=dict(rollout=nfe / 16, lookahead=0),
                seconds_per_step=per, cpu_seconds_per_step=per,
                calibration=dict(nfe=cal[0], rollouts=0, seconds=cal[1], cpu_seconds=cal[1]),
-               steps=steps, train_seconds=steps * cpu, total_nfe=cal[0] + steps * nfe,
-               total_cpu_seconds=cal[1] + steps * cpu,
+               steps=steps, train_seconds=steps * cpu, total_nfe=cal[0] + steps * nfe, total_cpu_seconds=cal[1] + steps * cpu,
                eval_cpu_seconds=0.0, turning_points=None, adv_zero=None, skipped=None, window=[0, 9])
     return RunResult(**(run | fields))
 

@@ -36,13 +36,13 @@ def paired(a, b, a_se=None, b_se=None) -> dict:
         return dict(n=n, diffs=d.tolist(), mean=m, sd=sd, se=se, ci=[m, m], t=None, p=1.0, higher_in=int((d > 0).sum()),
                     verdict='not distinguishable', basis='seeds' if n > 1 else 'images',
                     untestable='no spread over seeds and no standard errors')
-    if n > 1: r = stats.ttest_1samp(d,
-                                    0.0); t, p, ci = float(r.statistic), float(r.pvalue), list(map(float, r.confidence_interval(0.95)))
+    if n > 1:
+        r = stats.ttest_1samp(d, 0.0)
+        t, p, ci = float(r.statistic), float(r.pvalue), list(map(float, r.confidence_interval(0.95)))
     else: t = m / se; p, ci = float(2 * stats.norm.sf(abs(t))), [m - 1.96 * se, m + 1.96 * se]
     verdict = 'higher' if ci[0] > 0 else 'lower' if ci[1] < 0 else 'not distinguishable'
     return dict(n=n, diffs=d.tolist(), mean=m, sd=sd, se=se, ci=ci, t=t, p=p, higher_in=int((d > 0).sum()),
-                verdict=verdict,
-                basis='seeds' if n > 1 else 'images')
+                verdict=verdict, basis='seeds' if n > 1 else 'images')
 
 # %% ../nbs/06a_stats.ipynb #5f9b92a3
 def holm(ps:list) -> list:
@@ -57,8 +57,8 @@ def holm(ps:list) -> list:
 def one_sided(d, m:float=0.0, alternative:str='greater') -> float:
     "p of the paired t-test of H0: mean(d) <= m (alternative 'greater') or mean(d) >= m ('less'); 1 without spread."
     d = np.asarray(d, float)
-    if alternative not in ('greater',
-                           'less'): raise ValueError(f"alternative={alternative!r}: allowed 'greater' or 'less'")
+    if alternative not in ('greater', 'less'):
+        raise ValueError(f"alternative={alternative!r}: allowed 'greater' or 'less'")
     if len(d) < 2 or np.ptp(d) == 0: return 1.0  # all equal: no spread to test against
     return float(stats.ttest_1samp(d, m, alternative=alternative).pvalue)
 

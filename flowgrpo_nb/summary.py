@@ -224,8 +224,8 @@ def task_section(task:str, per_seed:dict[str, dict[str, RunResult]],
     summary = {a: arm_summary(per_seed, a) for a in arms}
     for a in arms:
         if study:
-            for k, v in study_arm([runs[a] for runs in per_seed.values()], steps,
-                                  eval_every or steps).items(): setattr(summary[a], k, v)
+            measures = study_arm([runs[a] for runs in per_seed.values()], steps, eval_every or steps)
+            for k, v in measures.items(): setattr(summary[a], k, v)
         c = ARMS[a].control_for(levels)
         if c in arms and c != a: summary[a].control_window = window_match(per_seed, a, c)
     comps = task_comparisons(per_seed, base, arms, levels, metrics)
