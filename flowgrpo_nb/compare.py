@@ -252,8 +252,6 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
                    "verdict higher/lower when Holm's correction over its family keeps p below 0.05 (families: "
                    + '; '.join(FAMILIES.values()) + ')', step_time_ratio=STEP_TIME_RATIO)
 
-def _plain(x): return json.loads(json.dumps(x))  # tuples as lists: the report in memory is the one report.json reads back
-
 def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:bool=False) -> Report:
     "The report from the runs in `out` and the base evaluations {('base', evaluation, seed, task): EvalReport}."
     groups, sections = _eval_groups(ccfg, given), {}
@@ -266,8 +264,9 @@ def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:boo
                                    list(ccfg.task_arms(t)),
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
     correct(sections)
-    report = Report(format=FORMAT, config=_plain(asdict(ccfg)), budget=_plain(BUDGETS[ccfg.budget]), setup=setup(ccfg, tasks, out),
+    report = Report(format=FORMAT, config=asdict(ccfg), budget=BUDGETS[ccfg.budget], setup=setup(ccfg, tasks, out),
                     tasks=sections, findings=[], contrasts=evaluate_contrasts(sections))
+    report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys
     report.findings = findings(report)
     return report
 

@@ -238,6 +238,10 @@ class ArmSummary(Record):
     se_ratio:float|None=None     # `se_ratio` of its runs
     calib_rounds:Agg|None=None   # calibration rounds run, over seeds
     calib_stable:str|None=None   # seeds whose calibration stopped because psi stopped moving, 'k/n'
+    def __post_init__(self):  # read from JSON, the Aggs inside `reach` and `at_nfe` are objects: make them Aggs again
+        for f, keys in (('reach', ('steps', 'nfe', 'seconds')), ('at_nfe', ('strict', 'learned'))):
+            if (d := getattr(self, f)) is not None:
+                setattr(self, f, {k: Agg.from_json(v) if k in keys and isinstance(v, dict) else v for k, v in d.items()})
 
 @dataclass
 class Comparison(Record):
