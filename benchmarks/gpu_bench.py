@@ -193,17 +193,10 @@ def main(argv=None) -> dict:
                            torch=torch.__version__, build_seconds=build_s))
     cond = policy.encode((PROMPTS * args.batch)[:args.batch])
     res['forward'] = bench_forward(policy, args, cond)
-    try:
-        import flowgrpo_nb.rollout  # noqa: F401
-        res['rollout'], res['lookahead'] = (bench_rollout(policy, args, res['forward']['tflop_per_nfe'] * 1e12) if left() > 0
-                                            else (skipped('time budget spent'), {}))
-    except ImportError: res['rollout'], res['lookahead'] = skipped('flowgrpo_nb.rollout is not available'), {}
-    res['train'] = {}
-    try: import flowgrpo_nb.train  # noqa: F401
-    except ImportError: res['train'] = {m: skipped('flowgrpo_nb.train is not available') for m in args.methods}
-    for i, m in enumerate(args.methods):
-        if m in res['train']: continue
-        res['train'][m] = bench_train(pipe, args, m, warmup=i == 0) if left() > 0 else skipped('time budget spent')
+    res['rollout'], res['lookahead'] = (bench_rollout(policy, args, res['forward']['tflop_per_nfe'] * 1e12) if left() > 0
+                                        else (skipped('time budget spent'), {}))
+    res['train'] = {m: bench_train(pipe, args, m, warmup=i == 0) if left() > 0 else skipped('time budget spent')
+                    for i, m in enumerate(args.methods)}
     res['total_seconds'] = time.perf_counter() - t_start
     text = json.dumps(res, indent=1, default=str)
     if args.out: Path(args.out).write_text(text)

@@ -20,7 +20,8 @@ import json, os, resource, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 from fastcore.script import call_parse
 
-from flowgrpo_nb.compare import ARMS, usable_cores
+from flowgrpo_nb.design import ARMS
+from flowgrpo_nb.compare import usable_cores
 
 MODES = {'before': ['--workers', '1', '--threads', str(usable_cores()), '--set', 'skip_zero_adv=False', 'diag_every=0', 'fast=false'],
          'eager': ['--set', 'fast=false'], 'now': ['--set'], 'old': ['--set']}
@@ -41,7 +42,7 @@ def run_job(mode:str, out:Path, arms:list, task:str, steps:int, batch:tuple, bud
                 score={a: got[a]['heldout_strict']['mean'] for a in arms}, skipped={a: (got[a]['skipped'] or {}).get('mean', 0.0) for a in arms})
 
 @call_parse
-def main(arms:str='flow_grpo,stepwise,dense,turning_point',  # comma-separated arms of the job (flowgrpo_nb.compare.ARMS)
+def main(arms:str='flow_grpo,stepwise,dense,turning_point',  # comma-separated arms of the job (flowgrpo_nb.design.ARMS)
          modes:str='before,now',  # the two ways, A,B: before, eager, now, old
          old:str=None,        # with mode old: the folder of the other checkout (its flowgrpo_nb runs)
          task:str='geneval',  # the comparison task

@@ -20,13 +20,14 @@ from plotly.subplots import make_subplots
 from .display import MAX_WIDTH, STYLES, color, display_name
 from .flow import SAMPLERS
 from .policy import Policy, LORA_FILE, OLD_LORA_FILE
-from .checkpoint import list_checkpoints, verify_checkpoint, write_checkpoint
+from .checkpoint import verify_checkpoint, RunFolder
 from .rollout import RolloutConfig, rollout, step_values
 from .task import Task, EvalReport, MODELS, load_task, load_policy
 from .train import check_base
 from .credit import method_credits
 from .viz import image_strip, gain_figure, preview_figure, turning_point_table
-from .compare import check_report, report_figures
+from .results import Report
+from .figures import report_figures
 
 # %% auto #0
 __all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'TASK_FIELDS', 'LANES', 'QUICK_STEPS', 'MAX_PROMPT_CHARS', 'MAX_STEPS',
@@ -87,12 +88,13 @@ def find_models(runs:str|Path  # a runs folder (e.g. runs/compare) or one traine
         d = cfg_file.parent
         if d.parent.name == 'checkpoints' or d.name.startswith('.'): continue  # a checkpoint's own config.json
         name = str(d.relative_to(root)) if d != root else d.name
-        ckpts = [c for c in list_checkpoints(d) if any((c/f).is_file() for f in ADAPTER_FILES)]
+        run = RunFolder(d)
+        ckpts = [c for c in run.checkpoints() if any((c/f).is_file() for f in ADAPTER_FILES)]
         if not ckpts:
-            if (d/'checkpoints').exists() or (d/'metrics.jsonl').exists(): skipped.append(f"{name}: no checkpoint yet")
+            if (d/'checkpoints').exists() or run.file('metrics').exists(): skipped.append(f"{name}: no checkpoint yet")
             continue
         try:
-            m = FineTuned(name, d, ckpts[-1], json.loads(cfg_file.read_text()))
+            m = FineTuned(name, d, ckpts[-1], run.config())
             m.shape, m.base
         except Exception as e:
             skipped.append(f"{name}: unreadable {cfg_file.name} ({type(e).__name__}: {e})"); continue
@@ -109,7 +111,6 @@ def fake_runs(out:str|Path,                                  # folder to create
               folder:str='seed0') -> Path:
     "A compare-like runs folder of trainer runs with random LoRA checkpoints (for demos and tests)."
     from flowgrpo_nb.config import preset_config
-    from flowgrpo_nb.checkpoint import RunFolder
     out = Path(out)
     policy = copy.deepcopy(policy) if policy is not None else load_policy(model, model_path)
     if policy.lora_config is None: policy.add_lora(rank, float(rank))
@@ -371,14 +372,14 @@ def report_view(runs:str|Path|None, task:str|None=None) -> tuple[str, list, list
     if p is None or not p.exists():
         return f"No `report.json` in `{runs}`: run `flowgrpo compare --out DIR` and open the app on DIR.", none, []
     try:
-        report = check_report(json.loads(p.read_text()), str(p))
-        tasks = list(report['tasks'])
+        report = Report.from_json(json.loads(p.read_text()), str(p))
+        tasks = list(report.tasks)
         task = task if task in tasks else tasks[0]
         figs = report_figures(report, task)
     except Exception as e:
         return f"**`{p}` cannot be read** ({type(e).__name__}: {e})", none, []
-    md = '\n'.join(f"- {s.removeprefix(f'[{task}] ')}" for s in report.get('findings', []) if s.startswith(f'[{task}] '))
-    about = report['setup']['tasks'][task].get('about', '')
+    md = '\n'.join(f"- {s.removeprefix(f'[{task}] ')}" for s in report.findings if s.startswith(f'[{task}] '))
+    about = report.setup['tasks'][task].get('about', '')
     return f"Report: `{p}`; task **{task}** ({about}), one of {len(tasks)}\n\n{md}", [figs.get(k) for k in REPORT_FIGURES], tasks
 
 def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:int=10, guidance:float=4.0,

@@ -23,7 +23,7 @@ COMMANDS = {
     'compare': 'flowgrpo_nb.compare.compare_cli',
     'train-score': 'flowgrpo_nb.score.train_score_cli',
     'app': 'flowgrpo_nb.app.app_cli',
-    'fidelity': 'flowgrpo_nb.fidelity.fidelity_cli',
+    'fidelity': 'flowgrpo_nb.fidelity_report.fidelity_cli',
 }
 
 def _command(name:str):

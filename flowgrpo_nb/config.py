@@ -6,51 +6,34 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/config.html.md"""
 
 # %% auto #0
 __all__ = ['EARLY', 'PRESETS', 'REMOVED_FIELDS', 'ADDED_FIELDS', 'RESUMABLE_CHANGES', 'GRPOConfig', 'step_stds', 'trained_stds',
-           'degenerate_steps', 'preset_config', 'validate_config', 'config_diff', 'parse_overrides', 'config_help']
+           'degenerate_steps', 'preset_config', 'validate_config', 'config_diff', 'run_config', 'parse_overrides',
+           'config_help']
 
 # %% ../nbs/05c_config.ipynb #4a150b27
-import json, math, types, typing, warnings
+import typing, warnings
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 from fastcore.docments import docments
 import torch
 from .flow import SAMPLERS, DDIM_SCHEDULES, flow_sigmas, step_coefficients
 from .policy import LORA_TARGETS
-from .rollout import RolloutConfig
+from .rollout import RolloutConfig, bad_field, field_types, check_fields, check_window, parse_lookahead
 from .credit import METHODS, CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL, CALIB_STOP
 from .task import check_task_names, DTYPES
+from .checkpoint import RunFolder
 
 # %% ../nbs/05c_config.ipynb #439a1cd4
 @dataclass
-class GRPOConfig:
-    "Every choice of a GRPO run, with defaults scaled to the embedded tiny model."
-    method:str='flow_grpo'      # credit rule: flow_grpo, stepwise, dense or turning_point
-    # -- sampling
-    K:int=10                    # denoising steps of a rollout
-    shift:float=1.0             # schedule shift of diffusers' FlowMatchEulerDiscreteScheduler (SD3.5: 3)
-    guidance:float=4.0          # classifier-free guidance scale of rollouts and evaluation
-    sampler:str='flow_sde'      # SDE on the trained window: flow_sde (Flow-GRPO), cps, ddim (Stepwise)
-    level:float=0.7             # its noise level: a (flow_sde), alpha (cps), eta (ddim)
-    ddim_schedule:str='sqrt_1mt' # ddim's sigma: sqrt_1mt (eta t' sqrt(1 - t), 0 at t = 1) or const (eta t')
-    window_start:int=0          # first stochastic (exploring) step: the SDE window
-    window_size:int|None=None   # stochastic steps from window_start; None: all but the last
+class GRPOConfig(RolloutConfig, CreditConfig):
+    "Every choice of a GRPO run: the credit rule's and the rollouts' fields (inherited), then the run's own."
+    # -- the window over training (the sampler, its level and the window at step 0: `RolloutConfig`)
     window_slide:int=0          # MixGRPO-like: the window moves one step later every n optimizer steps, wrapping (0: fixed)
     train_start:int|None=None   # first step the loss takes, inside the SDE window (None: the window's first)
     train_size:int|None=None    # steps the loss takes from train_start (None: to the window's end)
     trim_degenerate:bool=False  # drop from the window's ends the steps whose std is below min_std_ratio x the largest
     min_std_ratio:float=0.05    # a trained step whose std is below this x the largest trained std is degenerate (warned)
-    shared_noise:bool=False     # one initial noise per group (Stepwise) instead of one per sample
-    max_batch:int=1024          # samples per network and reward call (a memory bound)
-    # -- step values and credit
+    # -- step values (the credit rule and its options: `CreditConfig`)
     lookahead:str|None=None     # step values: tweedie, ode:N, ode:rest; None: the method's default (flow_grpo: none)
-    global_std:bool=True        # flow_grpo: normalise by the batch's std of R instead of the group's
-    eps:float=1e-4              # added to the std before dividing
-    unbiased_std:bool=False     # std with n-1 instead of n (Flow-GRPO uses n)
-    adv_clip:float=5.0          # advantages clipped to +-adv_clip
-    untrained:str='fold'        # gain of an untrained step: fold into the trained step before it, or drop
-    group_size_one:str='error'  # a group of one sample: error, or warn_zero (its advantages are 0)
-    tp_constraint:bool=True     # turning_point: also require sign(r_k) = sign(R - V_{k+1})
-    tp_balance:bool=True        # turning_point: keep as many positive as negative turning points
     # -- DenseGRPO's exploration calibration
     calibrate:bool=False        # calibrate the per-step noise psi(k) before training (DenseGRPO)
     calib_iters:int=8           # calibration rounds
@@ -61,7 +44,6 @@ class GRPOConfig:
     calib_stop:str='rounds'     # rounds: calib_iters rounds of +-calib_eps2; stable: halve a step's increment when it reverses, until psi stops moving
     # -- batch and loss
     prompts_per_step:int=8      # prompts per rollout batch
-    group_size:int=8            # samples per prompt (the GRPO group)
     minibatch:int=16            # samples per backward pass (per process)
     updates_per_rollout:int=1   # optimizer steps taken on one rollout batch
     clip_range:float=1e-4       # PPO ratio clip (Flow-GRPO: 1e-4)
@@ -102,8 +84,11 @@ class GRPOConfig:
     def batch_size(self): return self.prompts_per_step * self.group_size
     def rollout_config(self, step:int=0, **kw) -> RolloutConfig:
         "The `RolloutConfig` of this run's training rollouts at optimizer step `step` (the window may slide or be trimmed)."
-        names = [f.name for f in fields(RolloutConfig)]
-        return RolloutConfig(**{**{n: getattr(self, n) for n in names}, **self.window_at(step), **kw})
+        return RolloutConfig(**{**{f.name: getattr(self, f.name) for f in fields(RolloutConfig)}, **self.window_at(step), **kw})
+    @property
+    def window(self) -> tuple[int, int]: return self.rollout_config().window    # step 0's SDE steps (start, stop), trimmed
+    @property
+    def trained(self) -> torch.Tensor: return self.rollout_config().trained  # [K] bool: step 0's SDE window, trimmed
     def window_at(self, step:int=0) -> dict:
         "window_start and window_size of the rollouts of `step`."
         start, size = self.window_start, self.window_size
@@ -119,7 +104,8 @@ class GRPOConfig:
         return rc.trained & (torch.arange(self.K) >= a) & (torch.arange(self.K) < b)
     def backend(self) -> dict:
         "The keyword arguments of `load_policy` for this run's model."
-        return dict(model=self.model, model_path=self.model_path, resolution=self.resolution, dtype=self.dtype, t5=self.t5)
+        return dict(model=self.model, model_path=self.model_path, resolution=self.resolution, dtype=self.dtype,
+                    t5=self.t5)
     def credit_config(self) -> CreditConfig:
         "The `CreditConfig` of this run's credit rule."
         return CreditConfig(**{f.name: getattr(self, f.name) for f in fields(CreditConfig)})
@@ -138,7 +124,8 @@ def _degenerate(std:torch.Tensor, s:int, e:int, ratio:float) -> list[int]:
 
 def _trimmed(cfg) -> tuple[int, int]:
     "(window_start, window_size) of cfg's window without its degenerate end steps."
-    std, (s, e) = step_stds(cfg), RolloutConfig(K=cfg.K, window_start=cfg.window_start, window_size=cfg.window_size).window
+    std, (s, e) = step_stds(cfg), RolloutConfig(K=cfg.K, window_start=cfg.window_start,
+                                                window_size=cfg.window_size).window
     bad = set(_degenerate(std, s, e, cfg.min_std_ratio))
     while s < e and s in bad: s += 1
     while e > s and e - 1 in bad: e -= 1
@@ -191,24 +178,12 @@ def preset_config(name:str, # a key of `PRESETS`, or several joined by '+' (late
     return GRPOConfig(**{**d, **overrides})
 
 # %% ../nbs/05c_config.ipynb #9a8c4c61
-def _fail(name, value, allowed): raise ValueError(f"GRPOConfig.{name}={value!r}: allowed {allowed}")
-
-def _types(tp) -> tuple:
-    "The runtime types a field annotation allows."
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union: return sum((_types(a) for a in typing.get_args(tp)), ())
-    return (type(None),) if tp is type(None) else (tp,)
-
-def _check_type(name, v, tp):
-    ok = _types(tp)
-    if isinstance(v, bool) and bool not in ok: _fail(name, v, f"{' or '.join(t.__name__ for t in ok)}, not a boolean")
-    if float in ok and isinstance(v, int) and not isinstance(v, bool): return
-    if not isinstance(v, ok): _fail(name, v, f"a value of type {' or '.join(t.__name__ for t in ok)}")
-    if isinstance(v, float) and not math.isfinite(v): _fail(name, v, 'a finite number')
+def _fail(name, value, allowed): bad_field('GRPOConfig', name, value, allowed)
 
 # %% ../nbs/05c_config.ipynb #9bf706b8
-_AT_LEAST = dict(K=2, prompts_per_step=1, group_size=2, minibatch=1, updates_per_rollout=1, steps=1, lora_rank=1, keep_last=1,
-                 calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0, window_start=0,
-                 window_slide=0, diag_every=0)
+_AT_LEAST = dict(K=2, prompts_per_step=1, group_size=2, minibatch=1, updates_per_rollout=1, steps=1, lora_rank=1,
+                 keep_last=1, calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0,
+                 window_start=0, window_slide=0, diag_every=0)
 _POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance', 'eps', 'calib_eps1', 'calib_eps2')
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 _CHOICES = dict(method=METHODS, sampler=tuple(s for s in SAMPLERS if s != 'ode'), untrained=UNTRAINED,
@@ -219,58 +194,59 @@ def validate_config(c:GRPOConfig):
     "Raise a ValueError naming the first field of `c` that cannot run; fills the method's default lookahead."
     if isinstance(c.lora_targets, list): c.lora_targets = tuple(c.lora_targets)
     if c.log_with is None: c.log_with = 'none'
-    for f in fields(c): _check_type(f.name, getattr(c, f.name), f.type)
-    for n, allowed in _CHOICES.items():
-        if getattr(c, n) not in allowed: _fail(n, getattr(c, n), ', '.join(allowed))
-    for n, lo in _AT_LEAST.items():
-        if getattr(c, n) < lo: _fail(n, getattr(c, n), f'an integer >= {lo}' + (' (GRPO normalises within a group)' if n == 'group_size' else ''))
-    for n in _POSITIVE:
-        if not getattr(c, n) > 0: _fail(n, getattr(c, n), 'a finite number > 0')
-    for n in _NON_NEGATIVE:
-        if not getattr(c, n) >= 0: _fail(n, getattr(c, n), 'a finite number >= 0')
+    check_fields(c, _AT_LEAST, _POSITIVE, _NON_NEGATIVE, _CHOICES)
     if not 0 < c.ema_decay < 1: _fail('ema_decay', c.ema_decay, 'a number in (0, 1)')
     if not 0 <= c.min_std_ratio < 1: _fail('min_std_ratio', c.min_std_ratio, 'a number in [0, 1)')
+    check_window(c)
     _check_combinations(c)
     _check_noise(c)
 
 # %% ../nbs/05c_config.ipynb #933d608b
 def _check_lookahead(op):
-    if not (op in ('tweedie', 'ode:rest') or (op.startswith('ode:') and op[4:].isdigit() and int(op[4:]) >= 1)):
-        _fail('lookahead', op, "'tweedie', 'ode:N' (N >= 1) or 'ode:rest'")
+    try: parse_lookahead(op)
+    except ValueError: _fail('lookahead', op, "'tweedie', 'ode:N' (N >= 1) or 'ode:rest'")
 
 def _check_train_steps(c:GRPOConfig, rc):
     "train_start/train_size pick steps inside the SDE window (a fixed one), at least one."
     if c.train_start is None and c.train_size is None: return
     s, e = rc.window
-    if c.window_slide: _fail('train_start', c.train_start, "None when window_slide is set (the loss follows the sliding window)")
+    if c.window_slide:
+        _fail('train_start', c.train_start, "None when window_slide is set (the loss follows the sliding window)")
     a = s if c.train_start is None else c.train_start
     if not s <= a < e: _fail('train_start', c.train_start, f"a step of the SDE window [{s}, {e})")
     if c.train_size is not None and not 1 <= c.train_size <= e - a:
-        _fail('train_size', c.train_size, f"1..{e - a}: the loss steps [{a}, {a}+train_size) must lie in the SDE window [{s}, {e})")
+        _fail('train_size', c.train_size,
+              f"1..{e - a}: the loss steps [{a}, {a}+train_size) must lie in the SDE window [{s}, {e})")
 
 def _check_combinations(c:GRPOConfig):
     if c.method == 'flow_grpo' and c.lookahead is not None:
         _fail('lookahead', c.lookahead, "None for method='flow_grpo' (it uses the final reward only)")
     if c.method != 'flow_grpo': c.lookahead = c.lookahead or LOOKAHEAD[c.method]
     if c.lookahead is not None: _check_lookahead(c.lookahead)
-    if c.calibrate and c.sampler != 'flow_sde': _fail('sampler', c.sampler, "'flow_sde' when calibrate=True (psi replaces its s_k)")
-    try: rc = c.rollout_config()
-    except ValueError as e: raise ValueError(f"GRPOConfig: {str(e).replace('RolloutConfig.', '')}") from None
-    if not rc.trained.any(): _fail('window_size', c.window_size, f"at least 1: the window [{c.window_start}, {c.window_start}+{c.window_size}) trains no step")
+    if c.calibrate and c.sampler != 'flow_sde':
+        _fail('sampler', c.sampler, "'flow_sde' when calibrate=True (psi replaces its s_k)")
+    rc = c.rollout_config()
+    if not rc.trained.any():
+        _fail('window_size', c.window_size, f"at least 1: the window [{c.window_start}, {c.window_start}+{c.window_size}) trains no step")
     _check_train_steps(c, rc)
     if c.batch_size % c.updates_per_rollout or (c.batch_size // c.updates_per_rollout) % c.minibatch:
-        _fail('minibatch', c.minibatch, f"a divisor of the {c.batch_size // c.updates_per_rollout} samples of each update "
+        _fail('minibatch', c.minibatch,
+              f"a divisor of the {c.batch_size // c.updates_per_rollout} samples of each update "
               f"(prompts_per_step x group_size = {c.batch_size}, updates_per_rollout = {c.updates_per_rollout})")
     try: check_task_names(c.model, c.reward, c.prompts)
     except ValueError as e: raise ValueError(f"GRPOConfig: {e}") from None
-    if c.model in ('sd3', 'flux') and not c.model_path: _fail('model_path', c.model_path, f"the local diffusers folder when model={c.model!r}")
-    if c.resolution is not None and c.resolution < 1: _fail('resolution', c.resolution, 'an integer >= 1 (a multiple of the model\'s VAE factor x patch size)')
+    if c.model in ('sd3', 'flux') and not c.model_path:
+        _fail('model_path', c.model_path, f"the local diffusers folder when model={c.model!r}")
+    if c.resolution is not None and c.resolution < 1:
+        _fail('resolution', c.resolution, 'an integer >= 1 (a multiple of the model\'s VAE factor x patch size)')
 
 def _check_noise(c:GRPOConfig):
     "A sliding window needs a size; trained steps below the std floor warn."
     if c.window_slide and (c.window_size is None or c.trim_degenerate):
-        _fail('window_slide', c.window_slide, "0 unless window_size is set and trim_degenerate is False (the window slides by its size)")
-    if c.window_slide and c.calibrate: _fail('window_slide', c.window_slide, "0 when calibrate=True (psi is calibrated on one window)")
+        _fail('window_slide', c.window_slide,
+              "0 unless window_size is set and trim_degenerate is False (the window slides by its size)")
+    if c.window_slide and c.calibrate:
+        _fail('window_slide', c.window_slide, "0 when calibrate=True (psi is calibrated on one window)")
     bad = degenerate_steps(c)
     if bad:
         std = step_stds(c)
@@ -285,7 +261,8 @@ ADDED_FIELDS = dict(fast=False)   # a config written before these fields existed
 RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with')
 
 def _known_fields(d:dict, source:str) -> dict:
-    if not isinstance(d, dict): raise ValueError(f"{source}: expected a JSON object of GRPOConfig fields, got {type(d).__name__}")
+    if not isinstance(d, dict):
+        raise ValueError(f"{source}: expected a JSON object of GRPOConfig fields, got {type(d).__name__}")
     names = {f.name for f in fields(GRPOConfig)}
     unknown = [k for k in d if k not in names and k not in REMOVED_FIELDS]
     if unknown: raise ValueError(f"{source}: unknown GRPOConfig fields {unknown}; allowed: {', '.join(sorted(names))}")
@@ -296,9 +273,15 @@ def config_diff(a:GRPOConfig, b:GRPOConfig, ignore=RESUMABLE_CHANGES) -> dict:
     da, db = a.to_dict(), b.to_dict()
     return {k: (da[k], db[k]) for k in da if k not in ignore and da[k] != db[k]}
 
+# %% ../nbs/05c_config.ipynb #e0d4ea02
+def run_config(run:str|Path|RunFolder) -> GRPOConfig:
+    "A run folder's `GRPOConfig`: its config.json, checked field by field."
+    run = RunFolder(run)
+    return GRPOConfig.from_dict(run.config(), str(run.file('config')))
+
 # %% ../nbs/05c_config.ipynb #d8e9a624
 def _parse_value(name:str, text:str, tp):
-    ok, low = _types(tp), text.strip().lower()
+    ok, low = field_types(tp), text.strip().lower()
     if low in ('none', 'null') and type(None) in ok: return None
     if bool in ok:
         if low in ('true', 'yes', '1'): return True
@@ -325,6 +308,7 @@ def parse_overrides(pairs:list[str]|None) -> dict:
 
 def config_help() -> str:
     "One line per `GRPOConfig` field: name, type, default and help."
-    docs, hints, d = docments(GRPOConfig), typing.get_type_hints(GRPOConfig), GRPOConfig().to_dict()
-    fmt = lambda t: ' or '.join('None' if a is type(None) else a.__name__ for a in _types(t))
+    docs = {k: v for c in (CreditConfig, RolloutConfig, GRPOConfig) for k, v in docments(c).items() if v}  # each field's own help
+    hints, d = typing.get_type_hints(GRPOConfig), GRPOConfig().to_dict()
+    fmt = lambda t: ' or '.join('None' if a is type(None) else a.__name__ for a in field_types(t))
     return '\n'.join(f"  {n} ({fmt(hints[n])}, default {d[n]!r}): {docs.get(n) or ''}" for n in hints)

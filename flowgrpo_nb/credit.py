@@ -14,14 +14,15 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
+from .rollout import check_fields
 from .display import MAX_WIDTH
 
 # %% auto #0
-__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig', 'step_spans',
-           'check_credit_inputs', 'group_stats', 'normalize_rewards', 'final_rewards', 'credit_flow_grpo', 'step_gains',
-           'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points', 'turning_point_rewards',
-           'credit_turning_point', 'Credit', 'compute_credit', 'synthetic_values', 'plot_credit', 'MethodCredit',
-           'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration']
+__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig',
+           'step_spans', 'check_credit_inputs', 'group_stats', 'Credit', 'normalize_rewards', 'final_rewards',
+           'credit_flow_grpo', 'step_gains', 'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points',
+           'turning_point_rewards', 'credit_turning_point', 'compute_credit', 'synthetic_values', 'plot_credit',
+           'MethodCredit', 'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration']
 
 # %% ../nbs/05_credit.ipynb #ae0cbcf1
 METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
@@ -32,27 +33,18 @@ GROUP_SIZE_ONE = ('error', 'warn_zero')  # what happens to a group with a single
 @dataclass
 class CreditConfig:
     "Every open choice of the credit rules."
-    method:str='flow_grpo'      # rule used by `compute_credit`, one of `METHODS`
-    global_std:bool=True        # flow_grpo: divide by the batch's std of R, not the group's (Flow-GRPO's default)
+    method:str='flow_grpo'      # credit rule: flow_grpo, stepwise, dense or turning_point (`METHODS`)
+    global_std:bool=True        # flow_grpo: normalise by the batch's std of R instead of the group's (Flow-GRPO's default)
     eps:float=1e-4              # added to the std before dividing
-    adv_clip:float=5.0          # advantages are clipped to [-adv_clip, adv_clip]
+    adv_clip:float=5.0          # advantages clipped to +-adv_clip
     tp_constraint:bool=True     # turning_point: also require sign(r_k) = sign(R - V_{k+1})
     tp_balance:bool=True        # turning_point: keep as many positive as negative turning points in the batch
-    untrained:str='fold'        # gain of an untrained step: 'fold' into the trained step before it, or 'drop'
-    group_size_one:str='error'  # a group with one sample: 'error', or 'warn_zero' (warn; its advantages are 0)
-    unbiased_std:bool=False     # std with n-1 (torch's default) instead of n (numpy's, as Flow-GRPO)
+    untrained:str='fold'        # gain of an untrained step: fold into the trained step before it, or drop
+    group_size_one:str='error'  # a group of one sample: error, or warn_zero (warned; its advantages are 0)
+    unbiased_std:bool=False     # std with n-1 instead of n (Flow-GRPO uses n, as numpy)
 
     def __post_init__(self):
-        for name, allowed in (('method', METHODS), ('untrained', UNTRAINED), ('group_size_one', GROUP_SIZE_ONE)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"CreditConfig.{name}={getattr(self, name)!r}: allowed {allowed}")
-        for name in ('global_std', 'tp_constraint', 'tp_balance', 'unbiased_std'):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"CreditConfig.{name}={getattr(self, name)!r}: allowed True or False")
-        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0):
-            raise ValueError(f"CreditConfig.eps={self.eps!r}: allowed a finite number > 0")
-        if not (isinstance(self.adv_clip, (int, float)) and self.adv_clip > 0):
-            raise ValueError(f"CreditConfig.adv_clip={self.adv_clip!r}: allowed a number > 0 (inf: no clipping)")
+        check_fields(self, positive=('eps', 'adv_clip'), choices=dict(method=METHODS, untrained=UNTRAINED, group_size_one=GROUP_SIZE_ONE))
 
 # %% ../nbs/05_credit.ipynb #d323c534
 def step_spans(trained:Tensor,      # [K] bool, the SDE window
@@ -134,6 +126,13 @@ def group_stats(x:Tensor,               # [B] or [B, K] values
     return mean.reshape(x.shape), var.sqrt().reshape(x.shape)
 
 # %% ../nbs/05_credit.ipynb #1c71dee6
+@dataclass
+class Credit:
+    "The result of a credit rule."
+    advantages:Tensor  # [B, K], 0 on untrained steps
+    rewards:Tensor     # [B, K] step rewards before normalisation, 0 on untrained steps
+    turning_points:TurningPoints|None=None  # turning_point only
+
 def normalize_rewards(r:Tensor,          # [B, K] step rewards, 0 on untrained steps
                       group:Tensor,      # [B] group id of each sample
                       trained:Tensor,    # [K] bool, the SDE window
@@ -159,11 +158,12 @@ def credit_flow_grpo(V:Tensor,       # [B, K+1] step values (only V[:, K] is rea
                      group:Tensor,   # [B] group id of each sample
                      trained:Tensor, # [K] bool, the SDE window
                      cfg:CreditConfig|None=None
-                    ) -> Tensor:     # [B, K] advantages
-    "Flow-GRPO: the group-normalised final reward on every trained step."
+                    ) -> Credit:  # advantages [B, K], the final rewards
+    "Flow-GRPO: the final reward minus its group's mean, over the batch's std (the group's without `global_std`), on every trained step."
     cfg = replace(cfg or CreditConfig(), method='flow_grpo')
     group, trained = check_credit_inputs(V, group, trained, cfg)
-    return normalize_rewards(final_rewards(V, trained), group, trained, cfg, global_std=cfg.global_std)
+    r = final_rewards(V, trained)
+    return Credit(normalize_rewards(r, group, trained, cfg, global_std=cfg.global_std), r)
 
 # %% ../nbs/05_credit.ipynb #80679aed
 def step_gains(V:Tensor,             # [B, K+1] step values
@@ -182,22 +182,24 @@ def credit_stepwise(V:Tensor,       # [B, K+1] step values
                     group:Tensor,   # [B] group id of each sample
                     trained:Tensor, # [K] bool, the SDE window
                     cfg:CreditConfig|None=None
-                   ) -> Tensor:     # [B, K] advantages
+                   ) -> Credit:  # advantages [B, K], the step gains
     "Stepwise-Flow-GRPO: step gains normalised over all (sample, trained step) pairs of a group."
     cfg = replace(cfg or CreditConfig(), method='stepwise')
     group, trained = check_credit_inputs(V, group, trained, cfg)
-    return normalize_rewards(step_gains(V, trained, cfg.untrained), group, trained, cfg, joint=True)
+    r = step_gains(V, trained, cfg.untrained)
+    return Credit(normalize_rewards(r, group, trained, cfg, joint=True), r)
 
 # %% ../nbs/05_credit.ipynb #820ca8a6
 def credit_dense(V:Tensor,       # [B, K+1] step values
                  group:Tensor,   # [B] group id of each sample
                  trained:Tensor, # [K] bool, the SDE window
                  cfg:CreditConfig|None=None
-                ) -> Tensor:     # [B, K] advantages
+                ) -> Credit:  # advantages [B, K], the step gains
     "DenseGRPO: step gains normalised per step within the group."
     cfg = replace(cfg or CreditConfig(), method='dense')
     group, trained = check_credit_inputs(V, group, trained, cfg)
-    return normalize_rewards(step_gains(V, trained, cfg.untrained), group, trained, cfg)
+    r = step_gains(V, trained, cfg.untrained)
+    return Credit(normalize_rewards(r, group, trained, cfg), r)
 
 # %% ../nbs/05_credit.ipynb #6e1bf236
 @dataclass(repr=False)
@@ -275,36 +277,24 @@ def credit_turning_point(V:Tensor,       # [B, K+1] step values
                          group:Tensor,   # [B] group id of each sample
                          trained:Tensor, # [K] bool, the SDE window
                          cfg:CreditConfig|None=None
-                        ) -> tuple[Tensor, TurningPoints]:  # ([B, K] advantages, turning points)
+                        ) -> Credit:  # advantages [B, K], step rewards, turning points
     "TP-GRPO: turning-point rewards normalised per step within the group."
     cfg = replace(cfg or CreditConfig(), method='turning_point')
     group, trained = check_credit_inputs(V, group, trained, cfg)
     r, tp = turning_point_rewards(V, trained, cfg)
-    return normalize_rewards(r, group, trained, cfg), tp
+    return Credit(normalize_rewards(r, group, trained, cfg), r, tp)
 
 # %% ../nbs/05_credit.ipynb #258af06e
-@dataclass
-class Credit:
-    "The result of a credit rule."
-    advantages:Tensor  # [B, K], 0 on untrained steps
-    rewards:Tensor     # [B, K] step rewards before normalisation, 0 on untrained steps
-    turning_points:TurningPoints|None=None  # turning_point only
+RULES = dict(flow_grpo=credit_flow_grpo, stepwise=credit_stepwise, dense=credit_dense, turning_point=credit_turning_point)
 
 def compute_credit(V:Tensor,       # [B, K+1] step values, V[:, K] = final reward
                    group:Tensor,   # [B] group id of each sample
                    trained:Tensor, # [K] bool, the SDE window
-                   cfg:CreditConfig|None=None  # `cfg.method` selects the rule
+                   cfg:CreditConfig|None=None  # `cfg.method` selects the rule in `RULES`
                   ) -> Credit:
     "Advantages and step rewards of the rule `cfg.method`."
     cfg = cfg or CreditConfig()
-    group, trained = check_credit_inputs(V, group, trained, cfg)
-    tp = None
-    if cfg.method == 'flow_grpo': r = final_rewards(V, trained)
-    elif cfg.method == 'turning_point': r, tp = turning_point_rewards(V, trained, cfg)
-    else: r = step_gains(V, trained, cfg.untrained)
-    A = normalize_rewards(r, group, trained, cfg, joint=cfg.method == 'stepwise',
-                          global_std=cfg.method == 'flow_grpo' and cfg.global_std)
-    return Credit(A, r, tp)
+    return RULES[cfg.method](V, group, trained, cfg)
 
 # %% ../nbs/05_credit.ipynb #f712717d
 def synthetic_values(P:int=4,          # prompts

@@ -6,36 +6,25 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/fidelity.html.md"""
 
 # %% ../nbs/06c_fidelity.ipynb #3292c2e7
 from __future__ import annotations
-import json, math, time, warnings
-from contextlib import contextmanager, nullcontext
+import json, math
 from dataclasses import dataclass, asdict
 from itertools import combinations
-from pathlib import Path
 from typing import Callable
 
 import numpy as np, torch
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-from scipy import stats
-from fastcore.script import call_parse
 from torch import Tensor
 
-from .processes import write_pngs
-from .display import STYLES, color, display_name
-from .policy import Policy
-from .rollout import RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, lookahead_nfe, _step
-from .credit import METHODS, Credit, step_spans, method_credits
-from .task import Task, balanced_prompts, load_task, load_policy
+from .policy import Policy, seeded_generator, timed
+from .rollout import check_fields, bad_field, RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, lookahead_nfe, _step
+from .credit import Credit, step_spans, method_credits
+from .task import Task, balanced_prompts
 from .config import GRPOConfig, preset_config
-from .checkpoint import read_checkpoint, RunFolder
-from .train import load_run_policy, run_config
+from .stats import STATS, cluster_draws, boot_stats, percentile_ci
 
 # %% auto #0
-__all__ = ['STATS', 'QUANTITIES', 'TABLE', 'Arm', 'check_arms', 'arm_rollout', 'MCValues', 'mc_values', 'true_gains',
-           'needed_states', 'arm_credits', 'cluster_draws', 'boot_stats', 'ci', 'compare_arm', 'paired_differences',
-           'CostMeter', 'arm_fidelity', 'fidelity_table', 'fidelity_nfe', 'plot_steps', 'plot_differences',
-           'plot_scatter', 'plot_overall', 'run_arm', 'report_arms', 'fidelity_figures', 'fidelity_report',
-           'fidelity_cli', 'fidelity_summary']
+__all__ = ['QUANTITIES', 'TABLE', 'Arm', 'check_arms', 'arm_rollout', 'MCValues', 'mc_values', 'true_gains', 'needed_states',
+           'arm_credits', 'compare_arm', 'paired_differences', 'FidelityConfig', 'arm_fidelity', 'fidelity_table',
+           'fidelity_nfe']
 
 # %% ../nbs/06c_fidelity.ipynb #b3b79d56
 @dataclass(frozen=True)
@@ -56,12 +45,14 @@ def check_arms(arms:dict,                  # name -> GRPOConfig or (GRPOConfig, 
                sampler_of:GRPOConfig|None=None  # every arm explores with this config's sampler (no psi) instead
               ) -> dict[str, Arm]:
     "Each arm's `Arm`; a ValueError names the first one that cannot run."
-    if not isinstance(arms, dict) or not arms: raise ValueError(f"arms={arms!r}: must be a non-empty dict name -> (GRPOConfig, psi)")
+    if not isinstance(arms, dict) or not arms:
+        raise ValueError(f"arms={arms!r}: must be a non-empty dict name -> (GRPOConfig, psi)")
     if not isinstance(group, int) or group < 2:
         raise ValueError(f"group={group!r}: must be an int >= 2 (credit rules normalise within a group)")
     out = {}
     for name, a in arms.items():
-        cfg, psi = (a, None) if isinstance(a, GRPOConfig) else a if isinstance(a, (tuple, list)) and len(a) == 2 else (a, None)
+        pair = isinstance(a, (tuple, list)) and len(a) == 2
+        cfg, psi = (a, None) if isinstance(a, GRPOConfig) else a if pair else (a, None)
         if not isinstance(cfg, GRPOConfig):
             raise ValueError(f"arms[{name!r}]: expected a GRPOConfig or (GRPOConfig, psi), got {type(a).__name__}")
         if sampler_of is not None and sampler_of.K != cfg.K:
@@ -80,13 +71,9 @@ def _check_arm_psi(name:str, cfg:GRPOConfig, psi) -> Tensor:
     return p
 
 # %% ../nbs/06c_fidelity.ipynb #725600d9
-def _generator(*key:int) -> torch.Generator:
-    "A CPU generator seeded by a tuple of ints (independent streams for (seed, batch, stream))."
-    return torch.Generator().manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1)[0]))
-
 def arm_rollout(policy:Policy, prompts:list[str], arm:Arm, reward_fn:Callable, seed:int=0, batch:int=0) -> Rollout:
     "The arm's rollouts of one batch of prompts: its own sampler, window, shared noise and psi."
-    return rollout(policy, prompts, arm.rollout, reward_fn, _generator(seed, batch, 0), psi=arm.psi)
+    return rollout(policy, prompts, arm.rollout, reward_fn, seeded_generator(seed, batch, 0), psi=arm.psi)
 
 # %% ../nbs/06c_fidelity.ipynb #e13bdfda
 @dataclass(frozen=True, repr=False)
@@ -108,7 +95,8 @@ class MCValues:
 def _mc_plan(ro:Rollout, states) -> tuple[Tensor, Tensor, Tensor]:
     "Distinct states to continue, sorted by step (rows [N], steps [N]), and src [B, K] indexing them (-1: not estimated)."
     rows, ks, src = value_plan(ro, 'tweedie')  # every state x_0..x_{K-1}; shared ones once
-    keep = torch.ones(len(ks), dtype=torch.bool) if states is None else torch.isin(ks, torch.as_tensor(list(states), dtype=torch.long))
+    keep = (torch.ones(len(ks), dtype=torch.bool) if states is None else
+            torch.isin(ks, torch.as_tensor(list(states), dtype=torch.long)))
     order = keep.nonzero().flatten()
     order = order[torch.argsort(ks[order], stable=True)]  # by start step: the running continuations are a prefix
     pos = torch.full((len(ks),), -1, dtype=torch.long)
@@ -150,8 +138,8 @@ def _continue(policy, ro, rows, ks, M, reward_fn, generator, max_batch) -> tuple
         for k in range(int(ks.min()), ro.K):
             n, n_old = int((start <= k).sum()), int((start < k).sum())  # running rows; those past their first step
             v = v0[:n].clone()
-            if n_old: v[:n_old] = policy.velocity(y[:n_old], ro.t[k].expand(n_old), cond.index(slice(0, n_old)),
-                                                  ro.cfg.guidance, max_batch)
+            if n_old:
+                v[:n_old] = policy.velocity(y[:n_old], ro.t[k].expand(n_old), cond.index(slice(0, n_old)), ro.cfg.guidance, max_batch)
             stochastic = trained[k] and ro.cfg.sampler != 'ode'
             psi = None if ro.psi is None or not trained[k] else ro.psi[k].expand(n)
             y[:n] = _step(ro.cfg, v, y[:n], ro.t[k].expand(n), ro.t[k + 1].expand(n), trained[k], psi,
@@ -187,74 +175,6 @@ def arm_credits(policy:Policy, ro:Rollout, reward_fn:Callable,
     return {n: method_credits(ro, values, [c.method], {c.method: c.lookahead}, c.credit_config())[c.method].credit
             for n, c in cfgs.items()}
 
-# %% ../nbs/06c_fidelity.ipynb #34b5caf7
-STATS = ('pearson', 'spearman', 'kendall')
-
-def cluster_draws(n_clusters:int, n_boot:int=1000, seed:int=0) -> np.ndarray:
-    "[n_boot, n_clusters] cluster ids drawn with replacement: one bootstrap resample per row."
-    return np.random.default_rng([seed, 7]).integers(0, n_clusters, (n_boot, n_clusters))
-
-def _weights(draws:np.ndarray, P:int) -> np.ndarray:
-    "[n, P] how often each cluster is drawn; the first row is the sample itself (all ones)."
-    W = np.zeros((len(draws) + 1, P))
-    np.add.at(W, (np.arange(1, len(draws) + 1)[:, None], draws), 1)
-    W[0] = 1
-    return W
-
-# %% ../nbs/06c_fidelity.ipynb #4cdd261b
-def _pair_counts(x, y, O, W):
-    "Concordant minus discordant pairs, all pairs, pairs tied in x, in y: each [n] under cluster weights W [n, P]."
-    sx, sy = np.sign(x[:, None] - x[None]), np.sign(y[:, None] - y[None])
-    quad = lambda m: ((W @ (O.T @ m @ O)) * W).sum(1)  # sum over ordered pairs of resampled rows
-    n = W @ O.sum(0)
-    s = quad(sx * sy) / 2                   # a row paired with its own copy: sign 0, neither
-    tx, ty = (quad((sx == 0) * 1.) - n) / 2, (quad((sy == 0) * 1.) - n) / 2  # minus each row with itself
-    return s, n * (n - 1) / 2, tx, ty
-
-def _pearson(x, y, O, W):
-    "Pearson's r under cluster weights W [n, P], from per-cluster sums."
-    x, y = x - x.mean(), y - y.mean()
-    n, sx, sy, sxx, syy, sxy = (W @ (O.T @ np.stack([np.ones_like(x), x, y, x * x, y * y, x * y], 1))).T
-    return (sxy - sx * sy / n) / np.sqrt(np.clip((sxx - sx ** 2 / n) * (syy - sy ** 2 / n), 1e-300, None))
-
-# %% ../nbs/06c_fidelity.ipynb #bbbbefb3
-def _rowcorr(a:np.ndarray, b:np.ndarray) -> np.ndarray:
-    "Pearson correlation of each row pair of [n, m] arrays (nan where a row is constant)."
-    a, b = a - a.mean(1, keepdims=True), b - b.mean(1, keepdims=True)
-    den = np.sqrt((a * a).sum(1) * (b * b).sum(1))
-    with np.errstate(invalid='ignore', divide='ignore'): return np.where(den > 0, (a * b).sum(1) / den, np.nan)
-
-def _spearman(x, y, cluster, draws):
-    "Spearman's rho of the sample and of every resample (rows of the drawn clusters, ranked)."
-    rows = [np.flatnonzero(cluster == c) for c in range(draws.shape[1])]
-    idx = [np.arange(len(x))] + [np.concatenate([rows[c] for c in d]) for d in draws]
-    if len({len(i) for i in idx}) == 1: idx = [np.stack(idx)]  # clusters of one size: one ranking call
-    return np.concatenate([_rowcorr(stats.rankdata(np.atleast_2d(x[i]), axis=1), stats.rankdata(np.atleast_2d(y[i]), axis=1)) for i in idx])
-
-# %% ../nbs/06c_fidelity.ipynb #f211c4dc
-def boot_stats(x, y,          # [N] paired values (credit, truth)
-               cluster,       # [N] int cluster (prompt) of each pair, 0..P-1
-               draws:np.ndarray  # [n_boot, P] `cluster_draws`
-              ) -> dict[str, tuple[float, np.ndarray]]:  # stat -> (estimate, [n_boot] resampled values; nan: undefined)
-    "Pearson, Spearman and Kendall's tau-b of x and y and of each cluster resample."
-    x, y, cluster = (np.asarray(a, dtype=np.float64).ravel() for a in (x, y, cluster))
-    P = draws.shape[1]
-    O, W = (cluster[:, None] == np.arange(P)).astype(np.float64), _weights(draws, P)
-    s, n0, tx, ty = _pair_counts(x, y, O, W)
-    ok = (n0 - tx > 0) & (n0 - ty > 0)      # neither side constant in the resample
-    with np.errstate(invalid='ignore', divide='ignore'):
-        out = dict(pearson=_pearson(x, y, O, W), spearman=_spearman(x, y, cluster.astype(int), draws),
-                   kendall=s / np.sqrt((n0 - tx) * (n0 - ty)))
-    return {k: (float(v[0]) if ok[0] else float('nan'), np.where(ok[1:], v[1:], np.nan)) for k, v in out.items()}
-
-# %% ../nbs/06c_fidelity.ipynb #ef287147
-def ci(samples:np.ndarray, level:float=0.95) -> tuple[float, float]:
-    "Percentile interval of bootstrap values (nan ones left out; nan when none is left)."
-    s = np.asarray(samples, dtype=np.float64)
-    s = s[np.isfinite(s)]
-    if not len(s): return float('nan'), float('nan')
-    return tuple(float(q) for q in np.percentile(s, [(1 - level) / 2 * 100, (1 + level) / 2 * 100]))
-
 # %% ../nbs/06c_fidelity.ipynb #caffb03d
 QUANTITIES = ('reward', 'advantage')
 
@@ -263,7 +183,8 @@ def _row(q, tr, se, cl, draws, level, z) -> tuple[dict, dict]:
     bs = boot_stats(q, tr, cl, draws)
     sig = np.abs(tr) > z * se
     n_sig, n_zero, agree = int(sig.sum()), int((sig & (q == 0)).sum()), int((sig & (np.sign(q) == np.sign(tr)) & (q != 0)).sum())
-    row = dict(n=len(q), **{f'{k}{e}': v for k, (est, s) in bs.items() for e, v in zip(('', '_lo', '_hi'), (est, *ci(s, level)))},
+    row = dict(n=len(q),
+               **{f'{k}{e}': v for k, (est, s) in bs.items() for e, v in zip(('', '_lo', '_hi'), (est, *percentile_ci(s, level)))},
                share_credit_zero=float((q == 0).mean()), share_truth_zero=float((tr == 0).mean()),
                truth_reliability=float(1 - (se ** 2).mean() / tr.var()) if tr.var() > 0 else float('nan'), n_sig=n_sig,
                zero_credit=n_zero / n_sig if n_sig else float('nan'),
@@ -284,7 +205,8 @@ def compare_arm(truth:Tensor, truth_se:Tensor,  # [N, K] true step advantages an
         q = (credit.rewards if qn == 'reward' else credit.advantages).numpy().astype(np.float64)
         for k in [*steps, 'all']:
             cols = steps if k == 'all' else [k]
-            r, s = _row(q[:, cols].ravel(), tr[:, cols].ravel(), se[:, cols].ravel(), np.repeat(cl, len(cols)), draws, level, z)
+            r, s = _row(q[:, cols].ravel(), tr[:, cols].ravel(), se[:, cols].ravel(), np.repeat(cl, len(cols)), draws,
+                        level, z)
             rows.append(dict(quantity=qn, step=k, **r))
             if k == 'all': pooled[qn] = s
     return rows, pooled
@@ -299,24 +221,43 @@ def paired_differences(pooled:dict[str, dict],  # arm -> `compare_arm`'s pooled 
         for qn in QUANTITIES:
             for s in STATS:
                 d = pooled[a][qn][s] - pooled[b][qn][s]
-                lo, hi = ci(d, level)
+                lo, hi = percentile_ci(d, level)
                 out.append(dict(a=a, b=b, quantity=qn, stat=s, diff=estimates[a][qn][s] - estimates[b][qn][s], lo=lo, hi=hi,
                                 share_above_0=float(np.mean(d[np.isfinite(d)] > 0)) if np.isfinite(d).any() else float('nan')))
     return out
 
-# %% ../nbs/06c_fidelity.ipynb #66681c0f
-class CostMeter:
-    "Wall seconds, process CPU seconds and network evaluations of blocks of work, booked per phase."
-    def __init__(self, policy:Policy): self.policy, self.phases = policy, {}
-    @contextmanager
-    def __call__(self, phase:str):
-        nfe, wall, cpu = sum(self.policy.nfe.nfe.values()), time.perf_counter(), time.process_time()
-        try: yield
-        finally:
-            d = self.phases.setdefault(phase, dict(nfe=0, seconds=0.0, cpu_seconds=0.0))
-            d['nfe'] += sum(self.policy.nfe.nfe.values()) - nfe
-            d['seconds'] += time.perf_counter() - wall; d['cpu_seconds'] += time.process_time() - cpu
-    def total(self) -> dict: return {k: sum(d[k] for d in self.phases.values()) for k in ('nfe', 'seconds', 'cpu_seconds')}
+# %% ../nbs/06c_fidelity.ipynb #9ff20c3b
+@dataclass
+class FidelityConfig:
+    "How credit fidelity is measured: prompts, samples, Monte-Carlo continuations, compared steps and the bootstrap."
+    prompts:int|list=16        # prompts from the task, balanced over its categories (or a list of prompts)
+    batch_prompts:int=4        # prompts per rollout batch
+    split:str='train'          # the task's prompts: train or heldout
+    group:int=8                # samples per prompt of every arm's rollouts
+    M:int=8                    # Monte-Carlo continuations per state
+    steps:list|None=None       # steps to compare (default: each arm's trained steps); fewer cost less
+    K:int|None=None            # steps of the preset arms (default: the run's, or 10)
+    sampler_of:str|None=None   # a preset whose sampler every arm uses (default: each arm its own)
+    reward:str|None=None       # reward name instead of the run's (grid world: partial, strict, score)
+    seed:int=0                 # prompts, rollout and continuation noise, bootstrap
+    n_boot:int=1000            # bootstrap resamples (of prompts)
+    level:float=0.95           # confidence level of the intervals
+    z:float=2.0                # a true gain is significant beyond z standard errors
+    keep_data:bool=True        # also return every truth and credit
+    def __post_init__(self): _check_fidelity(self)
+
+# %% ../nbs/06c_fidelity.ipynb #68e5b7cb
+def _check_fidelity(c:FidelityConfig):
+    check_fields(c, at_least=dict(batch_prompts=1, group=2, M=2, seed=0, n_boot=1), positive=('z',),
+                 choices=dict(split=('train', 'heldout')))
+    if not 0 < c.level < 1: bad_field(c, 'level', c.level, 'a confidence level in (0, 1)')
+    if c.K is not None and c.K < 2: bad_field(c, 'K', c.K, 'None or an integer >= 2')
+    if (isinstance(c.prompts, int) and c.prompts < 1
+            or isinstance(c.prompts, list) and not (c.prompts and all(isinstance(p, str) for p in c.prompts))):
+        bad_field(c, 'prompts', c.prompts,
+                  'an integer >= 1 (drawn from the task, balanced over its categories) or a list of prompts')
+    if c.steps is not None and not all(isinstance(k, int) and not isinstance(k, bool) for k in c.steps):
+        bad_field(c, 'steps', c.steps, 'None (every trained step) or a list of step indices')
 
 # %% ../nbs/06c_fidelity.ipynb #24a58fb9
 def _arm_steps(name:str, arm:Arm, steps) -> list[int]:
@@ -326,32 +267,30 @@ def _arm_steps(name:str, arm:Arm, steps) -> list[int]:
     if not out: raise ValueError(f"arms[{name!r}]: none of steps={steps!r} is trained (its window trains {tr})")
     return out
 
-def _check_prompts(prompts, split:str):
-    if split not in ('train', 'heldout'): raise ValueError(f"split={split!r}: allowed 'train' or 'heldout'")
-    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) for p in prompts): return
-    if not isinstance(prompts, int) or isinstance(prompts, bool) or prompts < 1:
-        raise ValueError(f"prompts={prompts!r}: must be an int >= 1 (drawn from the task, balanced over its categories) or a list of str")
-
-def _fidelity_prompts(task:Task, prompts, split:str, seed:int) -> list[str]:
-    _check_prompts(prompts, split)
-    if not isinstance(prompts, int): return list(prompts)
-    return balanced_prompts(task.train_prompts if split == 'train' else task.eval_prompts, prompts, seed, task.category)
+def _fidelity_prompts(task:Task, cfg:FidelityConfig) -> list[str]:
+    if not isinstance(cfg.prompts, int): return list(cfg.prompts)
+    pool = task.train_prompts if cfg.split == 'train' else task.eval_prompts
+    return balanced_prompts(pool, cfg.prompts, cfg.seed, task.category)
 
 # %% ../nbs/06c_fidelity.ipynb #9dab270c
-def _collect(policy, reward_fn, names, arms:dict[str, Arm], plan:dict, batch_prompts:int, M:int, seed:int, meter) -> dict:
+def _collect(policy, reward_fn, names, arms:dict[str, Arm], plan:dict, cfg:FidelityConfig, book:dict) -> dict:
     "Every arm's truth, its SE, credit and prompt ids over the batches: name -> dict of [N, K] / [N] tensors."
-    by_key = {}
+    by_key, bp = {}, cfg.batch_prompts
     for n, a in arms.items(): by_key.setdefault(a.key, []).append(n)
     out = {n: dict(truth=[], truth_se=[], rewards=[], advantages=[], cluster=[]) for n in arms}
-    for b, i in enumerate(range(0, len(names), batch_prompts)):
+    for b, i in enumerate(range(0, len(names), bp)):
         for members in by_key.values():
-            with meter('rollout'): ro = arm_rollout(policy, names[i:i + batch_prompts], arms[members[0]], reward_fn, seed, b)
-            with meter('credit'): cr = arm_credits(policy, ro, reward_fn, {n: arms[n].cfg for n in members})
+            with timed(book, 'rollout', policy.nfe):
+                ro = arm_rollout(policy, names[i:i + bp], arms[members[0]], reward_fn, cfg.seed, b)
+            with timed(book, 'credit', policy.nfe):
+                cr = arm_credits(policy, ro, reward_fn, {n: arms[n].cfg for n in members})
             states = sorted(set().union(*(needed_states(ro.trained, arms[n].cfg.untrained, plan[n]) for n in members)))
-            with meter('mc'): mc = mc_values(policy, ro, M, reward_fn, _generator(seed, b, 1), states=states)
+            with timed(book, 'mc', policy.nfe):
+                mc = mc_values(policy, ro, cfg.M, reward_fn, seeded_generator(cfg.seed, b, 1), states=states)
             for n in members:
                 g, se = true_gains(mc, ro.trained, arms[n].cfg.untrained)
-                got = dict(truth=g, truth_se=se, rewards=cr[n].rewards, advantages=cr[n].advantages, cluster=ro.group.cpu() + i)
+                got = dict(truth=g, truth_se=se, rewards=cr[n].rewards, advantages=cr[n].advantages,
+                           cluster=ro.group.cpu() + i)
                 for k, v in got.items(): out[n][k].append(v.cpu())
     return {n: {k: torch.cat(v) for k, v in d.items()} for n, d in out.items()}
 
@@ -369,42 +308,41 @@ def _arm_settings(a:Arm, steps:list[int]) -> dict:
     return dict(method=a.cfg.method, lookahead=a.cfg.lookahead, untrained=a.cfg.untrained, steps=steps,
                 rollout=asdict(a.rollout), psi=a.psi, config=a.cfg.to_dict())
 
-# %% ../nbs/06c_fidelity.ipynb #270759d1
-def _check_fidelity_args(M, batch_prompts, n_boot, level, steps):
-    for name, v, lo in (('M', M, 2), ('batch_prompts', batch_prompts, 1), ('n_boot', n_boot, 1)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo: raise ValueError(f"{name}={v!r}: must be an int >= {lo}")
-    if not 0 < level < 1: raise ValueError(f"level={level!r}: the confidence level must be in (0, 1)")
-    if steps is not None and (isinstance(steps, (str, int)) or not all(isinstance(k, int) for k in steps)):
-        raise ValueError(f"steps={steps!r}: must be None (every trained step) or a list of step indices")
-
 # %% ../nbs/06c_fidelity.ipynb #3a092a88
 def arm_fidelity(policy:Policy, task:Task,
-                 arms:dict,                 # name -> GRPOConfig or (GRPOConfig, psi [K] or None): see `check_arms`
-                 prompts=16,                # prompts from the task, balanced over its categories (or a list of prompts)
-                 batch_prompts:int=4,       # prompts per rollout batch
-                 group:int=8,               # samples per prompt
-                 M:int=8,                   # Monte-Carlo continuations per state
-                 steps:list[int]|None=None, # steps to compare (default: each arm's trained steps); fewer cost less
-                 seed:int=0,                # prompts, rollout and continuation noise, bootstrap
-                 split:str='train',         # the task's prompts: 'train' or 'heldout'
-                 n_boot:int=1000, level:float=0.95, z:float=2.0,  # bootstrap resamples, CI level, significance in SEs
-                 sampler_of:GRPOConfig|None=None,  # every arm explores with this config's sampler (one sampler for all)
-                 keep_data:bool=True) -> dict:    # also return every truth and credit
-    "Every arm's credit against the Monte-Carlo truth of its own rollouts, pooled over batches of prompts: JSON-ready."
-    _check_fidelity_args(M, batch_prompts, n_boot, level, steps)
-    checked, names = check_arms(arms, group, sampler_of), _fidelity_prompts(task, prompts, split, seed)
-    plan, meter = {n: _arm_steps(n, a, steps) for n, a in checked.items()}, CostMeter(policy)
-    data = _collect(policy, task.reward, names, checked, plan, batch_prompts, M, seed, meter)
-    with meter('stats'): rows, diffs = _arm_stats(data, checked, plan, cluster_draws(len(names), n_boot, seed), level, z)
+                 arms:dict,              # name -> GRPOConfig or (GRPOConfig, psi [K] or None): see `check_arms`
+                 cfg:FidelityConfig|None=None  # prompts, samples, continuations, steps, bootstrap
+                ) -> dict:               # settings, cost, stats, differences (and data): JSON-ready
+    "Every arm's credit against the Monte-Carlo truth of its own rollouts, pooled over batches of prompts."
+    cfg = cfg or FidelityConfig()
+    one = _sampler_of(cfg, arms)
+    checked, names = check_arms(arms, cfg.group, one), _fidelity_prompts(task, cfg)
+    plan, book = {n: _arm_steps(n, a, cfg.steps) for n, a in checked.items()}, {}
+    data = _collect(policy, task.reward, names, checked, plan, cfg, book)
+    with timed(book, 'stats', policy.nfe):
+        rows, diffs = _arm_stats(data, checked, plan, cluster_draws(len(names), cfg.n_boot, cfg.seed), cfg.level, cfg.z)
     cats = [task.category(p) for p in names] if task.category else []
-    settings = dict(prompts=names, categories={c: cats.count(c) for c in sorted(set(cats))}, batch_prompts=batch_prompts, group=group,
-                    M=M, seed=seed, split=split, steps=steps, n_boot=n_boot, ci_level=level, z=z,
-                    sampler_of=None if sampler_of is None else sampler_of.to_dict(),
+    settings = dict(prompts=names, categories={c: cats.count(c) for c in sorted(set(cats))}, batch_prompts=cfg.batch_prompts,
+                    group=cfg.group, M=cfg.M, seed=cfg.seed, split=cfg.split, steps=cfg.steps, n_boot=cfg.n_boot,
+                    ci_level=cfg.level, z=cfg.z, sampler_of=None if one is None else one.to_dict(),
                     arms={n: _arm_settings(a, plan[n]) for n, a in checked.items()})
-    cost = dict(meter.phases, total=meter.total(), samplers=len({a.key for a in checked.values()}), threads=torch.get_num_threads())
-    out = dict(settings=settings, cost=cost, stats=rows, differences=diffs)
-    if keep_data: out['data'] = {n: {**d, 'trained': checked[n].rollout.trained} for n, d in data.items()}
+    out = dict(settings=settings, cost=_cost(book, checked), stats=rows, differences=diffs)
+    if cfg.keep_data: out['data'] = {n: {**d, 'trained': checked[n].rollout.trained} for n, d in data.items()}
     return _clean(out)
+
+# %% ../nbs/06c_fidelity.ipynb #81a63e98
+def _sampler_of(cfg:FidelityConfig, arms:dict) -> GRPOConfig|None:
+    "The config whose sampler every arm explores with (`cfg.sampler_of`, on the first arm's schedule), or None."
+    if cfg.sampler_of is None: return None
+    a = next(iter(check_arms(arms, cfg.group).values())).cfg
+    return preset_config(cfg.sampler_of, K=a.K, shift=a.shift, guidance=a.guidance)
+
+def _cost(book:dict, arms:dict[str, Arm]) -> dict:
+    "fidelity.json's cost: per phase (and in total) NFE, wall and CPU seconds; the samplers and threads."
+    phases = {p: dict(nfe=book[f'nfe_{p}'], seconds=book[f'sec_{p}'], cpu_seconds=book[f'cpu_{p}'])
+              for p in ('rollout', 'credit', 'mc', 'stats')}
+    total = {k: sum(d[k] for d in phases.values()) for k in ('nfe', 'seconds', 'cpu_seconds')}
+    return dict(phases, total=total, samplers=len({a.key for a in arms.values()}), threads=torch.get_num_threads())
 
 # %% ../nbs/06c_fidelity.ipynb #93a27791
 def _arm_stats(data, arms, plan, draws, level, z) -> tuple[list[dict], list[dict]]:
@@ -441,203 +379,3 @@ def fidelity_nfe(arms:dict[str, Arm], prompts:int, M:int, steps=None) -> dict[st
         out['credit'] += round(B * sum(lookahead_nfe(op, rc.K, rc.window, rc.group_size, rc.shared_noise) for op in ops))
         out['mc'] += sum(M * (rc.K - 1 - k) * (prompts if rc.shared_noise and k <= s else B) for k in states)
     return out
-
-# %% ../nbs/06c_fidelity.ipynb #99619064
-def _colour(res:dict, arm:str) -> str:
-    "The method's colour (`display.STYLES`) for the first arm of each method; the arm's own or the palette's for the others."
-    arms = list(res['settings']['arms'])
-    m = res['settings']['arms'][arm]['method']
-    first = next(a for a in arms if res['settings']['arms'][a]['method'] == m) == arm
-    return color(m) if first and m in STYLES else color(arm, arms.index(arm))
-
-_LEGEND = dict(orientation='h', x=0, xanchor='left', y=-0.08, yanchor='top')  # below the plots: they keep the width
-
-def _band(fig, x, lo, hi, colour, row, col):
-    "A CI band over the steps where it exists (a polygon through a missing point would cut across the plot)."
-    pts = [(a, b, c) for a, b, c in zip(x, lo, hi) if b is not None and c is not None]
-    if not pts: return
-    x, lo, hi = map(list, zip(*pts))
-    fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill='toself', fillcolor=colour, opacity=0.2, mode='lines',
-                             line=dict(width=0), hoverinfo='skip', showlegend=False), row, col)
-
-# %% ../nbs/06c_fidelity.ipynb #df0199b4
-def plot_steps(res:dict, quantity:str='advantage', stats:tuple=('kendall', 'spearman'), title:str='') -> go.Figure:
-    "Per step and arm: each statistic with its clustered CI band, and the shares of zero credits and zero true gains."
-    fig = make_subplots(len(stats) + 1, 1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=[*stats, 'share exactly 0: credit (solid), true gain (dotted)'])
-    for arm in res['settings']['arms']:
-        rs, c = [r for r in res['stats'] if r['arm'] == arm and r['quantity'] == quantity and r['step'] != 'all'], _colour(res, arm)
-        x = [r['step'] for r in rs]
-        for i, s in enumerate(stats, 1):
-            _band(fig, x, [r[f'{s}_lo'] for r in rs], [r[f'{s}_hi'] for r in rs], c, i, 1)
-            fig.add_trace(go.Scatter(x=x, y=[r[s] for r in rs], mode='lines+markers', name=display_name(arm), legendgroup=arm,
-                                     line=dict(color=c), showlegend=i == 1), i, 1)
-        for k, dash in (('share_credit_zero', 'solid'), ('share_truth_zero', 'dot')):
-            fig.add_trace(go.Scatter(x=x, y=[r[k] for r in rs], mode='lines', line=dict(color=c, dash=dash), legendgroup=arm,
-                                     showlegend=False, name=f'{arm} {k}'), len(stats) + 1, 1)
-    for i in range(1, len(stats) + 1): fig.update_yaxes(range=[-1.05, 1.05], row=i, col=1)
-    fig.update_yaxes(range=[-0.02, 1.02], row=len(stats) + 1, col=1)
-    fig.update_xaxes(title_text='step k', dtick=1, row=len(stats) + 1, col=1)
-    M = res['settings']['M']
-    return fig.update_layout(height=220 * (len(stats) + 1), template='plotly_white', legend=_LEGEND,
-                             title=title or f"credit ({quantity}) vs Monte-Carlo step advantage per step (M={M}; bands: CI by prompt)")
-
-# %% ../nbs/06c_fidelity.ipynb #5b76afa7
-def plot_differences(res:dict, quantity:str='advantage', stat:str='kendall', title:str='') -> go.Figure:
-    "Every paired arm-vs-arm difference of the pooled statistic with its interval."
-    ds = [d for d in res['differences'] if d['quantity'] == quantity and d['stat'] == stat]
-    y = [f"{d['a']} − {d['b']}" for d in ds]
-    fig = go.Figure(go.Scatter(x=[d['diff'] for d in ds], y=y, mode='markers', marker=dict(size=9, color='#444'),
-                               error_x=dict(type='data', symmetric=False, array=[_gap(d['hi'], d['diff']) for d in ds],
-                                            arrayminus=[_gap(d['diff'], d['lo']) for d in ds])))
-    fig.add_vline(x=0, line=dict(color='#999', dash='dash'))
-    return fig.update_layout(height=120 + 30 * len(ds), template='plotly_white', xaxis_title=f'difference of {stat}',
-                             title=title or f"paired differences of the pooled {stat} ({quantity}), CI by prompt")
-
-def _gap(a, b): return None if a is None or b is None else a - b
-
-# %% ../nbs/06c_fidelity.ipynb #54b8c1ba
-def plot_scatter(res:dict, quantity:str='advantage', title:str='') -> go.Figure:
-    "Each arm's credit against its truth on every (sample, compared step), coloured by step."
-    arms = list(res['data'])
-    fig = make_subplots(1, len(arms), subplot_titles=[display_name(a) for a in arms], horizontal_spacing=0.05)
-    for c, arm in enumerate(arms, 1):
-        d, ks = res['data'][arm], res['settings']['arms'][arm]['steps']
-        t, q = np.array(d['truth'], dtype=float)[:, ks], np.array(d[quantity + 's'], dtype=float)[:, ks]
-        fig.add_trace(go.Scatter(x=t.ravel(), y=q.ravel(), mode='markers', showlegend=False, name=arm,
-                                 marker=dict(color=np.broadcast_to(ks, t.shape).ravel(), colorscale='Viridis', size=5, cmin=0,
-                                             cmax=len(d['trained']) - 1, showscale=c == len(arms), colorbar=dict(title='step'))), 1, c)
-        fig.update_xaxes(title_text='MC step advantage', row=1, col=c)
-    fig.update_yaxes(title_text=quantity, row=1, col=1)
-    return fig.update_layout(height=340, template='plotly_white', title=title or f"{quantity} vs Monte-Carlo step advantage")
-
-# %% ../nbs/06c_fidelity.ipynb #bff9e427
-def plot_overall(results:dict[str, dict], quantity:str='advantage', stat:str='kendall') -> go.Figure:
-    "Pooled statistic of every arm's credit with its truth, one bar per model, clustered CI as error bars."
-    fig = go.Figure()
-    for name, res in results.items():
-        rs = fidelity_table(res, quantity, digits=6)
-        fig.add_trace(go.Bar(x=[r['arm'] for r in rs], y=[r[stat] for r in rs], name=name,
-                             error_y=dict(type='data', symmetric=False, array=[_gap(r[f'{stat}_hi'], r[stat]) for r in rs],
-                                          arrayminus=[_gap(r[stat], r[f'{stat}_lo']) for r in rs])))
-    return fig.update_layout(barmode='group', height=380, template='plotly_white', yaxis_range=[-1, 1],
-                             yaxis_title=stat, title=f"pooled {stat} of {quantity} with the MC step advantage")
-
-# %% ../nbs/06c_fidelity.ipynb #f582f924
-def run_arm(run:str|Path) -> tuple[GRPOConfig, Tensor|None]:
-    "A trainer run's arm: its config and its calibrated psi (newest checkpoint's state, else calibration.json; None without)."
-    run = RunFolder(run)
-    cfg = run_config(run)
-    if not cfg.calibrate: return cfg, None
-    ckpt = run.latest_checkpoint()
-    psi = read_checkpoint(ckpt, ['state.json'])['state.json'].get('psi') if ckpt is not None else None
-    if psi is None: psi = (run.calibration() or {}).get('psi')
-    if psi is None: warnings.warn(f"run {str(run.path)!r} calibrates but has no psi yet: its arm explores with the initial scale")
-    return cfg, None if psi is None else _check_arm_psi(str(run.path), cfg, psi)
-
-# %% ../nbs/06c_fidelity.ipynb #d5398cc3
-def report_arms(names=None,                 # preset names (list or comma-separated); 'run': the run's arm
-                K:int|None=None,            # steps of the presets (default: the run's, or GRPOConfig's)
-                run:tuple|None=None,        # `run_arm` of the run, if any
-                base:GRPOConfig|None=None   # schedule (K, shift, guidance) of the presets without a run
-               ) -> dict[str, tuple]:
-    "Arms by preset name; without names the four methods, the run's own method taken from the run."
-    default = names is None
-    names = list(METHODS) if default else [n.strip() for n in names.split(',')] if isinstance(names, str) else list(names)
-    if 'run' in names and run is None: raise ValueError("arms: 'run' is the run's own arm: give a run folder (--run)")
-    b = run[0] if run is not None else base or GRPOConfig()
-    sched = dict(K=K or b.K, shift=b.shift, guidance=b.guidance)
-    use_run = lambda n: run is not None and (n == 'run' or (default and n == run[0].method))
-    return {n: run if use_run(n) else (preset_config(n, **sched), None) for n in names}
-
-# %% ../nbs/06c_fidelity.ipynb #b665b0eb
-def fidelity_figures(results:dict[str, dict]) -> dict[str, go.Figure]:
-    "Every figure of the report, a bounded set: file stem -> figure."
-    figs = {}
-    for n, res in results.items():
-        figs[f'steps_{n}'] = plot_steps(res, title=f"{n}: credit (advantage) vs MC step advantage per step")
-        figs[f'differences_{n}'] = plot_differences(res, title=f"{n}: paired differences of the pooled Kendall tau-b")
-        if 'data' in res: figs[f'scatter_{n}'] = plot_scatter(res, title=f"{n}: advantage vs Monte-Carlo step advantage")
-    figs['overall'] = plot_overall(results)
-    return figs
-
-# %% ../nbs/06c_fidelity.ipynb #aeac9f4e
-def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: write nothing)
-                    run:str|Path|None=None,  # trainer run folder: also evaluate its newest checkpoint
-                    policy:Policy|None=None, # the base model, without adapter (default: `load_policy` of the run's config)
-                    task:Task|None=None,     # prompts and reward (default: `load_task` of the run's config, or of `reward`)
-                    arms=None,               # preset names or {name: (cfg, psi)}; None: see `report_arms`
-                    sampler_of:str|None=None,  # a preset whose sampler every arm uses (default: each arm its own)
-                    prompts:int=16, batch_prompts:int=4, split:str='train', group:int=8,
-                    K:int|None=None,         # steps of the preset arms (default: the run's, or 10)
-                    M:int=8, steps:list[int]|None=None, seed:int=0,
-                    reward:str|None=None,    # reward name, instead of the run's (grid world: 'partial', 'strict', 'score')
-                    n_boot:int=1000, base:bool=True, png:bool=True) -> dict[str, dict]:  # model name -> `arm_fidelity` result
-    "Credit fidelity of the base model and/or a fine-tuned run under every arm's own sampler; writes fidelity.json and figures."
-    if task is not None and reward is not None: raise ValueError(f"reward={reward!r}: give a task or a reward name, not both")
-    _check_fidelity_args(M, batch_prompts, n_boot, 0.95, steps)
-    _check_prompts(prompts, split)
-    ra = run_arm(run) if run is not None else None
-    spec, b = arms if isinstance(arms, dict) else report_arms(arms, K, ra), ra[0] if ra else GRPOConfig()
-    one = preset_config(sampler_of, K=K or b.K, shift=b.shift, guidance=b.guidance) if sampler_of else None
-    check_arms(spec, group, one)  # every argument checked before anything is loaded
-    rcfg, ckpt = GRPOConfig(), None
-    if run is not None: pol, rcfg, ckpt = load_run_policy(run, policy)
-    else: pol = load_policy(rcfg.model, rcfg.model_path) if policy is None else policy
-    rw = (reward or rcfg.reward) if task is None else task.name
-    task = load_task(rw, rcfg.prompts, rcfg.eval_prompts, rcfg.model) if task is None else task
-    results = {}
-    for name in (['base'] if base or run is None else []) + (['finetuned'] if run is not None else []):
-        with pol.disable_adapter() if name == 'base' else nullcontext():  # the base model: the run's network, adapter off
-            results[name] = arm_fidelity(pol, task, spec, prompts, batch_prompts, group, M, steps, seed, split, n_boot, sampler_of=one)
-        results[name]['settings'].update(model=name, checkpoint=None if name == 'base' else str(ckpt), task=task.name, reward=rw)
-    if out is not None: _write_report(Path(out), results, png)
-    return results
-
-# %% ../nbs/06c_fidelity.ipynb #0088a8db
-def _write_report(out:Path, results:dict, png:bool):
-    out.mkdir(parents=True, exist_ok=True)
-    (out/'fidelity.json').write_text(json.dumps(results))
-    figs = fidelity_figures(results)
-    for n, fig in figs.items(): fig.write_html(out/f'{n}.html', include_plotlyjs='directory')
-    if png: write_pngs({out/f'{n}.png': fig for n, fig in figs.items()})  # one browser; a hung export is killed, skipped with a warning
-
-# %% ../nbs/06c_fidelity.ipynb #b498d706
-@call_parse
-def fidelity_cli(out:str='runs/fidelity',  # output folder
-                 run:str=None,             # trainer run folder: also evaluate its newest checkpoint
-                 arms:str=None,            # comma-separated preset names ('run': the run's arm); default the four methods
-                 sampler_of:str=None,      # a preset whose sampler every arm uses (default: each arm its own)
-                 prompts:int=16,           # prompts, balanced over the task's categories
-                 batch_prompts:int=4,      # prompts per rollout batch
-                 split:str='train',        # the task's 'train' or 'heldout' prompts
-                 group:int=8,              # samples per prompt
-                 K:int=None,               # steps of the preset arms (default: the run's, or 10)
-                 M:int=8,                  # Monte-Carlo continuations per state
-                 steps:str=None,           # comma-separated steps to compare (default: every trained step)
-                 seed:int=0,
-                 reward:str=None,          # reward name (default: the run's; grid world: partial, strict, score)
-                 n_boot:int=1000,          # bootstrap resamples (of prompts)
-                 no_base:bool=False,       # with --run: skip the base model
-                 no_png:bool=False,        # HTML figures only
-                 threads:int=0):           # torch threads (0: torch's default)
-    "Credit fidelity: every method's per-step credit vs the Monte-Carlo step advantage under its own sampler, base and fine-tuned."
-    if threads: torch.set_num_threads(threads)
-    try: ks = None if steps is None else [int(s) for s in steps.split(',')]
-    except ValueError: raise ValueError(f"steps={steps!r}: expected comma-separated step indices, e.g. 0,1,2") from None
-    results = fidelity_report(out, run, arms=arms, sampler_of=sampler_of, prompts=prompts, batch_prompts=batch_prompts, split=split,
-                              group=group, K=K, M=M, steps=ks, seed=seed, reward=reward, n_boot=n_boot, base=not no_base, png=not no_png)
-    for name, res in results.items(): print(fidelity_summary(name, res))
-    print(f"wrote {out}/fidelity.json and figures")
-
-# %% ../nbs/06c_fidelity.ipynb #04d68d09
-def fidelity_summary(name:str, res:dict) -> str:
-    "A few lines: the cost and every arm's pooled Kendall tau-b and Spearman of the advantages, with the zero shares."
-    c = res['cost']['total']
-    lines = [f"{name}: {c['seconds']:.0f} s ({c['cpu_seconds']:.0f} s CPU), {c['nfe']} NFE; pooled advantage vs MC step advantage"]
-    ok = lambda r, s: None not in (r[s], r[s + '_lo'], r[s + '_hi'])
-    fmt = lambda r, s: f"{r[s]:+.3f} [{r[s + '_lo']:+.3f}, {r[s + '_hi']:+.3f}]" if ok(r, s) else 'n/a'
-    for r in fidelity_table(res):
-        lines.append(f"  {r['arm']:<16} kendall {fmt(r, 'kendall')}  spearman {fmt(r, 'spearman')}  zero credit "
-                     f"{r['share_credit_zero']:.2f}, zero truth {r['share_truth_zero']:.2f}")
-    return '\n'.join(lines)

@@ -6,12 +6,13 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/policy.html.md"""
 
 # %% ../nbs/00b_policy.ipynb #360a44ce
 from __future__ import annotations
-import hashlib, json
+import hashlib, json, time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
@@ -21,7 +22,8 @@ from safetensors import safe_open
 from .flow import flow_sigmas
 
 # %% auto #0
-__all__ = ['LORA_TARGETS', 'LORA_FILE', 'OLD_LORA_FILE', 'Cond', 'NFECounter', 'Policy', 'read_lora_file', 'ema_weights']
+__all__ = ['PHASES', 'LORA_TARGETS', 'LORA_FILE', 'OLD_LORA_FILE', 'Cond', 'NFECounter', 'timed', 'Policy', 'seeded_generator',
+           'read_lora_file', 'ema_weights']
 
 # %% ../nbs/00b_policy.ipynb #f687aca8
 @dataclass
@@ -64,6 +66,20 @@ class NFECounter:
         return "| phase | NFE | calls |\n|---|---|---|\n" + rows
     def __repr__(self): return f"NFECounter(nfe={dict(self.nfe)}, calls={dict(self.calls)})"
 
+# %% ../nbs/00b_policy.ipynb #222ed6ca
+PHASES = ('rollout', 'values', 'credit', 'update')  # the parts of a training step the trainer times
+
+def _nfe_total(counter:NFECounter|None) -> int: return sum(counter.nfe.values()) if counter is not None else 0
+
+@contextmanager
+def timed(book:dict, name:str, nfe:NFECounter|None=None):
+    "Add the block's wall seconds to `book['sec_<name>']`, its CPU seconds to `cpu_<name>`, its NFE (given `nfe`) to `nfe_<name>`."
+    n0, w, c = _nfe_total(nfe), time.perf_counter(), time.process_time()
+    try: yield
+    finally:
+        took = dict(sec=time.perf_counter() - w, cpu=time.process_time() - c) | ({} if nfe is None else dict(nfe=_nfe_total(nfe) - n0))
+        for k, v in took.items(): book[f'{k}_{name}'] = book.get(f'{k}_{name}', 0) + v
+
 # %% ../nbs/00b_policy.ipynb #27aa2f66
 class Policy:
     "What rollouts, the trainer and the app need from a text-to-image flow model; backends supply three hooks."
@@ -101,6 +117,10 @@ def noise(self:Policy, n:int, generator:torch.Generator|None=None) -> torch.Tens
     "n initial states x_0 ~ N(0, I), [n, C, H, W] fp32 on the policy's device."
     dev = generator.device if generator is not None else self.device
     return torch.randn((n, *self.latent_shape), generator=generator, device=dev).to(self.device)
+
+def seeded_generator(*key:int) -> torch.Generator:
+    "A CPU generator seeded by a tuple of ints (independent streams, e.g. (seed, step, stream))."
+    return torch.Generator().manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1)[0]))
 
 # %% ../nbs/00b_policy.ipynb #31721311
 @patch

@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/rollout.html.md"""
 
 # %% ../nbs/04_rollout.ipynb #f41fa345
 from __future__ import annotations
-import math
+import math, types, typing
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -15,43 +15,70 @@ from .flow import SAMPLERS, DDIM_SCHEDULES, StepOutput, sampler_step, x0_hat
 from .policy import Cond, Policy
 
 # %% auto #0
-__all__ = ['LOOKAHEADS', 'RolloutConfig', 'Rollout', 'reward_states', 'rollout', 'logprob_of', 'logprob_pairs', 'parse_lookahead',
-           'complete', 'value_plan', 'StepValues', 'step_values', 'lookahead_nfe']
+__all__ = ['bad_field', 'field_types', 'check_fields', 'check_window', 'RolloutConfig', 'Rollout', 'reward_states', 'rollout',
+           'logprob_of', 'logprob_pairs', 'parse_lookahead', 'complete', 'value_plan', 'StepValues', 'step_values',
+           'lookahead_nfe']
+
+# %% ../nbs/04_rollout.ipynb #2aaac976
+def bad_field(owner, name:str, value, allowed:str):
+    "Raise the one sentence of a bad config field: `Class.name=value: allowed ...` (`owner`: the object or its class name)."
+    raise ValueError(f"{owner if isinstance(owner, str) else type(owner).__name__}.{name}={value!r}: allowed {allowed}")
+
+def field_types(tp) -> tuple:
+    "The runtime types a field annotation allows."
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union: return sum(map(field_types, typing.get_args(tp)), ())
+    return (type(None),) if tp is type(None) else (tp,)
+
+def _check_type(obj, name:str, v, tp):
+    ok = field_types(tp)
+    if ok == (bool,) and not isinstance(v, bool): bad_field(obj, name, v, 'True or False')
+    if isinstance(v, bool) and bool not in ok: bad_field(obj, name, v, f"{' or '.join(t.__name__ for t in ok)}, not a boolean")
+    if float in ok and isinstance(v, int) and not isinstance(v, bool): return
+    if not isinstance(v, ok): bad_field(obj, name, v, f"a value of type {' or '.join(t.__name__ for t in ok)}")
+    if isinstance(v, float) and not math.isfinite(v): bad_field(obj, name, v, 'a finite number')
+
+# %% ../nbs/04_rollout.ipynb #c54cb3b7
+def check_fields(obj, at_least:dict|None=None, positive=(), non_negative=(), choices:dict|None=None):
+    "Check every field of dataclass `obj` against its annotation, then the choices, lower bounds and signs given."
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj): _check_type(obj, f.name, getattr(obj, f.name), hints[f.name])
+    for n, allowed in (choices or {}).items():
+        if getattr(obj, n) not in allowed: bad_field(obj, n, getattr(obj, n), ', '.join(allowed))
+    for n, lo in (at_least or {}).items():
+        if getattr(obj, n) < lo: bad_field(obj, n, getattr(obj, n), f'an integer >= {lo}')
+    for n in positive:
+        if not getattr(obj, n) > 0: bad_field(obj, n, getattr(obj, n), 'a finite number > 0')
+    for n in non_negative:
+        if not getattr(obj, n) >= 0: bad_field(obj, n, getattr(obj, n), 'a finite number >= 0')
+
+def check_window(c):
+    "The SDE window `(window_start, window_size)` of config `c` lies on its K-step schedule and ends before the last step."
+    K, s, n = c.K, c.window_start, c.window_size
+    if not 0 <= s <= K - 1: bad_field(c, 'window_start', s, f"0..{K - 1}: a step of the K={K} schedule")
+    if n is not None and not 0 <= n <= K - 1 - s:
+        bad_field(c, 'window_size', n, f"0..{K - 1 - s}: the SDE window [{s}, {s}+{n}) must end by step {K - 1} "
+                                        "(the last step, to t_K = 0, is never trained)")
 
 # %% ../nbs/04_rollout.ipynb #9f0bced1
 @dataclass
 class RolloutConfig:
     "How a batch of grouped trajectories is sampled and how large its network calls may be."
-    K:int=10                    # steps of the schedule
-    shift:float=1.0             # the schedule's shift, passed to `policy.sigmas` (SD3.5: 3.0)
-    guidance:float=4.0          # CFG scale w (1 = no CFG); the tiny model's default
-    sampler:str='flow_sde'      # one of flow.SAMPLERS, used on the SDE window
+    K:int=10                    # denoising steps of a rollout (the schedule's length)
+    shift:float=1.0             # schedule shift of diffusers' FlowMatchEulerDiscreteScheduler, via `policy.sigmas` (SD3.5: 3)
+    guidance:float=4.0          # classifier-free guidance scale w of rollouts and evaluation (1: none)
+    sampler:str='flow_sde'      # SDE on the window: flow_sde (Flow-GRPO), cps, ddim (Stepwise); ode: none
     level:float=0.7             # noise level: a (flow_sde), alpha (cps), eta (ddim)
     ddim_schedule:str='sqrt_1mt' # ddim's sigma: 'sqrt_1mt' (eta t' sqrt(1 - t)) or 'const' (eta t'); flow.DDIM_SCHEDULES
-    window_start:int=0          # first SDE step
-    window_size:int|None=None   # SDE steps; None: all steps from window_start but the last
-    group_size:int=4            # G samples per prompt
+    window_start:int=0          # first stochastic (exploring) step: the SDE window
+    window_size:int|None=None   # stochastic steps from window_start; None: all but the last
+    group_size:int=8            # G samples per prompt (the GRPO group)
     shared_noise:bool=False     # one initial noise per group (Stepwise) instead of one per sample
-    max_batch:int=1024          # samples per network call and per reward call (memory bound)
+    max_batch:int=1024          # samples per network and reward call (a memory bound)
 
     def __post_init__(self):
-        def bad(name, allowed): raise ValueError(f"RolloutConfig.{name}={getattr(self, name)!r}: {allowed}")
-        for name in ('K', 'group_size', 'max_batch'):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1: bad(name, "must be an int >= 1")
-        for name in ('shift', 'guidance', 'level'):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= (1e-12 if name == 'shift' else 0)):
-                bad(name, f"must be a finite number {'> 0' if name == 'shift' else '>= 0'}")
-        if self.sampler not in SAMPLERS: bad('sampler', f"allowed: {', '.join(SAMPLERS)}")
-        if self.ddim_schedule not in DDIM_SCHEDULES: bad('ddim_schedule', f"allowed: {', '.join(DDIM_SCHEDULES)}")
-        K, s = self.K, self.window_start
-        if not isinstance(s, int) or not 0 <= s <= K - 1:
-            bad('window_start', f"outside the schedule; allowed 0..{K - 1} (K={K})")
-        n = self.window_size
-        if n is not None and (not isinstance(n, int) or not 0 <= n <= K - 1 - s):
-            bad('window_size', f"the SDE window [{s}, {s}+{n}) must end by step {K - 1} (the last step, to "
-                               f"t_K = 0, is never trained); allowed 0..{K - 1 - s}")
+        check_fields(self, at_least=dict(K=1, group_size=1, max_batch=1), positive=('shift',), non_negative=('guidance', 'level'),
+                     choices=dict(sampler=SAMPLERS, ddim_schedule=DDIM_SCHEDULES))
+        check_window(self)
 
     @property
     def window(self) -> tuple[int, int]:
@@ -213,8 +240,6 @@ def logprob_pairs(policy:Policy, rollout:Rollout,
     return _step(rollout.cfg, v, x, t, tn, True, psi, x_next=rollout.x[ii, kk + 1])
 
 # %% ../nbs/04_rollout.ipynb #111a13e9
-LOOKAHEADS = ('tweedie', 'ode:n', 'ode:rest')
-
 def parse_lookahead(op:str) -> tuple[str, int|None]:
     "'tweedie' -> ('tweedie', None), 'ode:5' -> ('ode', 5), 'ode:rest' -> ('rest', None)."
     if op == 'tweedie': return 'tweedie', None

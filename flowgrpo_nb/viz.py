@@ -20,13 +20,14 @@ from torch import Tensor
 
 from .display import MAX_WIDTH, color, display_name
 from .flow import flow_sigmas, flow_sde_scale
+from .policy import PHASES
 from .checkpoint import RunFolder
 from .rollout import Rollout, StepValues
 from .credit import (METHODS, CreditConfig, Credit, compute_credit, Calibration, CalibrationRound, LOOKAHEAD,
                                 MethodCredit, method_credits)
 
 # %% auto #0
-__all__ = ['PHASES', 'group_rows', 'image_strip', 'preview_figure', 'turning_point_table', 'gain_figure', 'load_calibration',
+__all__ = ['group_rows', 'image_strip', 'preview_figure', 'turning_point_table', 'gain_figure', 'load_calibration',
            'calibration_figure', 'read_metrics', 'training_figure', 'grad_share_figure', 'FigureView',
            'preview_dashboard', 'gain_dashboard', 'find_runs', 'run_dashboard', 'dashboard']
 
@@ -189,8 +190,6 @@ def calibration_figure(cal:Calibration|str|Path,  # a `Calibration` or a run fol
     return fig.update_layout(barmode='relative', height=440, legend={**_LEGEND_BELOW, 'y': -0.2}, margin=dict(l=40, r=20, t=60, b=40))
 
 # %% ../nbs/07_viz.ipynb #78e75bdf
-PHASES = ('rollout', 'values', 'credit', 'update')
-
 def read_metrics(run_dir:str|Path) -> list[dict]:
     "The rows of a run folder's metrics.jsonl (one per optimizer step; step 0 = the base evaluation)."
     run = RunFolder(run_dir)
@@ -309,8 +308,9 @@ def run_dashboard(root:str|Path) -> widgets.VBox:
                            value=str(runs[0]), description='run')
     rnd = widgets.IntSlider(0, 0, 0, description='round')
     def cal(run, round):
-        rnd.layout.display = None if (Path(run)/'calibration.json').exists() else 'none'  # no slider without rounds
-        if not (Path(run)/'calibration.json').exists(): return _no_calibration(run)
+        has = RunFolder(run).file('calibration').exists()
+        rnd.layout.display = None if has else 'none'  # no slider without rounds
+        if not has: return _no_calibration(run)
         c = load_calibration(run)[0]
         rnd.max = max(len(c.history) - 1, 0)
         return calibration_figure(run, round=min(round, rnd.max) if c.history else None)

@@ -1,4 +1,4 @@
-"Checks of flowgrpo_nb.compare: its Task seam, its worker processes, its statistics and costs (the notebook nbs/06b_compare.ipynb runs the embedded default)."
+"Checks of flowgrpo_nb.compare: its Task seam, its worker processes, its statistics and costs (the notebook nbs/06h_compare.ipynb runs the embedded default)."
 import copy, json, os
 from pathlib import Path
 
@@ -6,8 +6,12 @@ import pytest, torch
 from fastcore.script import anno_parser
 from safetensors.torch import load_file
 
-from flowgrpo_nb.compare import (ARMS, EVAL_SEED, arm_config, arm_settings, CompareConfig, base_eval, compare, compare_cli, findings, heldout, job_costs,
-                                 results_markdown, run_report, task_section, estimate_cost, _train_one)
+from flowgrpo_nb.design import ARMS, SMOKE, arm_config, arm_settings, CompareConfig, job_costs, estimate_cost
+from flowgrpo_nb.compare import EVAL_SEED, base_eval, compare, compare_cli, _train_one
+from flowgrpo_nb.results import Report, heldout, run_report
+from flowgrpo_nb.summary import first_reach
+from flowgrpo_nb.summary import task_section, correct
+from flowgrpo_nb.report import findings, results_markdown
 from flowgrpo_nb.config import GRPOConfig
 from flowgrpo_nb.checkpoint import RunFolder
 from flowgrpo_nb.task import Task, EvalReport, evaluate_policy, load_policy, reward_report
@@ -38,25 +42,25 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     report = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=2, png=False)  # they travel to the workers
     after = policy.module.state_dict()  # every training got its own copy: the given policy is untouched
     assert set(after) == set(before) and all(torch.equal(after[k], v) for k, v in before.items())
-    sec = report['tasks']['geneval']
+    sec = report.tasks['geneval']
     cfg = CompareConfig(**ONE).train_config('flow_grpo', 0)  # the trainer's evaluation settings and noise of seed 0
     base = evaluate_policy(copy.deepcopy(policy).set_fast(cfg.fast), task, cfg.eval_images, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance, seed=cfg.seed + EVAL_SEED)
-    assert sec['base']['per_seed']['0'] == heldout(base) and sec['base']['learned_score'] is None
+    assert sec.base['per_seed']['0'] == heldout(base) and sec.base['learned_score'] is None
     for m in ('flow_grpo', 'dense'):
-        r, run = sec['arms'][m], sec['per_seed']['0'][m]
-        assert r['per_category'] == {} and r['learned_score'] is None and r['heldout_strict']['n'] == 1
+        r, run = sec.arms[m], sec.per_seed['0'][m]
+        assert r.per_category == {} and r.learned_score is None and r.heldout_strict.n == 1
         last = RunFolder(tmp_path/'geneval'/'seed0'/m).metrics()[-1]
-        assert run['heldout']['overall']['strict'] == last['eval_overall'] and run['curve'][0]['eval'] == base.overall
-        assert [p['step'] for p in run['curve']] == [0, 2] and not (tmp_path/'figures'/'geneval_costs.png').exists()  # the base point, then the trainer's final evaluation
+        assert run.heldout['overall']['strict'] == last['eval_overall'] and run.curve[0].eval == base.overall
+        assert [p.step for p in run.curve] == [0, 2] and not (tmp_path/'figures'/'geneval_costs.png').exists()  # the base point, then the trainer's final evaluation
     assert RunFolder(tmp_path/'geneval'/'seed0'/'dense').config()['method'] == 'dense'
     assert not list(tmp_path.rglob('.lock'))  # every writer let go of its folder
-    assert report['setup']['tasks']['geneval']['name'] == 'brightness'
-    assert (tmp_path/'report.html').exists() and report['findings']
+    assert report.setup['tasks']['geneval']['name'] == 'brightness'
+    assert (tmp_path/'report.html').exists() and report.findings
     again = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=1, png=False)  # every run reused
-    assert (report['timing']['runs_reused'], again['timing']['runs_reused'], again['timing']['runs']) == (0, 2, 2)
-    assert [i['runs_trained'] for i in again['timing']['invocations']] == [2, 0]  # the job's own wall time survives a rebuild
-    assert again['timing']['invocations'][0]['wall_seconds'] == report['wall_seconds']
-    assert again['findings'] == report['findings'] and again['tasks']['geneval']['base'] == sec['base']
+    assert (report.timing['runs_reused'], again.timing['runs_reused'], again.timing['runs']) == (0, 2, 2)
+    assert [i['runs_trained'] for i in again.timing['invocations']] == [2, 0]  # the job's own wall time survives a rebuild
+    assert again.timing['invocations'][0]['wall_seconds'] == report.wall_seconds
+    assert again.findings == report.findings and again.tasks['geneval'].base == sec.base
 
 def test_base_eval_is_the_trainers_first_evaluation(task, tmp_path):
     "The base point of a seed is what a run of that seed would have evaluated before its first step (eval_start=True)."
@@ -140,18 +144,18 @@ def test_serial_and_parallel_runs_are_the_same(tmp_path):
     ccfg = CompareConfig(budget='smoke', arms=('flow_grpo', 'dense'))
     one = compare(tmp_path/'w1', ccfg, progress=False, workers=1, threads=1, png=False)
     two = compare(tmp_path/'w2', ccfg, progress=False, workers=2, threads=1, png=False)
-    assert (one['timing']['workers'], two['timing']['workers'], two['timing']['threads_per_worker']) == (1, 2, 1)
+    assert (one.timing['workers'], two.timing['workers'], two.timing['threads_per_worker']) == (1, 2, 1)
     for t in ('geneval', 'score'):
-        a_, b_ = one['tasks'][t], two['tasks'][t]
-        assert a_['base'] == b_['base'] and a_['comparisons'] == b_['comparisons']
+        a_, b_ = one.tasks[t], two.tasks[t]
+        assert a_.base == b_.base and a_.comparisons == b_.comparisons
         for m in ccfg.arms:
-            a, b = a_['per_seed']['0'][m], b_['per_seed']['0'][m]
-            assert a['heldout'] == b['heldout'] and a['learned_score'] == b['learned_score']
-            assert [p['eval'] for p in a['curve']] == [p['eval'] for p in b['curve']]
-            assert [p['reward'] for p in a['reward_curve']] == [p['reward'] for p in b['reward_curve']]
+            a, b = a_.per_seed['0'][m], b_.per_seed['0'][m]
+            assert a.heldout == b.heldout and a.learned_score == b.learned_score
+            assert [p.eval for p in a.curve] == [p.eval for p in b.curve]
+            assert [p['reward'] for p in a.reward_curve] == [p['reward'] for p in b.reward_curve]
             ta, tb = _tensors(tmp_path/'w1'/t/'seed0'/m), _tensors(tmp_path/'w2'/t/'seed0'/m)
             assert ta and ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta), (t, m)
-    assert one['tasks']['score']['arms']['dense']['heldout_strict'] == two['tasks']['score']['arms']['dense']['heldout_strict']
+    assert one.tasks['score'].arms['dense'].heldout_strict == two.tasks['score'].arms['dense'].heldout_strict
 
 @pytest.mark.parametrize('reward, why', [(failing_reward, 'this reward always fails'), (dying_reward, 'BrokenProcessPool')])
 def test_a_failing_worker_names_its_run(tmp_path, reward, why):
@@ -188,38 +192,41 @@ def _report(runs:dict, levels='few', finals=None):
     per_seed = {'0': {a: run_report(d, base) for a, d in runs.items()}}
     sec = task_section('geneval', per_seed, {'0': (heldout(base), None)}, list(runs), levels)
     arms = {a: arm_settings(a, arm_config(a), levels) | dict(controls=dict(geneval=ARMS[a].control_for(levels))) for a in runs}
-    rep = dict(format=2, setup=dict(arms=arms), tasks=dict(geneval=sec))
-    return rep | dict(findings=findings(rep))
+    correct(dict(geneval=sec))
+    rep = Report(format=3, setup=dict(arms=arms), tasks=dict(geneval=sec), findings=[])
+    rep.findings = findings(rep)
+    return rep
 
 def test_step_time_ratio_is_cpu_time_and_calibration_counts(tmp_path):
     "A run whose wall time was inflated by a busy machine: the ratio follows the CPU seconds; calibration adds to the run's NFE and seconds."
     cal = dict(nfe=1000, rollouts=16, seconds=5.0, cpu_seconds=4.0)
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', wall=1.0, cpu=1.0, nfe=4),
                  'dense': _fake_run(tmp_path/'d', 'dense', wall=20.0, cpu=2.0, nfe=12, calibration=cal)})
-    d, run = r['tasks']['geneval']['arms']['dense'], r['tasks']['geneval']['per_seed']['0']['dense']
-    assert (d['step_time_ratio']['median'], d['wall_time_ratio']['median'], d['nfe_ratio']['median']) == (2.0, 20.0, 3.0)
-    assert d['cpu_seconds_per_step']['step']['mean'] == 2.0 and d['seconds_per_step']['step']['mean'] == 20.0
-    assert run['total_nfe'] == 2 * 12 * 8 + 1000 and run['total_cpu_seconds'] == 4.0 + 2 * 2.0
-    assert [p['seconds'] for p in run['curve']] == [4.0, 8.0]  # the seconds axis starts with the calibration
-    assert d['cost_ratio']['mean'] == 8.0 / 2.0
+    d, run = r.tasks['geneval'].arms['dense'], r.tasks['geneval'].per_seed['0']['dense']
+    assert (d.step_time_ratio.median, d.wall_time_ratio.median, d.nfe_ratio.median) == (2.0, 20.0, 3.0)
+    assert d.cpu_seconds_per_step['step'].mean == 2.0 and d.seconds_per_step['step'].mean == 20.0
+    assert run.total_nfe == 2 * 12 * 8 + 1000 and run.total_cpu_seconds == 4.0 + 2 * 2.0
+    assert [p.seconds for p in run.curve] == [4.0, 8.0]  # the seconds axis starts with the calibration
+    assert [p.nfe for p in run.curve] == [1000, 1000 + 2 * 12 * 8]  # and so does the NFE axis
+    assert d.cost_ratio.mean == 8.0 / 2.0
     assert any("a step costs 2.00× Flow-GRPO's CPU seconds (wall 20.00×), 96 NFE (3.00×); calibration 1000 NFE and 4 CPU s; "
-               "the whole run 4.00× Flow-GRPO's CPU seconds." in f for f in r['findings'])
+               "the whole run 4.00× Flow-GRPO's CPU seconds." in f for f in r.findings)
 
 @pytest.mark.parametrize('fired', [0.0, 3.0])
 def test_turning_points_that_never_fire_are_said(tmp_path, fired):
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4),
                  'turning_point': _fake_run(tmp_path/'t', 'turning_point', 2.0, 2.0, 12, turning_points=fired)})
-    said = [f for f in r['findings'] if 'fired no turning point' in f]
-    assert (len(said), r['tasks']['geneval']['arms']['turning_point']['turning_points']) == ((1, 0.0) if fired == 0 else (0, 6.0))
-    assert any("turning_point's window-matched control flow_grpo_train4 did not run" in f for f in r['findings'])
+    said = [f for f in r.findings if 'fired no turning point' in f]
+    assert (len(said), r.tasks['geneval'].arms['turning_point'].turning_points) == ((1, 0.0) if fired == 0 else (0, 6.0))
+    assert any("turning_point's window-matched control flow_grpo_train4 did not run" in f for f in r.findings)
 
 def test_dense_credit_that_does_not_beat_its_control_is_said(tmp_path):
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4, final=0.50),
                  'flow_grpo_train4': _fake_run(tmp_path/'e', 'flow_grpo', 1.0, 1.0, 4, final=0.60),
                  'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12, final=0.61)})
-    f = next(f for f in r['findings'] if f.startswith('[geneval] dense vs flow_grpo_train4 (its window-matched control by its preset, unchecked: the runs logged no gradient shares)'))
+    f = next(f for f in r.findings if f.startswith('[geneval] dense vs flow_grpo_train4 (its window-matched control by its preset, unchecked: the runs logged no gradient shares)'))
     assert 'not distinguishable' in f and 'does not beat' in f
-    assert r['findings'].index(f) < next(i for i, f in enumerate(r['findings']) if f.startswith('[geneval] dense vs flow_grpo: +0.110'))
+    assert r.findings.index(f) < next(i for i, f in enumerate(r.findings) if f.startswith('[geneval] dense vs flow_grpo: +0.110'))
 
 def test_learned_score_is_compared_with_seeds(tmp_path):
     "The score task is judged on strict mini-GenEval and on the learned score it trains; the latter, logged without SEs, needs seeds."
@@ -228,19 +235,20 @@ def test_learned_score_is_compared_with_seeds(tmp_path):
                          for a, sc in (('flow_grpo', 0.6 + s / 100), ('dense', 0.7 + s / 50))} for s in range(3)}
     sec = lambda n: task_section('score', dict(list(per_seed.items())[:n]), {str(s): (heldout(base), 0.5) for s in range(n)},
                                  ['flow_grpo', 'dense'], 'continuous', ('strict', 'learned_score'))
-    c = [c for c in sec(3)['comparisons'] if c['metric'] == 'learned_score' and c['arm'] == 'dense' and c['other'] == 'flow_grpo']
-    assert len(c) == 1 and c[0]['is_control'] and c[0]['verdict'] == 'higher' and c[0]['diffs'] == pytest.approx([0.1, 0.11, 0.12])
-    assert {c['metric'] for c in sec(1)['comparisons']} == {'strict'}
+    c = [c for c in sec(3).comparisons if c.metric == 'learned_score' and c.arm == 'dense' and c.other == 'flow_grpo']
+    assert len(c) == 1 and c[0].is_control and c[0].verdict == 'higher' and c[0].diffs == pytest.approx([0.1, 0.11, 0.12])
+    assert {c.metric for c in sec(1).comparisons} == {'strict'}
 
 def test_readme_results_and_an_older_report_format(tmp_path):
     "A report of this format renders; one of the one-task format before it is refused with the command that rebuilds it."
     with pytest.raises(ValueError, match=r"report format 1 .*flowgrpo compare --out DIR"):
-        results_markdown(dict(budget={}, per_seed={}, methods={}, findings=[]))
+        Report.from_json(dict(budget={}, per_seed={}, methods={}, findings=[]))
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4), 'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12)})
-    r['setup'] |= dict(budget='smoke', steps=2, prompts_per_step=2, group_size=4, seeds=[0], evaluation=dict(images=4),
-                       tasks=dict(geneval=dict(about='a test', arms=['flow_grpo', 'dense'])))
+    r.setup |= dict(budget='smoke', steps=2, prompts_per_step=2, group_size=4, seeds=[0], evaluation=dict(images=4),
+                    tasks=dict(geneval=dict(about='a test', arms=['flow_grpo', 'dense'])))
     md = results_markdown(r)
-    assert md.startswith('`flowgrpo compare --budget smoke`') and '| arm | held-out strict' in md and r['findings'][0] in md
+    assert md.startswith('`flowgrpo compare --budget smoke`') and '| arm | held-out strict' in md and r.findings[0] in md
+    assert results_markdown(Report.from_json(json.loads(json.dumps(r.to_json())))) == md  # its JSON renders the same
 
 def test_cli(capsys):
     a = anno_parser(compare_cli).parse_args(['--seeds', '0', '1', '--tasks', 'geneval', '--arms', 'flow_grpo', 'dense', '--set', 'lr=1e-3', '--estimate'])
@@ -252,16 +260,21 @@ def test_cli(capsys):
 
 def test_reach_ignores_the_base_point():
     "A seed where Flow-GRPO ends below the base model is not 'reached' at step 0: only trained evaluations count."
-    from flowgrpo_nb.compare import reach
-    curve = [dict(step=0, seconds=0.0, eval=0.47), dict(step=12, seconds=5.0, eval=0.45), dict(step=24, seconds=9.0, eval=0.46)]
-    assert reach(curve, 0.458) == dict(steps=24, seconds=9.0)
-    assert reach(curve, 0.465) == dict(steps=None, seconds=None)
+    from flowgrpo_nb.results import CurvePoint
+    curve = [CurvePoint(step=s, seconds=c, eval=e, se=0.01) for s, c, e in ((0, 0.0, 0.47), (12, 5.0, 0.45), (24, 9.0, 0.46))]
+    assert first_reach(curve, 0.458) == dict(target=0.458, steps=24, nfe=None, seconds=9.0)
+    assert first_reach(curve, 0.465) == dict(target=0.465, steps=None, nfe=None, seconds=None)
 
-def test_every_arm_runs_end_to_end(tmp_path):
-    "Every arm of the study trains, evaluates and reports at smoke sizes; controls that cannot be checked say why."
-    report = compare(tmp_path, CompareConfig(budget='smoke', tasks=('geneval',), arms=tuple(ARMS)), progress=False, png=False)
-    sec = report['tasks']['geneval']
-    assert set(sec['arms']) == set(ARMS) and all(r['heldout_strict']['n'] == 1 for r in sec['arms'].values())
-    for c in (c for c in sec['comparisons'] if c['is_control']):  # every control is either measured against the arm's gradient or says why not
-        assert 0 <= c.get('window_share', -1) <= 1 + 1e-9 or c['window_unchecked'], c
-    assert report['timing']['runs'] == len(ARMS) and report['timing']['runs_reused'] == 0
+def test_the_study_at_smoke_sizes(tmp_path):
+    "The study's arms of the few-level task at smoke sizes over two seeds, end to end: every arm trains and reports, every claim of that task gets a verdict."
+    ccfg = CompareConfig('study', seeds=(0, 1), tasks=('geneval',), overrides=SMOKE)
+    report = compare(tmp_path, ccfg, progress=False, png=False)
+    sec = report.tasks['geneval']
+    assert set(sec.arms) == set(ARMS) and all(r.heldout_strict.n == 2 and r.auc is not None for r in sec.arms.values())
+    for c in (c for c in sec.comparisons if c.is_control):  # every control is either measured against the arm's gradient or says why not
+        assert 0 <= (c.window_share if c.window_share is not None else -1) <= 1 + 1e-9 or c.window_unchecked, c
+    claims = {c.id: c for c in report.contrasts}
+    assert all(c.n == 2 and c.verdict != 'not run' for c in claims.values() if c.task == 'geneval')
+    assert all(c.verdict == 'not run' for c in claims.values() if c.task == 'score')
+    assert report.timing['runs'] == len(ARMS) * 2 and report.timing['runs_reused'] == 0
+    assert Report.from_json(json.loads((tmp_path/'report.json').read_text())).contrasts == report.contrasts

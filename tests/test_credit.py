@@ -206,9 +206,9 @@ def test_rules_match_their_formulas(b):
     V, group, trained = b
     B, K = V.shape[0], V.shape[1] - 1
     eps = 1e-4
-    A_fg = credit_flow_grpo(V, group, trained, CreditConfig(global_std=True))
-    A_fl = credit_flow_grpo(V, group, trained, CreditConfig(global_std=False))
-    A_sw, A_dn = credit_stepwise(V, group, trained), credit_dense(V, group, trained)
+    A_fg = credit_flow_grpo(V, group, trained, CreditConfig(global_std=True)).advantages
+    A_fl = credit_flow_grpo(V, group, trained, CreditConfig(global_std=False)).advantages
+    A_sw, A_dn = credit_stepwise(V, group, trained).advantages, credit_dense(V, group, trained).advantages
     g = step_gains(V, trained)
     R = V[:, -1]
     for i in range(B):
@@ -228,9 +228,9 @@ def test_rules_match_their_formulas(b):
 def test_credit_turning_point_agrees_with_compute_credit():
     V, group = synthetic_values(P=3, G=4, K=8, seed=1)
     trained = torch.arange(8) < 7
-    A, tp = credit_turning_point(V, group, trained)
+    tp = credit_turning_point(V, group, trained)
     c = compute_credit(V, group, trained, CreditConfig(method='turning_point'))
-    assert isinstance(c, Credit) and torch.equal(A, c.advantages) and torch.equal(tp.kept, c.turning_points.kept)
+    assert isinstance(c, Credit) and torch.equal(tp.advantages, c.advantages) and torch.equal(tp.turning_points.kept, c.turning_points.kept)
     assert compute_credit(V, group, trained).turning_points is None
 
 
@@ -280,7 +280,7 @@ def test_non_finite_values_name_the_sample_and_group(method):
 def test_unread_columns_may_be_nan():
     V, group = synthetic_values(P=2, G=3, K=5)
     V[:, :-1] = float('nan')  # Flow-GRPO reads only the final reward
-    assert torch.isfinite(credit_flow_grpo(V, group, torch.arange(5) < 4)).all()
+    assert torch.isfinite(credit_flow_grpo(V, group, torch.arange(5) < 4).advantages).all()
 
 
 @pytest.mark.parametrize('trained, msg', [

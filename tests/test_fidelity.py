@@ -1,4 +1,4 @@
-"Dense checks of flowgrpo_nb.fidelity (the notebook nbs/06c_fidelity.ipynb shows the API)."
+"Dense checks of flowgrpo_nb.fidelity and flowgrpo_nb.fidelity_report (the notebooks nbs/06c_fidelity.ipynb and nbs/06i_fidelity_report.ipynb show the API)."
 import json, math, re, warnings
 from pathlib import Path
 
@@ -9,8 +9,9 @@ from fastcore.script import anno_parser
 from flowgrpo_nb.credit import CreditConfig, Credit, compute_credit, synthetic_values, METHODS
 from flowgrpo_nb.flow import flow_sde_scale, step_coefficients
 from flowgrpo_nb.fidelity import (Arm, MCValues, check_arms, arm_rollout, mc_values, true_gains, needed_states, arm_credits,
-                                  cluster_draws, boot_stats, ci, compare_arm, paired_differences, arm_fidelity, fidelity_nfe,
-                                  fidelity_table, run_arm, report_arms, fidelity_report, fidelity_cli, STATS)
+                                  compare_arm, paired_differences, arm_fidelity, fidelity_nfe, fidelity_table, FidelityConfig)
+from flowgrpo_nb.fidelity_report import run_arm, report_arms, fidelity_report, fidelity_cli
+from flowgrpo_nb.stats import STATS, cluster_draws, boot_stats, percentile_ci as ci
 from flowgrpo_nb.rollout import RolloutConfig, rollout
 from flowgrpo_nb.task import Task, load_policy, load_task, balanced_prompts
 from flowgrpo_nb.config import GRPOConfig, preset_config
@@ -270,7 +271,7 @@ def small(policy):
     arms = {'flow_grpo': preset_config('flow_grpo', K=4), 'stepwise': preset_config('stepwise', K=6),  # trimmed window: steps 1-3
             'dense': (preset_config('dense', K=4), torch.tensor([0.5, 0.4, 0.3, 0.0]))}
     task = load_task('partial')
-    return arms, task, arm_fidelity(policy, task, arms, prompts=6, batch_prompts=4, group=2, M=2, n_boot=50)
+    return arms, task, arm_fidelity(policy, task, arms, FidelityConfig(prompts=6, batch_prompts=4, group=2, M=2, n_boot=50))
 
 def test_arm_fidelity_json_settings_and_pooling(small):
     arms, task, res = small
@@ -302,18 +303,18 @@ def test_arm_fidelity_cost(small, policy):
 def test_arm_fidelity_shares_rollouts_and_steps_cut_cost(policy):
     task = _task()
     one = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=4), 'b': preset_config('turning_point', K=4)},
-                       prompts=2, group=2, M=2, n_boot=10, keep_data=False)
+                       FidelityConfig(prompts=2, group=2, M=2, n_boot=10, keep_data=False))
     assert one['cost']['samplers'] == 1 and one['cost']['rollout']['nfe'] == 4 * 4 and 'data' not in one
-    few = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=4)}, prompts=2, group=2, M=2, n_boot=10, steps=[2])
+    few = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=4)}, FidelityConfig(prompts=2, group=2, M=2, n_boot=10, steps=[2]))
     assert few['cost']['mc']['nfe'] == 4 * 2 * (4 - 1 - 2) < one['cost']['mc']['nfe']
     assert {r['step'] for r in few['stats']} == {2, 'all'}
     assert few['settings']['arms']['a']['steps'] == [2]
 
 def test_arm_fidelity_prompts_list_and_heldout(policy):
     task = _task()
-    res = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=3)}, prompts=['a blue cross'] * 2, group=2, M=2, n_boot=10)
+    res = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=3)}, FidelityConfig(prompts=['a blue cross'] * 2, group=2, M=2, n_boot=10))
     assert res['settings']['prompts'] == ['a blue cross'] * 2 and res['settings']['categories'] == {}
-    held = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=3)}, prompts=1, split='heldout', group=2, M=2, n_boot=10)
+    held = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=3)}, FidelityConfig(prompts=1, split='heldout', group=2, M=2, n_boot=10))
     assert held['settings']['prompts'] == ['a green square']
 
 @pytest.mark.parametrize('kw,msg', [(dict(M=1), 'M=1'), (dict(batch_prompts=0), 'batch_prompts=0'), (dict(n_boot=0), 'n_boot=0'),
@@ -321,7 +322,7 @@ def test_arm_fidelity_prompts_list_and_heldout(policy):
                                     (dict(level=1.5), 'level=1.5'), (dict(steps=[3]), 'none of steps=\\[3\\] is trained'),
                                     (dict(group=1), 'group=1')])
 def test_arm_fidelity_errors(policy, kw, msg):
-    with pytest.raises(ValueError, match=msg): arm_fidelity(policy, _task(), {'a': preset_config('flow_grpo', K=4)}, **kw)
+    with pytest.raises(ValueError, match=msg): arm_fidelity(policy, _task(), {'a': preset_config('flow_grpo', K=4)}, FidelityConfig(**kw))
 
 def test_fidelity_table_reads_the_older_format():
     old = json.loads((ROOT/'results'/'fidelity'/'fidelity.json').read_text())
@@ -383,7 +384,7 @@ def test_report_arms(tmp_path):
 
 def test_fidelity_report_files(run_dir, tmp_path):
     run, _ = run_dir
-    res = fidelity_report(tmp_path, run=run, arms='flow_grpo,stepwise', prompts=2, batch_prompts=1, group=2, M=2, n_boot=20, png=False)
+    res = fidelity_report(tmp_path, FidelityConfig(prompts=2, batch_prompts=1, group=2, M=2, n_boot=20), run=run, arms='flow_grpo,stepwise', png=False)
     assert list(res) == ['base', 'finetuned']
     assert res['finetuned']['settings']['checkpoint'].endswith('ckpt-000002')
     assert res['base']['settings']['prompts'] == res['finetuned']['settings']['prompts']
@@ -400,21 +401,21 @@ def test_fidelity_report_run_arm_by_default(tmp_path, policy):
     rf.write('config', cfg.to_dict())
     p = load_policy('tiny').add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     rf.write_checkpoint(1, {'lora.safetensors': p.lora_state_dict(), 'state.json': dict(step=1, psi=[0.4, 0.3, 0.2, 0.0])})
-    res = fidelity_report(None, run=tmp_path, prompts=1, group=2, M=2, n_boot=10, base=False)
+    res = fidelity_report(None, FidelityConfig(prompts=1, group=2, M=2, n_boot=10), run=tmp_path, base=False)
     arms = res['finetuned']['settings']['arms']
     assert list(arms) == list(METHODS) and arms['dense']['psi'] == pytest.approx([0.4, 0.3, 0.2, 0.0])
     assert arms['stepwise']['psi'] is None and arms['stepwise']['rollout']['K'] == 4
 
 def test_fidelity_report_task_and_policy(policy):
     "A given policy and task are used as they are: the task's prompts (no categories: cycled) and its reward."
-    res = fidelity_report(None, policy=policy, task=_task(), arms='flow_grpo', prompts=4, group=2, K=3, M=2, n_boot=20)
+    res = fidelity_report(None, FidelityConfig(prompts=4, group=2, K=3, M=2, n_boot=20), policy=policy, task=_task(), arms='flow_grpo')
     s = res['base']['settings']
     assert list(res) == ['base'] and s['prompts'] == ['a red circle', 'two squares', 'a blue cross', 'a red circle']
     assert (s['task'], s['reward']) == ('brightness', 'brightness') and s['categories'] == {}
 
 def test_fidelity_report_sampler_of(policy):
-    res = fidelity_report(None, policy=policy, task=_task(), arms='flow_grpo,stepwise', sampler_of='flow_grpo', prompts=1,
-                          group=2, K=4, M=2, n_boot=10)['base']
+    res = fidelity_report(None, FidelityConfig(sampler_of='flow_grpo', prompts=1, group=2, K=4, M=2, n_boot=10), policy=policy, task=_task(),
+                          arms='flow_grpo,stepwise')['base']
     assert res['cost']['samplers'] == 1 and res['settings']['arms']['stepwise']['rollout']['sampler'] == 'flow_sde'
     assert res['settings']['sampler_of']['sampler'] == 'flow_sde'
 
@@ -424,7 +425,8 @@ def test_fidelity_report_sampler_of(policy):
                                     (dict(arms='nope'), "preset 'nope' is unknown"), (dict(sampler_of='nope'), "preset 'nope'"),
                                     (dict(task=Task('t', ['a'], ['a'], brightness), reward='partial'), 'not both')])
 def test_fidelity_report_errors(kw, msg):
-    with pytest.raises(ValueError, match=msg): fidelity_report(None, **kw)
+    cfg = {k: kw.pop(k) for k in list(kw) if k in FidelityConfig.__dataclass_fields__}
+    with pytest.raises(ValueError, match=msg): fidelity_report(None, FidelityConfig(**cfg), **kw)
 
 def test_cli_flags():
     fn = getattr(fidelity_cli, '__wrapped__', fidelity_cli)

@@ -28,9 +28,9 @@ def run(policy, seed=0, prompts=PROMPTS, **kw):
 # ---------------------------------------------------------------- config
 
 @pytest.mark.parametrize('kw,msg', [
-    (dict(K=10, window_start=10), 'window_start=10: outside the schedule; allowed 0..9'),
+    (dict(K=10, window_start=10), 'window_start=10: allowed 0..9'),
     (dict(K=10, window_start=-1), 'window_start=-1'),
-    (dict(K=10, window_start=3, window_size=7), 'window_size=7: the SDE window [3, 3+7) must end by step 9'),
+    (dict(K=10, window_start=3, window_size=7), 'window_size=7: allowed 0..6: the SDE window [3, 3+7) must end by step 9'),
     (dict(K=5, window_size=-1), 'allowed 0..4'),
     (dict(K=0), 'K=0'), (dict(K=2.0), 'K=2.0'), (dict(group_size=0), 'group_size=0'),
     (dict(max_batch=0), 'max_batch=0'), (dict(sampler='euler'), "sampler='euler'"),
