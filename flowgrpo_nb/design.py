@@ -200,7 +200,7 @@ CONTRASTS = (
 # %% ../nbs/06b_design.ipynb #6d4b3a70
 COSTS = dict(rollout=0.0050, lookahead=0.0041, update=0.0090, evaluation=0.00446,  # CPU s per sample x NFE / pair / image x step
              run=3.0, worker=10.0, report=30.0)                                    # fixed CPU s: per run, per worker, once
-FAST_COSTS = COSTS | dict(rollout=0.0025, lookahead=0.0011, update=0.0036, evaluation=0.0009)  # on the tiny model's fast path
+FAST_COSTS = COSTS | dict(rollout=0.0012, lookahead=0.0008, update=0.0023, evaluation=0.0008)  # the tiny model's fast path
 
 def unit_costs(cfg:GRPOConfig) -> dict: return FAST_COSTS if cfg.fast and cfg.model == 'tiny' else COSTS
 ZERO_SHARE = dict(few=0.6, continuous=0.0)  # share of a dense-credit method's (sample, trained step) pairs with A = 0
