@@ -208,7 +208,7 @@ def test_report(app, runs, tmp_path):
     none = [None] * len(app_mod.REPORT_FIGURES)
     md, figs, tasks = report_view(runs)
     assert 'No `report.json`' in md and figs == none and tasks == []
-    report = json.loads((ROOT/'results'/'compare'/'report.json').read_text())  # the committed report (format 2)
+    report = json.loads((ROOT/'results'/'compare'/'report.json').read_text())  # the committed report
     (tmp_path/'report.json').write_text(json.dumps(report))
     for task in report['tasks']:  # every task of the report, each with its findings and its figures
         md, figs, tasks = report_view(tmp_path, task)

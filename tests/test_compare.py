@@ -278,3 +278,13 @@ def test_the_study_at_smoke_sizes(tmp_path):
     assert all(c.verdict == 'not run' for c in claims.values() if c.task == 'score')
     assert report.timing['runs'] == len(ARMS) * 2 and report.timing['runs_reused'] == 0
     assert Report.from_json(json.loads((tmp_path/'report.json').read_text())).contrasts == report.contrasts
+
+def test_a_format_2_report_of_an_earlier_version_reads_and_renders():
+    "tests/data/report_format2.json, written by the version before the split: it reads as records without the study's measures, and renders."
+    from flowgrpo_nb.report import study_rows
+    d = json.loads((Path(__file__).parent/'data'/'report_format2.json').read_text())
+    rep = Report.from_json(d)
+    assert rep.format == 2 and rep.tasks['geneval'].arms['dense'].auc is None and study_rows(rep, 'geneval')[1] == []
+    assert findings(rep) == d['findings']  # it says what it said when it was written
+    md = results_markdown(rep)
+    assert 'flow_grpo_first4' in md and all(f in md for f in d['findings'])
