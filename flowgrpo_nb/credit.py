@@ -131,7 +131,7 @@ class Credit:
     "The result of a credit rule."
     advantages:Tensor  # [B, K], 0 on untrained steps
     rewards:Tensor     # [B, K] step rewards before normalisation, 0 on untrained steps
-    turning_points:TurningPoints|None=None  # turning_point only
+    turning_points:'TurningPoints|None'=None  # turning_point only (a string: TurningPoints comes with its rule, below)
 
 def normalize_rewards(r:Tensor,          # [B, K] step rewards, 0 on untrained steps
                       group:Tensor,      # [B] group id of each sample

@@ -7,11 +7,14 @@ BIN = ROOT/'.venv'/'bin'
 
 def _bin(name): return str(BIN/name) if (BIN/name).exists() else shutil.which(name) or name
 
-def test_proc_nbs():
-    "`nbdev-proc-nbs` (the step before Quarto in `nbdev-docs`) processes every notebook, tutorials included."
-    r = subprocess.run([_bin('nbdev-proc-nbs')], cwd=ROOT, capture_output=True, text=True, timeout=600)
+def test_proc_nbs(tmp_path):
+    """`nbdev-proc-nbs` (the step before Quarto in `nbdev-docs`) processes every notebook, tutorials included; on a copy
+    of the notebooks and settings, so that it writes nothing in the tree (the browser test checks the tree meanwhile)."""
+    shutil.copytree(ROOT/'nbs', tmp_path/'nbs', ignore=shutil.ignore_patterns('.ipynb_checkpoints'))
+    shutil.copy(ROOT/'pyproject.toml', tmp_path/'pyproject.toml')
+    r = subprocess.run([_bin('nbdev-proc-nbs')], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    proc = ROOT/'_proc'
+    proc = tmp_path/'_proc'
     for nb in ('index.ipynb', '07_viz.ipynb', 'tutorials/quickstart.ipynb', 'tutorials/sd3.ipynb'):
         if (ROOT/'nbs'/nb).exists(): assert (proc/nb).exists(), f"nbdev-proc-nbs did not write _proc/{nb}"
     assert (proc/'_quarto.yml').exists()
