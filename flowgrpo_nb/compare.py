@@ -25,7 +25,7 @@ from .checkpoint import RunFolder, FolderLock, read_json, write_json
 from .train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
 from .design import ARMS, TASKS, BUDGETS, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
 from .results import FORMAT, Report, heldout, run_report, STEP_TIME_RATIO
-from .summary import task_section, correct, evaluate_contrasts, FAMILIES
+from .summary import task_section, correct, evaluate_contrasts, add_fidelity, FIDELITY_MEASURES, FAMILIES
 from .figures import report_figures
 from .report import findings, report_html, results_rows, markdown_table, claims_rows
 
@@ -182,15 +182,18 @@ def measured_cpu(report:Report, out:Path, bases:dict) -> dict:
                 total=sum(r.total_cpu_seconds + r.eval_cpu_seconds for r in runs) + sum(base))
 
 # %% ../nbs/06h_compare.ipynb #29019ac6
-def read_fidelity(path:str|None) -> dict|None:
-    "A fidelity.json's first model (the base model's, else the fine-tuned one's), for the fidelity-against-gain figure; None: no path."
+def read_fidelity(path:str|None) -> list[dict]|None:
+    "Fidelity rows {task, seed, arm, measures} of `flowgrpo fidelity --compare` (rows), or of one model's fidelity.json (no task, seed); None: no path."
     if path is None: return None
     try: d = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e: raise ValueError(f"fidelity={path!r}: cannot read it ({e}); give a fidelity.json of flowgrpo fidelity") from None
+    if isinstance(d, dict) and isinstance(d.get('rows'), list) and all(isinstance(r, dict) and 'arm' in r for r in d['rows']):
+        return d['rows']
     res = (d.get('base') or d.get('finetuned')) if isinstance(d, dict) else None
     if not isinstance(res, dict) or 'stats' not in res:
-        raise ValueError(f"fidelity={path!r}: not a fidelity.json of flowgrpo fidelity (no model with stats)")
-    return res
+        raise ValueError(f"fidelity={path!r}: not a fidelity.json of flowgrpo fidelity (no rows, no model with stats)")
+    return [dict(arm=r['arm'], **{m: r.get(m) for m in FIDELITY_MEASURES})
+            for r in res['stats'] if r['quantity'] == 'advantage' and r['step'] == 'all']
 
 # %% ../nbs/06h_compare.ipynb #e9568493
 def compare(out:str|Path='runs/compare',   # the run folder of the comparison
@@ -219,14 +222,14 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         done = (_in_process(jobs, out, ccfg, tasks, policy, threads, progress) if workers == 1 else
                 run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress))
         bases = {k: v for k, v in done.items() if k[0] == 'base'}
-        report = build_report(ccfg, out, tasks, bases, given is not None)
+        report = build_report(ccfg, out, tasks, bases, given is not None, fidelity)
         report.wall_seconds = time.perf_counter() - t0
         report.timing = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(),
                              step_time_ratio=STEP_TIME_RATIO,
                              estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
                              main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
         report.timing['invocations'] = earlier_invocations(out) + [dict(wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))]
-        write_report(report, out, png, fidelity)
+        write_report(report, out, png)
         return report
 
 # %% ../nbs/06h_compare.ipynb #4751eddb
@@ -252,8 +255,8 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
                    "verdict higher/lower when Holm's correction over its family keeps p below 0.05 (families: "
                    + '; '.join(FAMILIES.values()) + ')', step_time_ratio=STEP_TIME_RATIO)
 
-def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:bool=False) -> Report:
-    "The report from the runs in `out` and the base evaluations {('base', evaluation, seed, task): EvalReport}."
+def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:bool=False, fidelity:list|None=None) -> Report:
+    "The report from the runs in `out`, the base evaluations {('base', evaluation, seed, task): EvalReport} and fidelity rows."
     groups, sections = _eval_groups(ccfg, given), {}
     for t in ccfg.tasks:
         g = next(g for g, ts in groups.items() if t in ts)
@@ -266,16 +269,17 @@ def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:boo
     correct(sections)
     report = Report(format=FORMAT, config=asdict(ccfg), budget=BUDGETS[ccfg.budget], setup=setup(ccfg, tasks, out),
                     tasks=sections, findings=[], contrasts=evaluate_contrasts(sections))
+    if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys
     report.findings = findings(report)
     return report
 
 # %% ../nbs/06h_compare.ipynb #dedf95d4
-def write_report(report:Report, out:str|Path, png:bool=True, fidelity:dict|None=None):
-    "report.json, report.html and (`png`) figures/<task>_<figure>.png in `out` (`fidelity`: a fidelity.json, for its figure)."
+def write_report(report:Report, out:str|Path, png:bool=True):
+    "report.json, report.html and (`png`) figures/<task>_<figure>.png in `out`."
     out = Path(out); (out/'figures').mkdir(parents=True, exist_ok=True)
     write_json(out/'report.json', report.to_json(), 'the comparison report')
-    figs = {t: report_figures(report, t, fidelity) for t in report.tasks}
+    figs = {t: report_figures(report, t) for t in report.tasks}
     (out/'report.html').write_text(report_html(report, figs))
     if png: write_pngs({out/'figures'/f'{t}_{name}.png': f for t, fs in figs.items() for name, f in fs.items()})  # one browser start
 

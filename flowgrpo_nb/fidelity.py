@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/fidelity.html.md"""
 
 # %% ../nbs/06c_fidelity.ipynb #3292c2e7
 from __future__ import annotations
-import json, math
+import json, math, warnings
 from dataclasses import dataclass, asdict
 from itertools import combinations
 from typing import Callable
@@ -191,13 +191,27 @@ def _row(q, tr, se, cl, draws, level, z) -> tuple[dict, dict]:
                sign_agree=agree / (n_sig - n_zero) if n_sig > n_zero else float('nan'))
     return row, {k: s for k, (_, s) in bs.items()}
 
+# %% ../nbs/06c_fidelity.ipynb #1315a8bd
+def _restricted(q, tr, cl, window, draws, level) -> dict:
+    "Pooled Kendall tau-b (with its clustered interval) on the pairs whose truth is nonzero and on the `window` columns alone."
+    cl = np.broadcast_to(np.asarray(cl)[:, None], q.shape)
+    out = {}
+    for name, m in (('nonzero', tr != 0), ('window', np.broadcast_to(np.asarray(window, bool)[None], q.shape))):
+        with warnings.catch_warnings():  # a resample can draw only prompts without such pairs: nan, left out of the interval
+            warnings.simplefilter('ignore', RuntimeWarning)
+            est, s = boot_stats(q[m], tr[m], cl[m], draws)['kendall'] if m.sum() > 1 else (float('nan'), np.full(len(draws), np.nan))
+        out |= dict(zip((f'kendall_{name}', f'kendall_{name}_lo', f'kendall_{name}_hi'), (est, *percentile_ci(s, level))))
+    return out
+
 # %% ../nbs/06c_fidelity.ipynb #a18d61eb
 def compare_arm(truth:Tensor, truth_se:Tensor,  # [N, K] true step advantages and their SEs (N trajectories)
                 credit:Credit,                  # the arm's credit on the same trajectories
                 cluster,                        # [N] prompt (cluster) id of each trajectory, 0..P-1
                 steps:list[int],                # compared steps (trained ones)
                 draws:np.ndarray,               # [n_boot, P] `cluster_draws`, shared by every arm
-                level:float=0.95, z:float=2.0) -> tuple[list[dict], dict]:  # (rows, quantity -> stat -> pooled resamples)
+                level:float=0.95, z:float=2.0,
+                loss:list[int]|None=None        # the steps its loss is taken on (default: every compared step)
+               ) -> tuple[list[dict], dict]:    # (rows, quantity -> stat -> pooled resamples)
     "Every statistic of one arm's credit against its truth, per step and pooled, with clustered intervals."
     tr, se, cl = truth.numpy().astype(np.float64), truth_se.numpy().astype(np.float64), np.asarray(cluster)
     rows, pooled = [], {}
@@ -207,6 +221,7 @@ def compare_arm(truth:Tensor, truth_se:Tensor,  # [N, K] true step advantages an
             cols = steps if k == 'all' else [k]
             r, s = _row(q[:, cols].ravel(), tr[:, cols].ravel(), se[:, cols].ravel(), np.repeat(cl, len(cols)), draws,
                         level, z)
+            if k == 'all': r |= _restricted(q[:, steps], tr[:, steps], cl, [j in (loss or steps) for j in steps], draws, level)
             rows.append(dict(quantity=qn, step=k, **r))
             if k == 'all': pooled[qn] = s
     return rows, pooled
@@ -350,14 +365,16 @@ def _arm_stats(data, arms, plan, draws, level, z) -> tuple[list[dict], list[dict
     rows, pooled, est = [], {}, {}
     for n, d in data.items():
         cr = Credit(d['advantages'], d['rewards'])
-        rs, pooled[n] = compare_arm(d['truth'], d['truth_se'], cr, d['cluster'], plan[n], draws, level, z)
+        rs, pooled[n] = compare_arm(d['truth'], d['truth_se'], cr, d['cluster'], plan[n], draws, level, z,
+                                    arms[n].cfg.loss_steps().nonzero().flatten().tolist())
         rows += [dict(arm=n, method=arms[n].cfg.method, **r) for r in rs]
         est[n] = {q: {s: r[s] for s in STATS} for q in QUANTITIES for r in rs if r['step'] == 'all' and r['quantity'] == q}
     return rows, paired_differences(pooled, est, level)
 
 # %% ../nbs/06c_fidelity.ipynb #e70568bb
 TABLE = ('arm', 'method', 'n', *(f'{s}{e}' for s in STATS for e in ('', '_lo', '_hi')), 'share_credit_zero',
-         'share_truth_zero', 'truth_reliability', 'n_sig', 'zero_credit', 'sign_agree')
+         'share_truth_zero', 'truth_reliability', 'n_sig', 'zero_credit', 'sign_agree',
+         *(f'kendall_{w}{e}' for w in ('nonzero', 'window') for e in ('', '_lo', '_hi')))
 
 def fidelity_table(res:dict, quantity:str='advantage', digits:int=3) -> list[dict]:
     "The pooled rows of `quantity` of one model's result, rounded (missing statistics: None)."

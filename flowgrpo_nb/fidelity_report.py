@@ -8,6 +8,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/fidelity_report.html.md"""
 from __future__ import annotations
 import json, warnings
 from contextlib import nullcontext
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np, torch
@@ -15,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from fastcore.script import call_parse
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from .processes import write_pngs
 from .display import STYLES, color, display_name
@@ -22,13 +24,14 @@ from .policy import Policy
 from .credit import METHODS
 from .task import Task, load_task, load_policy
 from .config import GRPOConfig, preset_config, run_config
-from .checkpoint import read_checkpoint, RunFolder
+from .checkpoint import read_checkpoint, RunFolder, FolderLock, read_json, write_json
 from .train import load_run_policy
 from .fidelity import FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
 
 # %% auto #0
-__all__ = ['plot_steps', 'plot_differences', 'plot_scatter', 'plot_overall', 'run_arm', 'report_arms', 'fidelity_figures',
-           'fidelity_report', 'fidelity_cli', 'fidelity_summary']
+__all__ = ['ROW', 'plot_steps', 'plot_differences', 'plot_scatter', 'plot_overall', 'run_arm', 'report_arms', 'fidelity_figures',
+           'fidelity_report', 'finished_runs', 'compare_fidelity', 'fidelity_cli', 'fidelity_summary',
+           'compare_fidelity_summary']
 
 # %% ../nbs/06i_fidelity_report.ipynb #99619064
 def _colour(res:dict, arm:str) -> str:
@@ -189,11 +192,62 @@ def _write_report(out:Path, results:dict, png:bool):
     for n, fig in figs.items(): fig.write_html(out/f'{n}.html', include_plotlyjs='directory')
     if png: write_pngs({out/f'{n}.png': fig for n, fig in figs.items()})  # one browser; a hung export is killed, skipped with a warning
 
+# %% ../nbs/06i_fidelity_report.ipynb #0e44d0be
+ROW = ('n', 'share_truth_zero', *(f'kendall{w}{e}' for w in ('', '_nonzero', '_window') for e in ('', '_lo', '_hi')))
+
+def finished_runs(compare:Path, seeds=(0, 1), tasks=None, arms=None) -> list[tuple]:
+    "(task, seed, arm, folder) of every finished run (a summary) of a comparison's folder, of `seeds` (and `tasks`, `arms`)."
+    out = []
+    for d in sorted(Path(compare).glob('*/seed*/*')):
+        t, s, a = d.parent.parent.name, d.parent.name[4:], d.name
+        if not (s.isdigit() and int(s) in seeds and (tasks is None or t in tasks) and (arms is None or a in arms)): continue
+        if RunFolder(d).summary() is not None: out.append((t, int(s), a, d))
+    return out
+
+# %% ../nbs/06i_fidelity_report.ipynb #6b220839
+def _run_fidelity(f:Path, d:Path, a:str, cfg:FidelityConfig) -> dict:
+    "One run's result: the file's if it was measured with `cfg`, else measured now and written whole."
+    want = asdict(cfg)
+    if f.exists():
+        res = read_json(f, 'a fidelity result')
+        if res.get('fidelity_config') != want:
+            raise ValueError(f"{f} was measured with other settings ({res.get('fidelity_config')}); remove it, or measure with the same ones")
+        return res
+    res = fidelity_report(None, cfg, run=d, arms={a: run_arm(d)}, base=False)['finetuned']
+    f.parent.mkdir(parents=True, exist_ok=True)
+    write_json(f, res | dict(fidelity_config=want), 'a fidelity result')
+    return res
+
+# %% ../nbs/06i_fidelity_report.ipynb #48f4ce69
+def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowgrpo compare --out`)
+                     out:str|Path|None=None,     # per-run files and fidelity.json (default: <compare>/fidelity)
+                     cfg:FidelityConfig|None=None,  # one setting for every run (its `keep_data` is not used)
+                     seeds=(0, 1), tasks=None, arms=None,  # which runs (default: every task and arm)
+                     progress:bool=True) -> list[dict]:  # the rows of fidelity.json
+    "Credit fidelity of each finished run of a comparison on its own fine-tuned model under its own sampler."
+    compare = Path(compare)
+    out, cfg = Path(out) if out is not None else compare/'fidelity', replace(cfg or FidelityConfig(), keep_data=False)
+    runs = finished_runs(compare, seeds, tasks, arms)
+    if not runs: raise ValueError(f"compare={str(compare)!r}: no finished run of seeds {list(seeds)} there (a folder of flowgrpo compare --out)")
+    rows, left = [], []
+    with FolderLock(out, 'a fidelity measurement'):
+        for t, s, a, d in tqdm(runs, desc='fidelity', disable=not progress):
+            f = out/t/f'seed{s}'/f'{a}.json'
+            if not f.exists() and not RunFolder(d).checkpoints(): left.append(f'{t}/seed{s}/{a}'); continue
+            res = _run_fidelity(f, d, a, cfg)
+            rows += [dict(task=t, seed=s, arm=a, **{k: r.get(k) for k in ROW}, cpu_seconds=res['cost']['total']['cpu_seconds'])
+                     for r in res['stats'] if r['quantity'] == 'advantage' and r['step'] == 'all']
+        write_json(out/'fidelity.json', dict(rows=rows, fidelity_config=asdict(cfg), compare=str(compare)), 'the fidelity rows')
+    if left: warnings.warn(f"{len(left)} finished runs have neither a checkpoint nor a fidelity result, left out: {', '.join(left)}")
+    return rows
+
 # %% ../nbs/06i_fidelity_report.ipynb #b498d706
 @call_parse
-def fidelity_cli(out:str='runs/fidelity',  # output folder
+def fidelity_cli(out:str=None,             # output folder (default: runs/fidelity; with --compare: <compare>/fidelity)
                  run:str=None,             # trainer run folder: also evaluate its newest checkpoint
-                 arms:str=None,            # comma-separated preset names ('run': the run's arm); default the four methods
+                 compare:str=None,         # a comparison's folder: every finished run of --seeds on its own model (see compare_fidelity)
+                 seeds:str='0,1',          # with --compare: comma-separated seeds
+                 arms:str=None,            # comma-separated preset names ('run': the run's arm); default the four methods; with --compare: its arms
                  sampler_of:str=None,      # a preset whose sampler every arm uses (default: each arm its own)
                  prompts:int=16,           # prompts, balanced over the task's categories
                  batch_prompts:int=4,      # prompts per rollout batch
@@ -210,13 +264,21 @@ def fidelity_cli(out:str='runs/fidelity',  # output folder
                  threads:int=0):           # torch threads (0: torch's default)
     "Credit fidelity: every method's per-step credit vs the Monte-Carlo step advantage under its own sampler, base and fine-tuned."
     if threads: torch.set_num_threads(threads)
-    try: ks = None if steps is None else [int(s) for s in steps.split(',')]
-    except ValueError: raise ValueError(f"steps={steps!r}: expected comma-separated step indices, e.g. 0,1,2") from None
+    ks, ss = _ints('steps', steps), _ints('seeds', seeds)
     cfg = FidelityConfig(prompts=prompts, batch_prompts=batch_prompts, split=split, group=group, M=M, steps=ks, K=K,
                          sampler_of=sampler_of, reward=reward, seed=seed, n_boot=n_boot)
+    if compare is not None:
+        if run is not None: raise ValueError("give --run (one run) or --compare (every run of a comparison), not both")
+        rows = compare_fidelity(compare, out, cfg, ss, arms=None if arms is None else [a.strip() for a in arms.split(',')])
+        return print(compare_fidelity_summary(rows) + f"\nwrote {out or Path(compare)/'fidelity'}/fidelity.json")
+    out = out or 'runs/fidelity'
     results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png)
     for name, res in results.items(): print(fidelity_summary(name, res))
     print(f"wrote {out}/fidelity.json and figures")
+
+def _ints(name:str, s:str|None) -> list[int]|None:
+    try: return None if s is None else [int(x) for x in s.split(',')]
+    except ValueError: raise ValueError(f"{name}={s!r}: expected comma-separated whole numbers, e.g. 0,1,2") from None
 
 # %% ../nbs/06i_fidelity_report.ipynb #04d68d09
 def fidelity_summary(name:str, res:dict) -> str:
@@ -229,3 +291,11 @@ def fidelity_summary(name:str, res:dict) -> str:
         lines.append(f"  {r['arm']:<16} kendall {fmt(r, 'kendall')}  spearman {fmt(r, 'spearman')}  zero credit "
                      f"{r['share_credit_zero']:.2f}, zero truth {r['share_truth_zero']:.2f}")
     return '\n'.join(lines)
+
+def compare_fidelity_summary(rows:list[dict]) -> str:
+    "One line per task and arm: its mean pooled Kendall tau-b (all pairs, nonzero truth, loss steps) over the seeds measured."
+    by = {}
+    for r in rows: by.setdefault((r['task'], r['arm']), []).append(r)
+    m = lambda rs, k: (lambda v: f"{np.mean(v):+.3f}" if v else 'n/a')([r[k] for r in rs if r.get(k) is not None])
+    return '\n'.join(f"{t:<8} {a:<17} kendall {m(rs, 'kendall')}  nonzero truth {m(rs, 'kendall_nonzero')}  loss steps "
+                     f"{m(rs, 'kendall_window')}  ({len(rs)} seeds, {sum(r['cpu_seconds'] for r in rs):.0f} CPU s)" for (t, a), rs in by.items())

@@ -152,21 +152,17 @@ def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
 
 # %% ../nbs/06f_figures.ipynb #c6635132
 FIDELITY = dict(kendall='all pairs', kendall_nonzero='pairs with a nonzero true gain',
-                kendall_window='its trained steps')
+                kendall_window='the steps its loss is taken on')
 
-def fidelity_by_arm(report:Report, fidelity:dict, task:str|None=None) -> dict:
-    "{arm: {measure: value}} of a fidelity result's pooled advantage rows, each arm by its own name or else its method's."
-    rows = {r['arm']: r for r in fidelity['stats'] if r['quantity'] == 'advantage' and r['step'] == 'all'}
-    out = {}
-    for a in _section(report, task).arms:
-        r = rows.get(a) or rows.get(report.setup['arms'][a]['method'])
-        if r: out[a] = {k: r[k] for k in FIDELITY if r.get(k) is not None}
-    return out
+def fidelity_by_arm(report:Report, task:str|None=None) -> dict:
+    "{arm: {measure: mean over seeds}} of the arms of a task that hold credit fidelity."
+    return {a: {k: s.fidelity[k].mean for k in FIDELITY if s.fidelity.get(k) is not None}
+            for a, s in _section(report, task).arms.items() if s.fidelity}
 
-def fig_fidelity_gain(report:Report, fidelity:dict, task:str|None=None) -> go.Figure:
+def fig_fidelity_gain(report:Report, task:str|None=None) -> go.Figure:
     "Each arm's credit fidelity (Kendall tau-b, per measure) against its training gain over the base model (95% CI)."
     sec, fig = _section(report, task), go.Figure()
-    fid, b = fidelity_by_arm(report, fidelity, task), sec.base['overall']['strict']
+    fid, b = fidelity_by_arm(report, task), sec.base['overall']['strict']
     for i, (k, what) in enumerate(FIDELITY.items()):
         arms = [a for a in fid if k in fid[a]]
         if not arms: continue
@@ -180,7 +176,7 @@ def fig_fidelity_gain(report:Report, fidelity:dict, task:str|None=None) -> go.Fi
                              yaxis_title='Kendall tau-b with the MC step advantage')
 
 # %% ../nbs/06f_figures.ipynb #65233ec4
-def report_figures(report:Report, task:str|None=None, fidelity:dict|None=None) -> dict[str, go.Figure]:
+def report_figures(report:Report, task:str|None=None) -> dict[str, go.Figure]:
     "The figures of one task of `report` (default: the first), and its claims and fidelity figures when it has them."
     sec = _section(report, task)
     nfe = all(p.nfe is not None for runs in sec.per_seed.values() for r in runs.values() for p in r.curve)
@@ -192,6 +188,5 @@ def report_figures(report:Report, task:str|None=None, fidelity:dict|None=None) -
     if any(c.n and c.task == sec.task for c in report.contrasts): figs['claims'] = fig_claims(report)
     if any(r.grad_share for r in sec.arms.values()): figs['gradient'] = fig_gradient(report, task)
     if (psi := fig_psi(report, task)) is not None: figs['psi'] = psi
-    if fidelity is not None and fidelity_by_arm(report, fidelity, task):
-        figs['fidelity_gain'] = fig_fidelity_gain(report, fidelity, task)
+    if fidelity_by_arm(report, task): figs['fidelity_gain'] = fig_fidelity_gain(report, task)
     return figs

@@ -8,7 +8,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/report.html.md"""
 from __future__ import annotations
 import html
 from .results import Report, TaskSection
-from .summary import WINDOW_MATCH
+from .summary import WINDOW_MATCH, FIDELITY_MEASURES, fidelity_gain
 
 # %% auto #0
 __all__ = ['DENSE_CREDIT', 'METRICS', 'RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'STUDY_HEAD', 'CSS',
@@ -112,13 +112,31 @@ def _cost_finding(t:str, sec:TaskSection, a:str) -> str:
             f"({_x(r.nfe_ratio)})" + (f"; calibration {cal.mean:.0f} NFE and {r.calibration['cpu_seconds'].mean:.0f} CPU s"
                                          if cal and cal.mean else '') + f"; the whole run {_x(r.cost_ratio)} Flow-GRPO's CPU seconds.")
 
+# %% ../nbs/06g_report.ipynb #cbbcdcc6
+_FID = dict(kendall='all pairs', kendall_nonzero='pairs with a nonzero true gain', kendall_window='its loss steps')
+
+def _fidelity_finding(t:str, sec:TaskSection) -> list[str]:
+    "The range of the arms' credit fidelity, and whether it went with their gain over the base model (a description)."
+    fid = {a: s.fidelity for a, s in sec.arms.items() if s.fidelity}
+    if not fid: return []
+    parts = []
+    for m, what in _FID.items():
+        v = sorted((f[m].mean, a) for a, f in fid.items() if f.get(m) is not None)
+        if v: parts.append(f"{what} {v[0][0]:+.2f} ({v[0][1]}) to {v[-1][0]:+.2f} ({v[-1][1]})")
+    seeds = sorted({s for f in fid.values() for s in f['seeds']})
+    g = fidelity_gain(sec, sec.base['overall']['strict'])
+    assoc = '; '.join(f"{_FID[m]} {tau:+.2f} ({n} arms)" for m, (tau, n) in g.items())
+    return [f"[{t}] credit fidelity of the fine-tuned runs (Kendall tau-b of the advantages with the Monte-Carlo step advantage, "
+            f"{len(fid)} arms, seeds {', '.join(map(str, seeds)) or 'of one model'}): " + '; '.join(parts) + '.'
+            + (f" Across arms, fidelity and gain over the base model go together with Kendall tau {assoc} — a description of the arms run, not a test." if g else '')]
+
 # %% ../nbs/06g_report.ipynb #56e1107f
 def other_findings(report:Report) -> list[str]:
-    "Sentences on turning points, control windows, gains over the base model, reaching Flow-GRPO's score, and costs."
+    "Sentences on turning points, control windows, gains over the base model, credit fidelity, reaching Flow-GRPO's score, and costs."
     out = []
     for t, sec in report.tasks.items():
         for a in sec.arms: out += _tp_finding(report, t, sec, a) + _window_finding(report, t, sec, a)
-        out += _base_findings(t, sec)
+        out += _base_findings(t, sec) + _fidelity_finding(t, sec)
     return out + [_cost_finding(t, sec, a) for t, sec in report.tasks.items() for a in sec.arms if a != 'flow_grpo']
 
 def findings(report:Report) -> list[str]:
@@ -246,9 +264,12 @@ def claims_rows(report:Report) -> tuple[list, list]:
 
 # %% ../nbs/06g_report.ipynb #83e75837
 STUDY_HEAD = ['arm', 'mean over the run (AUC)', 'reached the target (steps, median)', "score at Flow-GRPO's NFE",
-              'flat from step', 'eval SE / seed SD']
+              'flat from step', 'eval SE / seed SD', 'credit fidelity: tau-b all / nonzero truth / loss steps']
 
 def _median_of(a) -> str: return '—' if a is None else f"{a.median:.0f}"
+
+def _fidelity_cell(f:dict|None) -> str:
+    return '—' if not f else ' / '.join('—' if f.get(m) is None else f"{f[m].mean:+.2f}" for m in FIDELITY_MEASURES) + f" (seeds {len(f['seeds']) or 1})"
 
 def study_rows(report:Report, task:str) -> tuple[list, list]:
     "(header, rows) of a task's study measures per arm (empty rows: a report without them)."
@@ -259,7 +280,7 @@ def study_rows(report:Report, task:str) -> tuple[list, list]:
         rows.append([(a, None), (f"{r.auc.mean:.3f} [{r.auc.ci[0]:.3f}, {r.auc.ci[1]:.3f}]", None),
                      (f"{r.reach['reached']} ({_median_of(r.reach['steps'])})", None),
                      ('—' if r.at_nfe['strict'] is None else f"{r.at_nfe['strict'].mean:.3f}", None), (flat, None),
-                     ('—' if r.se_ratio is None else f"{r.se_ratio:.2f}", None)])
+                     ('—' if r.se_ratio is None else f"{r.se_ratio:.2f}", None), (_fidelity_cell(r.fidelity), None)])
     return STUDY_HEAD, rows
 
 # %% ../nbs/06g_report.ipynb #ee6bc571

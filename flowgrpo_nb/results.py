@@ -238,8 +238,10 @@ class ArmSummary(Record):
     se_ratio:float|None=None     # `se_ratio` of its runs
     calib_rounds:Agg|None=None   # calibration rounds run, over seeds
     calib_stable:str|None=None   # seeds whose calibration stopped because psi stopped moving, 'k/n'
-    def __post_init__(self):  # read from JSON, the Aggs inside `reach` and `at_nfe` are objects: make them Aggs again
-        for f, keys in (('reach', ('steps', 'nfe', 'seconds')), ('at_nfe', ('strict', 'learned'))):
+    fidelity:dict|None=None      # credit fidelity of its fine-tuned runs: {seeds, kendall...: Agg over seeds} (`summary.add_fidelity`)
+    def __post_init__(self):  # read from JSON, the Aggs inside `reach`, `at_nfe` and `fidelity` are objects: make them Aggs again
+        for f, keys in (('reach', ('steps', 'nfe', 'seconds')), ('at_nfe', ('strict', 'learned')),
+                        ('fidelity', ('kendall', 'kendall_nonzero', 'kendall_window'))):
             if (d := getattr(self, f)) is not None:
                 setattr(self, f, {k: Agg.from_json(v) if k in keys and isinstance(v, dict) else v for k, v in d.items()})
 

@@ -1,5 +1,5 @@
 "Dense checks of flowgrpo_nb.fidelity and flowgrpo_nb.fidelity_report (the notebooks nbs/06c_fidelity.ipynb and nbs/06i_fidelity_report.ipynb show the API)."
-import json, math, re, warnings
+import json, math, re, shutil, warnings
 from pathlib import Path
 
 import numpy as np, pytest, torch
@@ -10,7 +10,8 @@ from flowgrpo_nb.credit import CreditConfig, Credit, compute_credit, synthetic_v
 from flowgrpo_nb.flow import flow_sde_scale, step_coefficients
 from flowgrpo_nb.fidelity import (Arm, MCValues, check_arms, arm_rollout, mc_values, true_gains, needed_states, arm_credits,
                                   compare_arm, paired_differences, arm_fidelity, fidelity_nfe, fidelity_table, FidelityConfig)
-from flowgrpo_nb.fidelity_report import run_arm, report_arms, fidelity_report, fidelity_cli
+from flowgrpo_nb.fidelity_report import run_arm, report_arms, fidelity_report, fidelity_cli, compare_fidelity
+from flowgrpo_nb.compare import read_fidelity
 from flowgrpo_nb.stats import STATS, cluster_draws, boot_stats, percentile_ci as ci
 from flowgrpo_nb.rollout import RolloutConfig, rollout
 from flowgrpo_nb.task import Task, load_policy, load_task, balanced_prompts
@@ -437,3 +438,31 @@ def test_cli_flags():
     d = anno_parser(fn).parse_args([])
     assert (d.prompts, d.batch_prompts, d.group, d.M, d.arms, d.sampler_of) == (16, 4, 8, 8, None, None)
     with pytest.raises(ValueError, match="steps='a,b'"): fn(out=None, steps='a,b')
+
+def _comparison(root:Path, run:Path, keys:list) -> Path:
+    "A comparison folder holding copies of `run` at (task, seed, arm) keys; the ones with True are finished (a summary)."
+    for t, s, a, done in keys:
+        d = root/t/f'seed{s}'/a
+        shutil.copytree(run, d)
+        if done: RunFolder(d).write('summary', dict(steps=2))
+    return root
+
+def test_compare_fidelity(run_dir, tmp_path):
+    "Every finished run of the seeds asked for, on its own model; one file per run, reused; rows for the report."
+    cmp = _comparison(tmp_path/'cmp', run_dir[0], [('geneval', 0, 'flow_grpo', True), ('geneval', 1, 'flow_grpo', True),
+                                                   ('geneval', 5, 'flow_grpo', True), ('geneval', 0, 'dense', False)])
+    cfg = FidelityConfig(prompts=2, batch_prompts=1, group=2, M=2, n_boot=20)
+    rows = compare_fidelity(cmp, None, cfg, progress=False)
+    assert [(r['task'], r['seed'], r['arm']) for r in rows] == [('geneval', 0, 'flow_grpo'), ('geneval', 1, 'flow_grpo')]
+    assert all(r['kendall_window'] == r['kendall'] for r in rows)  # Flow-GRPO's loss covers every compared step
+    assert {'kendall_nonzero', 'kendall_nonzero_lo', 'share_truth_zero', 'cpu_seconds'} <= set(rows[0])
+    f = cmp/'fidelity'/'geneval'/'seed0'/'flow_grpo.json'
+    assert json.loads(f.read_text())['settings']['checkpoint'].endswith('ckpt-000002')
+    stamp = f.stat().st_mtime_ns
+    assert compare_fidelity(cmp, None, cfg, progress=False) == rows and f.stat().st_mtime_ns == stamp  # reused, not measured again
+    assert read_fidelity(str(cmp/'fidelity'/'fidelity.json')) == rows
+    with pytest.raises(ValueError, match='measured with other settings'): compare_fidelity(cmp, None, FidelityConfig(prompts=3, group=2, M=2), progress=False)
+    with pytest.raises(ValueError, match='no finished run of seeds'): compare_fidelity(cmp, None, cfg, seeds=(7,), progress=False)
+    fn = getattr(fidelity_cli, '__wrapped__', fidelity_cli)
+    with pytest.raises(ValueError, match='not both'): fn(compare=str(cmp), run='r')
+    with pytest.raises(ValueError, match="seeds='0,x'"): fn(compare=str(cmp), seeds='0,x')
