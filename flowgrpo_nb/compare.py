@@ -6,14 +6,17 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/compare.html.md"""
 
 # %% auto #0
 __all__ = ['base_eval', 'run_dir', 'finished', 'earlier_invocations', 'usable_cores', 'default_workers', 'load_tasks', 'run_jobs',
-           'measured_cpu', 'read_fidelity', 'compare', 'setup', 'build_report', 'write_report', 'compare_cli']
+           'measured_cpu', 'read_fidelity', 'code_version', 'command_line', 'log_invocation', 'read_invocations',
+           'compare', 'setup', 'build_report', 'write_report', 'compare_cli']
 
 # %% ../nbs/06h_compare.ipynb #0899624f
-import copy, importlib, json, os, pickle, time
+import copy, importlib, json, os, pickle, subprocess, time
+from datetime import datetime, timezone
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 import torch
+import flowgrpo_nb
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
 from typing import Annotated
@@ -195,6 +198,45 @@ def read_fidelity(path:str|None) -> list[dict]|None:
     return [dict(arm=r['arm'], **{m: r.get(m) for m in FIDELITY_MEASURES})
             for r in res['stats'] if r['quantity'] == 'advantage' and r['step'] == 'all']
 
+# %% ../nbs/06h_compare.ipynb #497a804f
+def code_version() -> dict:
+    "This package's version and, in a git checkout, its commit and whether tracked files had changes."
+    root, out = Path(flowgrpo_nb.__file__).resolve().parent.parent, dict(version=flowgrpo_nb.__version__)
+    if not (root/'.git').exists(): return out
+    git = lambda *a: subprocess.run(['git', '-C', str(root), *a], capture_output=True, text=True, timeout=30)
+    try:
+        if (c := git('rev-parse', 'HEAD')).returncode == 0:
+            out |= dict(commit=c.stdout.strip(), changes=bool(git('status', '--porcelain', '--untracked-files=no').stdout.strip()))
+    except (OSError, subprocess.SubprocessError): pass
+    return out
+
+# %% ../nbs/06h_compare.ipynb #65027b91
+def command_line(ccfg:CompareConfig, out) -> str:
+    "The `flowgrpo compare` command that runs `ccfg` into `out`."
+    b, parts = BUDGETS[ccfg.budget], ['flowgrpo compare', f'--budget {ccfg.budget}', f'--out {out}']
+    if ccfg.seeds != CompareConfig(ccfg.budget).seeds: parts.append('--seeds ' + ' '.join(map(str, ccfg.all_seeds)))
+    if ccfg.tasks != tuple(b['arms']): parts.append('--tasks ' + ' '.join(ccfg.tasks))
+    if ccfg.arms: parts.append('--arms ' + ' '.join(ccfg.arms))
+    if ccfg.overrides: parts.append('--set ' + ' '.join(f'{k}={v}' for k, v in ccfg.overrides.items()))
+    if ccfg.fidelity: parts.append(f'--fidelity {ccfg.fidelity}')
+    return ' '.join(parts)
+
+# %% ../nbs/06h_compare.ipynb #c41389a3
+def log_invocation(out:Path, **row) -> dict:
+    "Append one line to `out`/invocations.jsonl (a start: `id` and what it runs; an end: the same `id` and what it took)."
+    with open(Path(out)/'invocations.jsonl', 'a') as f: f.write(json.dumps(row) + '\n')
+    return row
+
+def read_invocations(out:Path) -> list[dict]:
+    "Every invocation logged in `out`, its start and end lines merged; a stopped one has `wall_seconds` None."
+    p, by = Path(out)/'invocations.jsonl', {}
+    lines = p.read_text().splitlines() if p.exists() else []
+    for line in lines:
+        try: row = json.loads(line)
+        except ValueError: continue  # a line cut by a kill
+        by.setdefault(row.get('id'), dict(wall_seconds=None, runs_trained=None)).update(row)
+    return list(by.values())
+
 # %% ../nbs/06h_compare.ipynb #e9568493
 def compare(out:str|Path='runs/compare',   # the run folder of the comparison
             ccfg:CompareConfig|None=None,   # budget, seeds, tasks, arms (and a fidelity result to draw)
@@ -219,6 +261,10 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         runs = [k for k in jobs if k[0] != 'base']
         reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]  # wall_seconds counts only the rest
         _check_reused(reused, out, ccfg, policy)
+        earlier = [] if (out/'invocations.jsonl').exists() else earlier_invocations(out)  # a folder of a version without the log
+        me = log_invocation(out, id=f'{datetime.now(timezone.utc).isoformat(timespec="seconds")}-{os.getpid()}',
+                            started=datetime.now(timezone.utc).isoformat(timespec='seconds'), command=command_line(ccfg, out),
+                            code=code_version(), runs=len(runs), runs_to_train=len(runs) - len(reused))['id']
         done = (_in_process(jobs, out, ccfg, tasks, policy, threads, progress) if workers == 1 else
                 run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress))
         bases = {k: v for k, v in done.items() if k[0] == 'base'}
@@ -228,7 +274,8 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
                              step_time_ratio=STEP_TIME_RATIO,
                              estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
                              main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
-        report.timing['invocations'] = earlier_invocations(out) + [dict(wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))]
+        log_invocation(out, id=me, wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))
+        report.timing |= dict(command=command_line(ccfg, out), code=code_version(), invocations=earlier + read_invocations(out))
         write_report(report, out, png)
         return report
 

@@ -308,13 +308,26 @@ def setup_html(report:Report) -> str:
     return '<h2>Setup</h2><ul>' + ''.join(f'<li>{html.escape(i)}</li>' for i in _setup_items(report.setup)) + '</ul><h3>Arms</h3>' + tables
 
 # %% ../nbs/06g_report.ipynb #11581868
+def _code(c:dict|None) -> str:
+    if not c: return 'code not recorded'
+    return f"flowgrpo_nb {c['version']}" + (f" at commit {c['commit'][:10]}" + (' with changes' if c.get('changes') else '') if c.get('commit') else '')
+
+def _invocation(i:dict) -> str:
+    took = 'stopped before its report' if i.get('wall_seconds') is None else f"{i['wall_seconds']:.0f} s wall, trained {i['runs_trained']} runs"
+    return (f"{i.get('started', 'at an earlier version')}: {i.get('command', 'command not recorded')} ({_code(i.get('code'))}; "
+            + (f"{i['runs_to_train']} of {i['runs']} runs to train; " if 'runs' in i else '') + took + ')')
+
 def _timing_html(report:Report) -> str:
+    "The timing block: this invocation's command and code, wall and CPU seconds against the estimate, and every invocation of the job."
     tm = report.timing or {}
     if report.wall_seconds is None or not tm.get('estimate'): return ''
-    return (f"<p>{report.wall_seconds:.0f} s wall" + (f" ({tm['runs_reused']} of {tm['runs']} runs reused from an earlier invocation, not counted)"
+    inv = tm.get('invocations') or []
+    head = f"<h2>Timing</h2><p>report written by <code>{html.escape(tm['command'])}</code> ({html.escape(_code(tm.get('code')))})</p>" if tm.get('command') else ''
+    runs = ('<p>invocations of the job:</p><ul>' + ''.join(f'<li>{html.escape(_invocation(i))}</li>' for i in inv) + '</ul>') if len(inv) > 1 else ''
+    return head + (f"<p>{report.wall_seconds:.0f} s wall" + (f" ({tm['runs_reused']} of {tm['runs']} runs reused from an earlier invocation, not counted)"
             if tm.get('runs_reused') else '') + f", {tm.get('workers')} worker(s) × {tm.get('threads_per_worker')} thread(s), "
             f"{tm['cpu_seconds']['total']:.0f} CPU seconds measured by the jobs; estimated {tm['estimate']['wall_seconds']:.0f} s wall, "
-            f"{tm['estimate']['core_seconds']:.0f} core-seconds in all.</p>")
+            f"{tm['estimate']['core_seconds']:.0f} core-seconds in all.</p>") + runs
 
 def report_html(report:Report, figures:dict) -> str:
     "report.html: setup, findings, claims, then per task its table, its study measures and its figures ({task: {name: figure}})."

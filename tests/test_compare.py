@@ -1,8 +1,9 @@
 "Checks of flowgrpo_nb.compare: its Task seam, its worker processes, its statistics and costs (the notebook nbs/06h_compare.ipynb runs the embedded default)."
-import copy, json, os
+import copy, dataclasses, json, os
 from pathlib import Path
 
 import pytest, torch
+import flowgrpo_nb
 from fastcore.script import anno_parser
 from safetensors.torch import load_file
 
@@ -60,6 +61,9 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     assert (report.timing['runs_reused'], again.timing['runs_reused'], again.timing['runs']) == (0, 2, 2)
     assert [i['runs_trained'] for i in again.timing['invocations']] == [2, 0]  # the job's own wall time survives a rebuild
     assert again.timing['invocations'][0]['wall_seconds'] == report.wall_seconds
+    inv = again.timing['invocations']  # each with the command and the code that ran it (invocations.jsonl)
+    assert [i['command'] for i in inv] == [again.timing['command']] * 2 and again.timing['command'].startswith(f'flowgrpo compare --budget smoke --out {tmp_path}')
+    assert all(i['code']['version'] == flowgrpo_nb.__version__ for i in inv) and [i['runs_to_train'] for i in inv] == [2, 0]
     assert again.findings == report.findings and again.tasks['geneval'].base == sec.base
 
 def test_base_eval_is_the_trainers_first_evaluation(task, tmp_path):
@@ -278,6 +282,16 @@ def test_the_study_at_smoke_sizes(tmp_path):
     assert all(c.verdict == 'not run' for c in claims.values() if c.task == 'score')
     assert report.timing['runs'] == len(ARMS) * 2 and report.timing['runs_reused'] == 0
     assert Report.from_json(json.loads((tmp_path/'report.json').read_text())).contrasts == report.contrasts
+    # item 5: each arm's credit fidelity on its own fine-tuned runs, put in the rebuilt report (runs reused, nothing retrained)
+    from flowgrpo_nb.fidelity import FidelityConfig
+    from flowgrpo_nb.fidelity_report import compare_fidelity
+    rows = compare_fidelity(tmp_path, None, FidelityConfig(prompts=4, batch_prompts=4, group=4, M=2, n_boot=20), seeds=(0,), progress=False)
+    assert sorted(r['arm'] for r in rows) == sorted(ARMS) and all(r['seed'] == 0 for r in rows)
+    again = compare(tmp_path, dataclasses.replace(ccfg, fidelity=str(tmp_path/'fidelity'/'fidelity.json')), progress=False, png=False)
+    assert again.timing['runs_reused'] == len(ARMS) * 2
+    assert {a: (r.fidelity['seeds'], r.fidelity['kendall'] and r.fidelity['kendall'].n) for a, r in again.tasks['geneval'].arms.items()} == {a: ([0], 1) for a in ARMS}
+    assert any(f.startswith('[geneval] credit fidelity of the fine-tuned runs') for f in again.findings)
+    assert 'credit fidelity (Kendall tau-b) against training gain' in (tmp_path/'report.html').read_text()
 
 def test_a_format_2_report_of_an_earlier_version_reads_and_renders():
     "tests/data/report_format2.json, written by the version before the split: it reads as records without the study's measures, and renders."
