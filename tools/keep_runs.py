@@ -2,8 +2,8 @@
 
 A study runs for hours, in pieces, possibly on different machines. This copies, from a comparison folder (`flowgrpo
 compare --out SRC`), every finished run's own files (config.json, base.json, calibration.json, summary.json,
-metrics.jsonl), the base model's cached evaluations, the fidelity results (`flowgrpo fidelity --compare SRC`) and
-compare.json into DST, in the same layout. `flowgrpo compare --budget B --out DST` then reuses those runs (a finished
+metrics.jsonl), the base model's cached evaluations, the fidelity results (`flowgrpo fidelity --compare SRC`),
+compare.json and the log of invocations into DST, in the same layout. `flowgrpo compare --budget B --out DST` then reuses those runs (a finished
 run is one with its summary; its base weights are checked from base.json) and rebuilds the report from them, training
 only what is missing. Unfinished runs, checkpoints and TensorBoard logs are left out.
 
@@ -21,7 +21,7 @@ def keep(src:Path, dst:Path) -> dict:
                 (dst/f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(f, dst/f.relative_to(src)); n['files'] += 1
         n['runs'] += 1
-    for f in [src/'compare.json', *(src/'base').rglob('*.json'), *(src/'fidelity').rglob('*.json')]:
+    for f in [src/'compare.json', src/'invocations.jsonl', *(src/'base').rglob('*.json'), *(src/'fidelity').rglob('*.json')]:
         if f.is_file() and not f.name.startswith('.'):
             (dst/f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dst/f.relative_to(src)); n['files'] += 1
