@@ -366,17 +366,18 @@ def results_markdown(report:Report) -> str:
     return '\n\n'.join(parts + ['The arms:', markdown_table(*arms_rows(report))])
 
 # %% ../nbs/06g_report.ipynb #a454c22c
-HEADLINE_HEAD = ['claim', 'contrast', 'effect [95% CI]', 'verdict']
+HEADLINE_HEAD = ['claim', 'contrast', 'effect [95% CI]', 'margin', 'verdict', 'MDE (80% power)']
 
 def claims_markdown(report:Report) -> str:
     "The study's headline: one row per claim (its words, the contrast, the effect with its interval over seeds, the verdict)."
     s = report.setup
     rows = [[(f"{c.id}: {c.claim}", None), (f"{_contrast(c)} ({c.task}, {c.metric})", None),
              (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}] over {c.n} seeds" if c.n else '—', None),
-             (c.verdict, c.verdict)]
+             (f"{c.margin:g}" if c.kind != 'non-inferiority' else f"−{c.margin:g} (non-inferiority)", None),
+             (c.verdict, c.verdict), ('—' if c.mde is None else f"{c.mde:.3f}", None)]
             for c in report.contrasts]
     lead = (f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps per run, seeds per task "
             + '; '.join(f"{t} {len(d.get('seeds', s['seeds']))}" for t, d in s['tasks'].items()) + ". Each claim is a paired contrast over "
             "seeds against its margin; the claims form one Holm family; *undecided at this power* means neither the claim nor its "
-            "opposite is excluded at the seeds' spread (its MDE is in report.html).")
+            "opposite is excluded at the seeds' spread; the MDE is the effect those seeds detect with 80% power.")
     return '\n\n'.join([lead, markdown_table(HEADLINE_HEAD, rows)])
