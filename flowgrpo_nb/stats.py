@@ -6,7 +6,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/stats.html.md"""
 
 # %% auto #0
 __all__ = ['KINDS', 'STATS', 't_quantile', 'aggregate', 'paired', 'holm', 'one_sided', 'tost', 'power', 'mde', 'seeds_needed',
-           'claim_tests', 'claim_verdicts', 'cluster_draws', 'cluster_weights', 'boot_stats', 'percentile_ci']
+           'claim_tests', 'claim_verdicts', 'cluster_draws', 'cluster_weights', 'boot_stats', 'percentile_ci',
+           'kendall_tau']
 
 # %% ../nbs/06a_stats.ipynb #c1d0fdb7
 import math
@@ -182,3 +183,10 @@ def percentile_ci(samples:np.ndarray, level:float=0.95) -> tuple[float, float]:
     s = s[np.isfinite(s)]
     if not len(s): return float('nan'), float('nan')
     return tuple(float(q) for q in np.percentile(s, [(1 - level) / 2 * 100, (1 + level) / 2 * 100]))
+
+# %% ../nbs/06a_stats.ipynb #e1d15834
+def kendall_tau(x, y) -> float:
+    "Kendall's tau-b of two samples (nan when either is constant): a rank association without an interval, for a handful of points."
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0: return float('nan')
+    return float(stats.kendalltau(x, y).statistic)

@@ -8,9 +8,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/summary.html.md"""
 from __future__ import annotations
 import math
 import numpy as np
-from scipy.stats import kendalltau
 from .policy import PHASES
-from .stats import aggregate, paired, holm, claim_tests, claim_verdicts, mde, seeds_needed
+from .stats import kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, mde, seeds_needed
 from .design import ARMS, TASKS, Contrast, CONTRASTS, arm_config, arm_settings
 from .results import agg, CurvePoint, RunResult, ArmSummary, Comparison, TaskSection, ContrastResult, Report, FORMAT, fake_run
 
@@ -317,5 +316,5 @@ def fidelity_gain(sec:TaskSection, base:float) -> dict:
         arms = [a for a, s in sec.arms.items() if s.fidelity and s.fidelity.get(m) is not None]
         if len(arms) < 3: continue
         f, g = [sec.arms[a].fidelity[m].mean for a in arms], [sec.arms[a].heldout_strict.mean - base for a in arms]
-        out[m] = (float(kendalltau(f, g).statistic), len(arms))
+        if not math.isnan(tau := kendall_tau(f, g)): out[m] = (tau, len(arms))
     return out
