@@ -27,8 +27,8 @@ from .config import GRPOConfig, config_diff, parse_overrides, run_config
 from .checkpoint import RunFolder, FolderLock, read_json, write_json
 from .train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
 from .design import ARMS, TASKS, BUDGETS, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
-from .results import FORMAT, Report, heldout, run_report, STEP_TIME_RATIO
-from .summary import task_section, correct, evaluate_contrasts, add_fidelity, FIDELITY_MEASURES, FAMILIES
+from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
+from .summary import task_section, correct, evaluate_contrasts, add_fidelity, FAMILIES
 from .figures import report_figures
 from .report import findings, report_html, results_rows, markdown_table, claims_rows
 

@@ -13,11 +13,11 @@ from plotly.subplots import make_subplots
 from .policy import PHASES
 from .stats import t_quantile
 from .display import color, display_name
-from .results import Report, TaskSection
+from .results import FIDELITY_MEASURES, Report, TaskSection
 
 # %% auto #0
-__all__ = ['VERDICT_COLORS', 'AXES', 'FIDELITY', 'fig_curves', 'fig_differences', 'fig_claims', 'fig_categories', 'fig_costs',
-           'fig_gradient', 'fig_psi', 'fidelity_by_arm', 'fig_fidelity_gain', 'report_figures']
+__all__ = ['VERDICT_COLORS', 'AXES', 'fig_curves', 'fig_differences', 'fig_claims', 'fig_categories', 'fig_costs', 'fig_gradient',
+           'fig_psi', 'fidelity_by_arm', 'fig_fidelity_gain', 'report_figures']
 
 # %% ../nbs/06f_figures.ipynb #3b38df2a
 _LEGEND = dict(orientation='h', x=0, xanchor='left', y=-0.15, yanchor='top')  # below the plot: the plot keeps the width
@@ -151,19 +151,16 @@ def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
                              yaxis_title='psi(k)', height=360)
 
 # %% ../nbs/06f_figures.ipynb #c6635132
-FIDELITY = dict(kendall='all pairs', kendall_nonzero='pairs with a nonzero true gain',
-                kendall_window='the steps its loss is taken on')
-
 def fidelity_by_arm(report:Report, task:str|None=None) -> dict:
     "{arm: {measure: mean over seeds}} of the arms of a task that hold credit fidelity."
-    return {a: {k: s.fidelity[k].mean for k in FIDELITY if s.fidelity.get(k) is not None}
+    return {a: {k: s.fidelity[k].mean for k in FIDELITY_MEASURES if s.fidelity.get(k) is not None}
             for a, s in _section(report, task).arms.items() if s.fidelity}
 
 def fig_fidelity_gain(report:Report, task:str|None=None) -> go.Figure:
     "Each arm's credit fidelity (Kendall tau-b, per measure) against its training gain over the base model (95% CI)."
     sec, fig = _section(report, task), go.Figure()
     fid, b = fidelity_by_arm(report, task), sec.base['overall']['strict']
-    for i, (k, what) in enumerate(FIDELITY.items()):
+    for i, (k, what) in enumerate(FIDELITY_MEASURES.items()):
         arms = [a for a in fid if k in fid[a]]
         if not arms: continue
         h = [sec.arms[a].heldout_strict for a in arms]

@@ -7,8 +7,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/report.html.md"""
 # %% ../nbs/06g_report.ipynb #a53e31e3
 from __future__ import annotations
 import html
-from .results import Report, TaskSection
-from .summary import WINDOW_MATCH, FIDELITY_MEASURES, fidelity_gain
+from .results import FIDELITY_MEASURES, Report, TaskSection
+from .summary import WINDOW_MATCH, fidelity_gain
 
 # %% auto #0
 __all__ = ['DENSE_CREDIT', 'METRICS', 'RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'STUDY_HEAD', 'CSS',
@@ -113,19 +113,17 @@ def _cost_finding(t:str, sec:TaskSection, a:str) -> str:
                                          if cal and cal.mean else '') + f"; the whole run {_x(r.cost_ratio)} Flow-GRPO's CPU seconds.")
 
 # %% ../nbs/06g_report.ipynb #cbbcdcc6
-_FID = dict(kendall='all pairs', kendall_nonzero='pairs with a nonzero true gain', kendall_window='its loss steps')
-
 def _fidelity_finding(t:str, sec:TaskSection) -> list[str]:
     "The range of the arms' credit fidelity, and whether it went with their gain over the base model (a description)."
     fid = {a: s.fidelity for a, s in sec.arms.items() if s.fidelity}
     if not fid: return []
     parts = []
-    for m, what in _FID.items():
+    for m, what in FIDELITY_MEASURES.items():
         v = sorted((f[m].mean, a) for a, f in fid.items() if f.get(m) is not None)
         if v: parts.append(f"{what} {v[0][0]:+.2f} ({v[0][1]}) to {v[-1][0]:+.2f} ({v[-1][1]})")
     seeds = sorted({s for f in fid.values() for s in f['seeds']})
     g = fidelity_gain(sec, sec.base['overall']['strict'])
-    assoc = '; '.join(f"{_FID[m]} {tau:+.2f} ({n} arms)" for m, (tau, n) in g.items())
+    assoc = '; '.join(f"{FIDELITY_MEASURES[m]} {tau:+.2f} ({n} arms)" for m, (tau, n) in g.items())
     return [f"[{t}] credit fidelity of the fine-tuned runs (Kendall tau-b of the advantages with the Monte-Carlo step advantage, "
             f"{len(fid)} arms, seeds {', '.join(map(str, seeds)) or 'of one model'}): " + '; '.join(parts) + '.'
             + (f" Across arms, fidelity and gain over the base model go together with Kendall tau {assoc} — a description of the arms run, not a test." if g else '')]

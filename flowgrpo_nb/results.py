@@ -17,9 +17,9 @@ from .checkpoint import RunFolder
 from .stats import aggregate
 
 # %% auto #0
-__all__ = ['STEP_TIME_RATIO', 'NO_CALIBRATION', 'FORMAT', 'READS', 'Record', 'Agg', 'agg', 'CurvePoint', 'RunResult', 'fake_run',
-           'heldout', 'eval_from_metrics', 'grad_share', 'cumulative', 'run_curve', 'calibration_rounds', 'run_report',
-           'ArmSummary', 'Comparison', 'TaskSection', 'ContrastResult', 'Report']
+__all__ = ['STEP_TIME_RATIO', 'NO_CALIBRATION', 'FIDELITY_MEASURES', 'FORMAT', 'READS', 'Record', 'Agg', 'agg', 'CurvePoint',
+           'RunResult', 'fake_run', 'heldout', 'eval_from_metrics', 'grad_share', 'cumulative', 'run_curve',
+           'calibration_rounds', 'run_report', 'ArmSummary', 'Comparison', 'TaskSection', 'ContrastResult', 'Report']
 
 # %% ../nbs/06d_results.ipynb #9f5e4533
 def _from(tp, x, where:str):
@@ -208,6 +208,9 @@ def run_report(d:Path, base:EvalReport) -> RunResult:
         **calibration_rounds(run, cfg))
 
 # %% ../nbs/06d_results.ipynb #25ea3527
+FIDELITY_MEASURES = dict(kendall='all pairs', kendall_nonzero='pairs with a nonzero true gain',  # measure of `06c`: what it ranks
+                         kendall_window='its loss steps')
+
 @dataclass
 class ArmSummary(Record):
     "One arm's numbers over seeds."
@@ -238,10 +241,10 @@ class ArmSummary(Record):
     se_ratio:float|None=None     # `se_ratio` of its runs
     calib_rounds:Agg|None=None   # calibration rounds run, over seeds
     calib_stable:str|None=None   # seeds whose calibration stopped because psi stopped moving, 'k/n'
-    fidelity:dict|None=None      # credit fidelity of its fine-tuned runs: {seeds, kendall...: Agg over seeds} (`summary.add_fidelity`)
+    fidelity:dict|None=None      # credit fidelity of its fine-tuned runs: {seeds, measure of `FIDELITY_MEASURES`: Agg over seeds}
     def __post_init__(self):  # read from JSON, the Aggs inside `reach`, `at_nfe` and `fidelity` are objects: make them Aggs again
         for f, keys in (('reach', ('steps', 'nfe', 'seconds')), ('at_nfe', ('strict', 'learned')),
-                        ('fidelity', ('kendall', 'kendall_nonzero', 'kendall_window'))):
+                        ('fidelity', tuple(FIDELITY_MEASURES))):
             if (d := getattr(self, f)) is not None:
                 setattr(self, f, {k: Agg.from_json(v) if k in keys and isinstance(v, dict) else v for k, v in d.items()})
 

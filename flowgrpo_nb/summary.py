@@ -11,13 +11,13 @@ import numpy as np
 from .policy import PHASES
 from .stats import kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, mde, seeds_needed
 from .design import ARMS, TASKS, Contrast, CONTRASTS, arm_config, arm_settings
-from .results import agg, CurvePoint, RunResult, ArmSummary, Comparison, TaskSection, ContrastResult, Report, FORMAT, fake_run
+from .results import FIDELITY_MEASURES, agg, CurvePoint, RunResult, ArmSummary, Comparison, TaskSection, ContrastResult, Report, FORMAT, fake_run
 
 # %% auto #0
-__all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'FIDELITY_MEASURES', 'curve_at', 'curve_auc', 'first_reach', 'study_measures',
-           'plateau', 'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary', 'window_match',
-           'task_comparisons', 'correct', 'base_summary', 'task_section', 'contrast_values', 'evaluate_contrasts',
-           'fake_report', 'add_fidelity', 'fidelity_gain']
+__all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'first_reach', 'study_measures', 'plateau',
+           'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary', 'window_match', 'task_comparisons',
+           'correct', 'base_summary', 'task_section', 'contrast_values', 'evaluate_contrasts', 'fake_report',
+           'add_fidelity', 'fidelity_gain']
 
 # %% ../nbs/06e_summary.ipynb #4232d228
 def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -> float|None:
@@ -293,11 +293,8 @@ def fake_report(finals:dict,             # {arm: its mean final held-out strict 
     return Report(format=FORMAT, setup=setup, tasks={task: sec}, findings=[], contrasts=evaluate_contrasts({task: sec}))
 
 # %% ../nbs/06e_summary.ipynb #36b54a5c
-FIDELITY_MEASURES = ('kendall', 'kendall_nonzero', 'kendall_window')
-
-def add_fidelity(tasks:dict[str, TaskSection], rows:list[dict], arms:dict) -> int:
-    "Set each arm's `fidelity` from rows {task, seed, arm, measures} (`arms`: the setup's, for each arm's method); the arms set."
-    n = 0
+def add_fidelity(tasks:dict[str, TaskSection], rows:list[dict], arms:dict):
+    "Set each arm's `fidelity` from rows {task, seed, arm, measures} (`arms`: the setup's, for each arm's method)."
     for t, sec in tasks.items():
         mine = [r for r in rows if r.get('task') in (None, t)]
         for a, s in sec.arms.items():
@@ -305,8 +302,6 @@ def add_fidelity(tasks:dict[str, TaskSection], rows:list[dict], arms:dict) -> in
             if not rs: continue
             s.fidelity = dict(seeds=sorted(r['seed'] for r in rs if r.get('seed') is not None),
                               **{m: agg([r.get(m) for r in rs]) for m in FIDELITY_MEASURES})
-            n += 1
-    return n
 
 # %% ../nbs/06e_summary.ipynb #db21f6a2
 def fidelity_gain(sec:TaskSection, base:float) -> dict:
