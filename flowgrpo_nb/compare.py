@@ -331,6 +331,8 @@ def write_report(report:Report, out:str|Path, png:bool=True):
     if png: write_pngs({out/'figures'/f'{t}_{name}.png': f for t, fs in figs.items() for name, f in fs.items()})  # one browser start
 
 # %% ../nbs/06h_compare.ipynb #1dcc4bb4
+def _names(xs:list|None) -> tuple|None: return None if xs is None else tuple(n for x in xs for n in x.split(',') if n)
+
 def _estimate_line(e:dict) -> str:
     return (f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs, {e['jobs']} jobs) against the {e['limit_core_seconds']:.0f} of "
             f"{e['workers']} cores × {e['limit_wall_seconds']:.0f} s; {e['wall_seconds']:.0f} s wall on {e['workers']} single-thread workers")
@@ -339,8 +341,8 @@ def _estimate_line(e:dict) -> str:
 def compare_cli(out:str='runs/compare',   # run folder of the comparison
                 budget:str='default',     # smoke (checks the job runs), default (the README's results) or study (the papers' claims)
                 seeds:Annotated[int, "seeds (default: the budget's)", dict(nargs='+')]=None,
-                tasks:Annotated[str, "tasks: geneval (mini-GenEval partial credit), score (the learned score); default: the budget's", dict(nargs='+')]=None,
-                arms:Annotated[str, "arms run in every task (default: the budget's; flowgrpo_nb.design.ARMS)", dict(nargs='+')]=None,
+                tasks:Annotated[str, "tasks (space- or comma-separated): geneval (mini-GenEval partial credit), score (the learned score); default: the budget's", dict(nargs='+')]=None,
+                arms:Annotated[str, "arms run in every task, space- or comma-separated (default: the budget's; flowgrpo_nb.design.ARMS)", dict(nargs='+')]=None,
                 set:Annotated[str, 'GRPOConfig overrides FIELD=VALUE for every run', dict(nargs='*', action='extend')]=None,
                 workers:int=0,            # worker processes (0: one per usable core, at most one per job; 1: all in this process)
                 threads:int=0,            # torch CPU threads per worker (0: usable cores / workers; with --workers 1 torch's default)
@@ -349,8 +351,7 @@ def compare_cli(out:str='runs/compare',   # run folder of the comparison
                 fidelity:str=None):       # a fidelity.json (flowgrpo fidelity): each arm's credit fidelity against its gain
     "Train the arms side by side on the embedded benchmark and write report.json / report.html."
     ccfg = CompareConfig(budget=budget, seeds=None if seeds is None else tuple(seeds),
-                         tasks=None if tasks is None else tuple(tasks),
-                         arms=None if arms is None else tuple(arms), overrides=parse_overrides(set),
+                         tasks=_names(tasks), arms=_names(arms), overrides=parse_overrides(set),
                          fidelity=fidelity)
     if estimate: return print(_estimate_line(estimate_cost(ccfg, default_workers(len(job_costs(ccfg)), workers=workers or None)[0])))
     report = compare(out, ccfg, workers=workers or None, threads=threads or None, png=not no_png)

@@ -260,6 +260,8 @@ def test_cli(capsys):
     compare_cli.__wrapped__(seeds=[0, 1], tasks=['geneval'], arms=['flow_grpo', 'dense'], set=['lr=1e-3'], estimate=True)
     e = estimate_cost(CompareConfig(seeds=(0, 1), tasks=('geneval',), arms=('flow_grpo', 'dense'), overrides=dict(lr=1e-3)))
     assert capsys.readouterr().out.startswith(f"estimated {e['core_seconds']:.0f} core-seconds (4 runs, 6 jobs)")
+    compare_cli.__wrapped__(seeds=[0, 1], tasks=['geneval'], arms=['flow_grpo,dense'], set=['lr=1e-3'], estimate=True)  # as flowgrpo fidelity writes them
+    assert capsys.readouterr().out.startswith(f"estimated {e['core_seconds']:.0f} core-seconds (4 runs, 6 jobs)")
     assert len(job_costs(CompareConfig())) == 5 * (6 + 5) + 5  # the default: 55 runs and one base evaluation per seed
 
 def test_reach_ignores_the_base_point():
