@@ -32,7 +32,8 @@ def server(out:str, n_runs:int, variants:list[tuple[int, int]], ports:list[int])
     import torch
     torch.set_num_threads(1)
     from flowgrpo_nb import app as app_mod
-    from flowgrpo_nb.app import fake_runs, make_app, serve
+    from flowgrpo_nb.bank import fake_runs
+    from flowgrpo_nb.app import make_app, serve
     runs = fake_runs(Path(out)/'compare', methods=('flow_grpo', 'dense', 'stepwise', 'turning_point')[:n_runs])
     apps = []
     for lanes, at_once in variants:

@@ -6,8 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/app.html.md"""
 
 # %% ../nbs/08_app.ipynb #c51fab2b
 from __future__ import annotations
-import copy, errno, heapq, inspect, json, os, shutil, signal, socket, tempfile, threading
-from contextlib import contextmanager
+import errno, json, os, shutil, signal, socket, tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,247 +18,19 @@ from plotly.subplots import make_subplots
 
 from .display import MAX_WIDTH, STYLES, color, display_name
 from .flow import SAMPLERS
-from .policy import Policy, LORA_FILE, OLD_LORA_FILE
-from .checkpoint import verify_checkpoint, RunFolder
 from .rollout import RolloutConfig, rollout, step_values
-from .task import Task, EvalReport, MODELS, load_task, load_policy
-from .train import check_base
+from .task import Task, EvalReport
 from .credit import method_credits
 from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 from .results import Report
 from .figures import report_figures
+from .bank import ModelBank, QUICK_STEPS, fake_runs, find_models
 
 # %% auto #0
-__all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'TASK_FIELDS', 'LANES', 'QUICK_STEPS', 'MAX_PROMPT_CHARS', 'MAX_STEPS',
-           'REPORT_FIGURES', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'GENERATE_AT_ONCE', 'PREVIEWS',
-           'GALLERY_COLUMNS', 'CSS', 'run_backend', 'base_label', 'base_label_of', 'parse_base', 'FineTuned',
-           'find_models', 'fake_runs', 'pick_bases', 'runs_task', 'CheapestFirst', 'Lane', 'ModelBank', 'check_prompt',
-           'check_settings', 'Sample', 'generate_all', 'model_label', 'strip_figure', 'samples_view', 'report_view',
-           'credit_view', 'prune_files', 'make_app', 'RefuseUploads', 'serve', 'check_address', 'app_cli']
-
-# %% ../nbs/08_app.ipynb #ba4d8e76
-ADAPTER_FILES = (LORA_FILE, OLD_LORA_FILE)  # a checkpoint's LoRA file: diffusers' name first, then the older one
-DEFAULT_BASE = 'tiny'                       # the base label without runs: the shipped tiny model
-_BACKEND = {k: p.default for k, p in inspect.signature(load_policy).parameters.items() if k != 'device'}
-
-def run_backend(cfg:dict) -> dict:
-    "The `load_policy` arguments (model, model_path, and the backend's options) a run's config names."
-    return {k: cfg.get(k, d) for k, d in _BACKEND.items()}
-
-def base_label(backend:dict) -> str:
-    "A base's label: `model`, or `model:model_path`, then the options that differ from `load_policy`'s defaults."
-    opts = [f'{k}={v}' for k, v in backend.items() if k not in ('model', 'model_path') and v != _BACKEND[k]]
-    return base_label_of(backend['model'], backend.get('model_path')) + (f" [{', '.join(opts)}]" if opts else '')
-
-def base_label_of(model:str, model_path:str|None=None) -> str: return f'{model}:{model_path}' if model_path else model
-
-def parse_base(label:str) -> dict:
-    "The `load_policy` arguments of a label `model[:path]`, or ValueError naming the allowed models."
-    model, _, path = str(label).partition(':')
-    if model not in MODELS: raise ValueError(f"base={label!r}: allowed a model of {', '.join(MODELS)}, optionally followed by :PATH (e.g. 'tiny', 'sd3:/models/sd35')")
-    return {**_BACKEND, 'model': model, 'model_path': path or None}
-
-# %% ../nbs/08_app.ipynb #4b99f47e
-@dataclass
-class FineTuned:
-    "One fine-tuned model of a runs folder: its name, run folder, newest checkpoint, config and (once loaded) adapter weights."
-    name:str        # the run folder relative to the runs folder, e.g. 'seed0/dense'
-    run_dir:Path
-    ckpt:Path       # the checkpoint the adapter comes from
-    cfg:dict        # the run's config.json (GRPOConfig.to_dict())
-    lora:dict|None = None  # peft state dict, filled by `ModelBank`
-    @property
-    def shape(self) -> tuple:  # (rank, alpha, targets): runs of one shape share an adapter
-        return int(self.cfg['lora_rank']), float(self.cfg['lora_alpha']), tuple(self.cfg['lora_targets'])
-    @property
-    def backend(self) -> dict: return run_backend(self.cfg)  # how to load its base
-    @property
-    def base(self) -> str: return base_label(self.backend)
-    @property
-    def adapter_file(self) -> str: return next(f for f in ADAPTER_FILES if (self.ckpt/f).is_file())
-
-def find_models(runs:str|Path  # a runs folder (e.g. runs/compare) or one trainer run folder
-               ) -> tuple[list[FineTuned], list[str]]:  # the models, and a message per run folder that was skipped
-    "Every trainer run folder at or under `runs` with a checkpoint holding an adapter, by name."
-    root = Path(runs)
-    if not root.is_dir(): raise ValueError(f"runs={str(runs)!r}: not a folder; allowed a folder of trainer runs (e.g. runs/compare)")
-    models, skipped = [], []
-    for cfg_file in sorted(root.rglob('config.json')):
-        d = cfg_file.parent
-        if d.parent.name == 'checkpoints' or d.name.startswith('.'): continue  # a checkpoint's own config.json
-        name = str(d.relative_to(root)) if d != root else d.name
-        run = RunFolder(d)
-        ckpts = [c for c in run.checkpoints() if any((c/f).is_file() for f in ADAPTER_FILES)]
-        if not ckpts:
-            if (d/'checkpoints').exists() or run.file('metrics').exists(): skipped.append(f"{name}: no checkpoint yet")
-            continue
-        try:
-            m = FineTuned(name, d, ckpts[-1], run.config())
-            m.shape, m.base
-        except Exception as e:
-            skipped.append(f"{name}: unreadable {cfg_file.name} ({type(e).__name__}: {e})"); continue
-        models.append(m)
-    return models, skipped
-
-# %% ../nbs/08_app.ipynb #262f4890
-def fake_runs(out:str|Path,                                  # folder to create
-              methods=('flow_grpo', 'dense'),                # one run folder per method: out/<folder>/<method>
-              scale:float=0.05,                              # std of the LoRA weights (0: the base model)
-              rank:int=4,
-              policy:Policy|None=None,                       # the base (default: `load_policy(model, model_path)`)
-              model:str='tiny', model_path:str|None=None,    # the base the configs name
-              folder:str='seed0') -> Path:
-    "A compare-like runs folder of trainer runs with random LoRA checkpoints (for demos and tests)."
-    from flowgrpo_nb.config import preset_config
-    out = Path(out)
-    policy = copy.deepcopy(policy) if policy is not None else load_policy(model, model_path)
-    if policy.lora_config is None: policy.add_lora(rank, float(rank))
-    fp, g = policy.base_fingerprint(), torch.Generator().manual_seed(0)
-    for m in methods:
-        cfg = dict(preset_config(m, lora_rank=rank, lora_alpha=float(rank), steps=1).to_dict(), model=model, model_path=model_path)
-        run = RunFolder(out/folder/m)
-        with run.lock('fake_runs'):  # a writer like the trainer: creates the folder, refused if a trainer writes it
-            run.write('config', cfg)
-            run.write('base', dict(fingerprint=fp))
-            policy.load_lora_state_dict({k: torch.randn(v.shape, generator=g) * scale for k, v in policy.lora_state_dict().items()})
-            run.write_checkpoint(1, {LORA_FILE: policy.save_lora, 'state.json': dict(step=1)})
-    return out
-
-# %% ../nbs/08_app.ipynb #9d465282
-def pick_bases(models:list[FineTuned], base:str|None=None) -> tuple[dict, list[str]]:
-    "The runs grouped by base label ({label: [FineTuned]}), only `base`'s when given, and a message per run left out."
-    groups = {}
-    for m in models: groups.setdefault(m.base, []).append(m)
-    if base is None: return groups or {DEFAULT_BASE: []}, []
-    parse_base(base)
-    if groups and base not in groups:
-        raise ValueError(f"base={base!r}: no run was trained on it; the runs' bases are {', '.join(map(repr, groups))}: pick one of them")
-    return {base: groups.get(base, [])}, [f"{m.name}: trained on base {l!r}, not loaded (base {base!r} was picked)"
-                                          for l, ms in groups.items() if l != base for m in ms]
-
-TASK_FIELDS = (('reward', 'partial'), ('prompts', None), ('eval_prompts', None), ('model', 'tiny'))
-
-def runs_task(models:list[FineTuned], device=None) -> tuple[Task, list[str]]:
-    "The task of the first run's config (`load_task`; the grid world's 'partial' task without runs), and the runs configured otherwise."
-    keys = [tuple(m.cfg.get(k, d) for k, d in TASK_FIELDS) for m in models] or [tuple(d for _, d in TASK_FIELDS)]
-    reward, prompts, eval_prompts, model = keys[0]
-    return load_task(reward, prompts, eval_prompts, model, device=device or 'cpu'), [m.name for m, k in zip(models, keys) if k != keys[0]]
-
-# %% ../nbs/08_app.ipynb #5c1e0a01
-class CheapestFirst:
-    "A re-entrant lock that goes to the waiting request of least cost first (ties: first come); its holder can yield to a cheaper one."
-    def __init__(self): self._cv, self._owner, self._depth, self._waiting, self._n = threading.Condition(), None, 0, [], 0
-
-    def acquire(self, cost:float=0):
-        me = threading.get_ident()
-        with self._cv:
-            if self._owner == me: self._depth += 1; return
-            ticket = (cost, self._n); self._n += 1
-            heapq.heappush(self._waiting, ticket)
-            while self._owner is not None or self._waiting[0] != ticket: self._cv.wait()
-            heapq.heappop(self._waiting); self._owner, self._depth = me, 1
-
-    def release(self):
-        with self._cv:
-            self._depth -= 1
-            if not self._depth: self._owner = None; self._cv.notify_all()
-
-    def yield_to_cheaper(self, cost:float):
-        "Let a waiting request of lower cost than `cost` go first, then take the lock back (call it between two pieces of work)."
-        with self._cv:
-            if self._owner != threading.get_ident() or not (self._waiting and self._waiting[0][0] < cost): return
-            depth, self._owner, self._depth = self._depth, None, 0
-            self._cv.notify_all()
-        self.acquire(cost)
-        with self._cv: self._depth = depth
-
-    @contextmanager
-    def hold(self, cost:float=0):
-        self.acquire(cost)
-        try: yield self
-        finally: self.release()
-
-# %% ../nbs/08_app.ipynb #a677e5f8
-LANES = ('generate', 'quick', 'credit')
-QUICK_STEPS = 10  # Generate requests of at most this many steps run in the 'quick' lane, never behind long ones
-
-@dataclass
-class Lane:
-    "One copy of the networks and the lock that makes one thread at a time use them."
-    bases:dict  # base label -> its network (adapter disabled when it plays the base model)
-    nets:dict   # (base label, LoRA shape) -> network carrying an adapter of that shape
-    lock:CheapestFirst
-
-# %% ../nbs/08_app.ipynb #cc1be38a
-class ModelBank:
-    "The base model(s) and every fine-tuned model of a runs folder, on one network per base and LoRA shape, per lane."
-    def __init__(self, runs:str|Path|None=None,  # a runs folder; None: the base model only
-                 base:str|None=None,              # a base label ('tiny', 'sd3:PATH'): load only the runs of this base
-                 policy:Policy|None=None,         # the base policy, without adapter (default: `load_policy` of the runs' base)
-                 task:Task|None=None,             # the task that scores the models (default: `runs_task`)
-                 lanes:int=2,                     # 2: long and quick Generate requests and credit each have a copy of the networks; 1: one copy
-                 device=None):
-        if lanes not in (1, 2): raise ValueError(f"lanes={lanes!r}: allowed 1 (generate and credit share the networks) or 2 (a copy each)")
-        self.runs, self.lanes = (None if runs is None else Path(runs)), lanes
-        found, self.skipped = find_models(runs) if runs is not None else ([], [])
-        groups, left_out = pick_bases(found, base)
-        self.skipped += left_out
-        if policy is not None and len(groups) > 1:
-            raise ValueError(f"policy: one base policy given for runs of {len(groups)} bases ({', '.join(groups)}); pick one with base=")
-        bases = {l: policy if policy is not None else load_policy(**(ms[0].backend if ms else parse_base(l)), device=device) for l, ms in groups.items()}
-        nets, self.models = self._attach(groups, bases)
-        self.base_names = {('base' if len(bases) == 1 else f'base ({l})'): l for l in bases}
-        self.by_name = {m.name: m for m in self.models}
-        self.task, self.other_tasks = (task, []) if task is not None else runs_task(self.models, next(iter(bases.values())).device)
-        gen = Lane(bases, nets, CheapestFirst())
-        copied = lambda: gen if lanes == 1 else Lane(*copy.deepcopy((bases, nets)), CheapestFirst())
-        self._lanes = {'generate': gen, 'quick': copied(), 'credit': copied()}
-
-    def _attach(self, groups, bases) -> tuple[dict, list]:
-        "One adapter per (base, shape); each run checked against its base and its weights read once."
-        nets, kept = {}, []
-        for l, ms in groups.items():
-            fp, shapes = bases[l].base_fingerprint(), list(dict.fromkeys(m.shape for m in ms))
-            for s, net in zip(shapes, [bases[l]] + [copy.deepcopy(bases[l]) for _ in shapes[1:]]): nets[l, s] = net.add_lora(*s)
-            for m in ms:
-                try:
-                    check_base(m.run_dir, fp, m.name)
-                    verify_checkpoint(m.ckpt, [m.adapter_file])
-                    net = nets[l, m.shape].load_lora(m.ckpt)
-                except ValueError as e: self.skipped.append(str(e) if str(e).startswith(m.name) else f"{m.name}: {e}"); continue
-                m.lora = {k: v.clone() for k, v in net.lora_state_dict().items()}  # a copy: the next load overwrites the weights
-                kept.append(m)
-        return nets, kept
-
-    @property
-    def names(self) -> list[str]: return [*self.base_names, *(m.name for m in self.models)]
-
-    def lane(self, lane:str='generate') -> CheapestFirst:
-        "The lock of `lane`: `bank.lane().hold(cost)` keeps it for a request of several models."
-        if lane not in LANES: raise ValueError(f"lane={lane!r}: allowed one of {LANES}")
-        return self._lanes[lane].lock
-
-    @contextmanager
-    def use(self, name:str, lane:str='generate', cost:float=0):
-        "The policy of model `name` (a base or a run name), held under `lane`'s lock for a request of `cost`."
-        if name not in self.base_names and name not in self.by_name: raise ValueError(f"model={name!r}: allowed one of {self.names}")
-        ln = self._lanes[lane]
-        with self.lane(lane).hold(cost):
-            if name in self.base_names:
-                net = ln.bases[self.base_names[name]]
-                with net.disable_adapter(): yield net
-            else:
-                m = self.by_name[name]
-                yield ln.nets[m.base, m.shape].load_lora_state_dict(m.lora)
-
-    def message(self) -> str:
-        "What was found under the runs folder and what scores it, in Markdown."
-        if self.runs is None: s = "No `--runs` folder: the base model only."
-        elif not self.models: s = f"**No fine-tuned checkpoints under `{self.runs}`**: the base model only."
-        else: s = f"{len(self.models)} fine-tuned model(s) under `{self.runs}`: " + ', '.join(f'`{n}`' for n in self.names[len(self.base_names):])
-        if len(self.base_names) > 1: s += '. Bases: ' + ', '.join(f'`{n}`' for n in self.base_names)
-        s += f"\n\nScored by the task `{self.task.name}`" + (f" (also the runs configured for another: {', '.join(self.other_tasks)})" if self.other_tasks else '') + '.'
-        return s + ''.join(f"\n- skipped {k}" for k in self.skipped)
+__all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'GENERATE_AT_ONCE',
+           'PREVIEWS', 'GALLERY_COLUMNS', 'CSS', 'check_prompt', 'check_settings', 'Sample', 'generate_all',
+           'model_label', 'strip_figure', 'samples_view', 'report_view', 'credit_view', 'prune_files', 'make_app',
+           'RefuseUploads', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #93ebcae0
 MAX_PROMPT_CHARS = 200

@@ -1,4 +1,4 @@
-"""The app (flowgrpo_nb.app): handlers in-process, the launched app through gradio_client, the command line, and a
+"""The app (flowgrpo_nb.app, its models from flowgrpo_nb.bank): handlers in-process, the launched app through gradio_client, the command line, and a
 real browser.
 
 A fake compare folder (three runs with random LoRA checkpoints, `app.fake_runs`) stands in for `flowgrpo compare`."""
@@ -9,8 +9,9 @@ import pytest, torch
 
 os.environ.setdefault('GRADIO_ANALYTICS_ENABLED', 'False')
 from flowgrpo_nb import app as app_mod
-from flowgrpo_nb.app import (ModelBank, fake_runs, find_models, generate_all, credit_view, make_app, serve, report_view,
-                             check_settings, check_prompt, check_address, prune_files, QUEUE_SIZE)
+from flowgrpo_nb.bank import ModelBank, fake_runs, find_models
+from flowgrpo_nb.app import (generate_all, credit_view, make_app, serve, report_view, check_settings, check_prompt, check_address,
+                             prune_files, QUEUE_SIZE)
 from flowgrpo_nb.task import geneval_task, load_policy
 from flowgrpo_nb.checkpoint import RunFolder
 
