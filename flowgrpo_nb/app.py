@@ -24,7 +24,7 @@ from .credit import method_credits
 from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 from .results import Report
 from .figures import report_figures
-from .bank import ModelBank, QUICK_STEPS, fake_runs, find_models
+from .bank import ModelBank, QUICK_STEPS
 
 # %% auto #0
 __all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'GENERATE_AT_ONCE',
