@@ -192,18 +192,32 @@ def _error(e:Exception) -> str:
     return f"**{kind}:**\n\n```\n{e}\n```"
 
 # %% ../nbs/08_app.ipynb #16d5d550
-def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare); None: the base model only
-             bank:ModelBank|None=None,  # an already loaded bank (tests, notebooks)
-             max_files:int=MAX_FILES,   # gallery images kept on disk
-             **kw):                     # to `ModelBank` (base, policy, task, lanes, device)
-    "The Gradio Blocks app: Generate, Report and Credit tabs, queued in concurrency groups."
-    import gradio as gr
-    bank = bank or ModelBank(runs, **kw)
-    examples = list(dict.fromkeys(bank.task.eval_prompts))[:200]
-    torch_group = dict(concurrency_limit=GENERATE_AT_ONCE, concurrency_id='generate')  # CheapestFirst orders them in the lane
-    credit_group = dict(concurrency_limit=1, concurrency_id='credit') if bank.lanes == 2 else torch_group
-    light = dict(concurrency_limit=4, concurrency_id='light')
+def _groups(bank:ModelBank) -> dict:
+    "The concurrency group of each kind of event: Generate, Credit (its own lane with `lanes=2`) and the light ones."
+    generate = dict(concurrency_limit=GENERATE_AT_ONCE, concurrency_id='generate')  # CheapestFirst orders them in the lane
+    return dict(generate=generate, credit=dict(concurrency_limit=1, concurrency_id='credit') if bank.lanes == 2 else generate,
+                light=dict(concurrency_limit=4, concurrency_id='light'))
 
+def _settings(bank:ModelBank, groups:dict) -> list:
+    "The controls every tab reads: prompt (an evaluation prompt picked fills it), seed, steps, CFG, sampler."
+    import gradio as gr
+    examples = list(dict.fromkeys(bank.task.eval_prompts))[:200]
+    with gr.Row():
+        prompt = gr.Textbox(label='prompt', value=examples[0], scale=3, elem_id='prompt',
+                            info=f'the task {bank.task.name!r}: e.g. ' + ', '.join(f'"{p}"' for p in examples[:3]))
+        example = gr.Dropdown(examples, label='evaluation prompts', value=None, scale=2)
+    with gr.Row():
+        seed = gr.Number(0, label='seed', precision=0)
+        steps = gr.Number(10, label=f'steps (1–{MAX_STEPS})', precision=0)
+        guidance = gr.Number(4.0, label='CFG')
+        sampler = gr.Dropdown(list(SAMPLERS), value='ode', label='sampler')
+    example.change(lambda p: p or gr.update(), example, prompt, api_name='example', **groups['light'])
+    return [prompt, seed, steps, guidance, sampler]
+
+# %% ../nbs/08_app.ipynb #88329e68
+def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int):
+    "One image per model from the same noise, their scores, Tweedie previews of the models picked; returns the gallery."
+    import gradio as gr
     def generate(prompt, seed, steps, guidance, sampler, previews=None):
         try:
             prune_files(gallery, max_files)
@@ -211,62 +225,71 @@ def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare); Non
             images, table, strips = samples_view(samples, previews=bank.names[:PREVIEWS] if previews is None else previews)
             return f"{len(images)} models, seed {int(seed)}, {int(steps)} steps, CFG {float(guidance):g}, {sampler}", images, table, strips
         except Exception as e: return _error(e), [], '', None
+    with gr.Row():
+        gen = gr.Button('Generate', variant='primary', elem_id='generate', scale=1)
+        previews = gr.Dropdown(bank.names, value=bank.names[:PREVIEWS], multiselect=True, scale=3, elem_id='previews',
+                               label='Tweedie previews of (the strips below)')
+    status = gr.Markdown(elem_id='status')
+    many = len(bank.names) > 2 * GALLERY_COLUMNS
+    gallery = gr.Gallery(label='one image per model (same initial noise)', columns=GALLERY_COLUMNS, height=440 if many else 'auto',
+                         elem_id='images')
+    with gr.Accordion('scores of every model', open=not many): table = gr.Markdown()
+    strip = gr.Plot(label="Tweedie previews x0_hat(x_k) per step, with the task's reward of each", elem_id='strips')
+    io = dict(fn=generate, inputs=[*settings, previews], outputs=[status, gallery, table, strip], **groups['generate'])
+    gen.click(api_name='generate', **io)
+    settings[0].submit(api_name='generate_submit', **io)
+    return gallery
 
+# %% ../nbs/08_app.ipynb #a91bb9e2
+def _report_tab(bank:ModelBank, groups:dict):
+    "The runs folder's report.json, one task at a time, reloaded on demand."
+    import gradio as gr
+    def report(task=None):
+        md, figs, tasks = report_view(bank.runs, task)
+        return md, gr.update(choices=tasks, value=task if task in tasks else tasks[0] if tasks else None, visible=bool(tasks)), \
+            *(gr.update(value=f, visible=f is not None) for f in figs)
+    md, figs, tasks = report_view(bank.runs)
+    with gr.Row():
+        rtask = gr.Dropdown(tasks, value=tasks[0] if tasks else None, label='task', visible=bool(tasks), elem_id='report-task')
+        reload = gr.Button('Reload report')
+    rmd = gr.Markdown(md)
+    plots = [gr.Plot(f, label=k, visible=f is not None) for k, f in zip(REPORT_FIGURES, figs)]
+    gr.on([rtask.input, reload.click], report, rtask, [rmd, rtask, *plots], api_name='report', **groups['light'])
+
+# %% ../nbs/08_app.ipynb #0bf8264e
+def _credit_tab(bank:ModelBank, settings:list, groups:dict):
+    "Credit of one small group of trajectories of the prompt: values, gains, every method's advantages, turning points."
+    import gradio as gr
     def credit(prompt, model, seed, steps, guidance, sampler):
         try:
             gain, preview, tp = credit_view(bank, prompt, model, seed, steps, guidance, sampler)
             rows = [[r['sample'], r['k'], r['rule'], r['kept'], r['trend']] for r in tp]
             return f"{model}: 4 samples of {check_prompt(prompt, bank.task)!r}", gain, preview, rows
         except Exception as e: return _error(e), None, None, []
+    with gr.Row():
+        cmodel = gr.Dropdown(bank.names, value=bank.names[0], label='model')
+        csampler = gr.Dropdown(list(SAMPLERS[1:]), value='flow_sde', label='SDE sampler')
+        cgo = gr.Button('Compute credit', variant='primary')
+    cstatus = gr.Markdown()
+    gplot, pplot = gr.Plot(label='values, gains, advantages'), gr.Plot(label='previews per step')
+    tps = gr.Dataframe(headers=['sample', 'k', 'rule', 'kept', 'trend'], label='turning points')
+    cgo.click(credit, [settings[0], cmodel, *settings[1:4], csampler], [cstatus, gplot, pplot, tps], api_name='credit', **groups['credit'])
 
-    def report(task=None):
-        md, figs, tasks = report_view(bank.runs, task)
-        return md, gr.update(choices=tasks, value=task if task in tasks else tasks[0] if tasks else None, visible=bool(tasks)), \
-            *(gr.update(value=f, visible=f is not None) for f in figs)
-
+# %% ../nbs/08_app.ipynb #cec51ff7
+def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare); None: the base model only
+             bank:ModelBank|None=None,  # an already loaded bank (tests, notebooks)
+             max_files:int=MAX_FILES,   # gallery images kept on disk
+             **kw):                     # to `ModelBank` (base, policy, task, lanes, device)
+    "The Gradio Blocks app: Generate, Report and Credit tabs, queued in concurrency groups."
+    import gradio as gr
+    bank = bank or ModelBank(runs, **kw)
+    groups = _groups(bank)
     with gr.Blocks(title='flowgrpo_nb', delete_cache=(600, 3600)) as app:
         gr.Markdown("# flowgrpo_nb: base vs fine-tuned\n\n" + bank.message())
-        with gr.Row():
-            prompt = gr.Textbox(label='prompt', value=examples[0], scale=3, elem_id='prompt',
-                                info=f'the task {bank.task.name!r}: e.g. ' + ', '.join(f'"{p}"' for p in examples[:3]))
-            example = gr.Dropdown(examples, label='evaluation prompts', value=None, scale=2)
-        with gr.Row():
-            seed = gr.Number(0, label='seed', precision=0)
-            steps = gr.Number(10, label=f'steps (1–{MAX_STEPS})', precision=0)
-            guidance = gr.Number(4.0, label='CFG')
-            sampler = gr.Dropdown(list(SAMPLERS), value='ode', label='sampler')
-        example.change(lambda p: p or gr.update(), example, prompt, api_name='example', **light)
-        with gr.Tab('Generate'):
-            with gr.Row():
-                gen = gr.Button('Generate', variant='primary', elem_id='generate', scale=1)
-                previews = gr.Dropdown(bank.names, value=bank.names[:PREVIEWS], multiselect=True, scale=3, elem_id='previews',
-                                       label='Tweedie previews of (the strips below)')
-            status = gr.Markdown(elem_id='status')
-            many = len(bank.names) > 2 * GALLERY_COLUMNS
-            gallery = gr.Gallery(label='one image per model (same initial noise)', columns=GALLERY_COLUMNS, height=440 if many else 'auto',
-                                 elem_id='images')
-            with gr.Accordion('scores of every model', open=not many): table = gr.Markdown()
-            strip = gr.Plot(label="Tweedie previews x0_hat(x_k) per step, with the task's reward of each", elem_id='strips')
-            io = dict(fn=generate, inputs=[prompt, seed, steps, guidance, sampler, previews], outputs=[status, gallery, table, strip], **torch_group)
-            gen.click(api_name='generate', **io)
-            prompt.submit(api_name='generate_submit', **io)
-        with gr.Tab('Report'):
-            md, figs, tasks = report_view(bank.runs)
-            with gr.Row():
-                rtask = gr.Dropdown(tasks, value=tasks[0] if tasks else None, label='task', visible=bool(tasks), elem_id='report-task')
-                reload = gr.Button('Reload report')
-            rmd = gr.Markdown(md)
-            plots = [gr.Plot(f, label=k, visible=f is not None) for k, f in zip(REPORT_FIGURES, figs)]
-            gr.on([rtask.input, reload.click], report, rtask, [rmd, rtask, *plots], api_name='report', **light)
-        with gr.Tab('Credit'):
-            with gr.Row():
-                cmodel = gr.Dropdown(bank.names, value=bank.names[0], label='model')
-                csampler = gr.Dropdown(list(SAMPLERS[1:]), value='flow_sde', label='SDE sampler')
-                cgo = gr.Button('Compute credit', variant='primary')
-            cstatus = gr.Markdown()
-            gplot, pplot = gr.Plot(label='values, gains, advantages'), gr.Plot(label='previews per step')
-            tps = gr.Dataframe(headers=['sample', 'k', 'rule', 'kept', 'trend'], label='turning points')
-            cgo.click(credit, [prompt, cmodel, seed, steps, guidance, csampler], [cstatus, gplot, pplot, tps], api_name='credit', **credit_group)
+        settings = _settings(bank, groups)
+        with gr.Tab('Generate'): gallery = _generate_tab(bank, settings, groups, max_files)
+        with gr.Tab('Report'): _report_tab(bank, groups)
+        with gr.Tab('Credit'): _credit_tab(bank, settings, groups)
     app.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     app.bank, app.gallery = bank, gallery
     return app
