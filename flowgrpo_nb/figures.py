@@ -14,6 +14,7 @@ from .policy import PHASES
 from .stats import t_quantile
 from .display import color, display_name
 from .results import FIDELITY_MEASURES, Report, TaskSection
+from .design import contrast_label
 
 # %% auto #0
 __all__ = ['VERDICT_COLORS', 'AXES', 'fig_curves', 'fig_differences', 'fig_claims', 'fig_categories', 'fig_costs', 'fig_gradient',
@@ -86,7 +87,7 @@ def fig_differences(report:Report, task:str|None=None) -> go.Figure:
 def fig_claims(report:Report) -> go.Figure:
     "The claims that ran (arm − reference, 95% CI over seeds) with their margins, coloured by verdict."
     cs = [c for c in report.contrasts if c.n][::-1]
-    labels = [f"{c.id}: {c.arm} − {c.other}" + (f" (at {c.at[1]:.2g} × {c.at[0]}s)" if c.at else '') for c in cs]
+    labels = [f"{c.id}: {contrast_label(c.arm, c.other, c.at)}" for c in cs]
     fig = _forest(go.Figure(), cs, labels, [c.verdict for c in cs])
     for i, c in enumerate(cs):
         for m in ((-c.margin,) if c.kind == 'non-inferiority' else (-c.margin, c.margin)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 from .results import FIDELITY_MEASURES, Report, TaskSection
 from .summary import WINDOW_MATCH, fidelity_gain
+from .design import contrast_label
 
 # %% auto #0
 __all__ = ['DENSE_CREDIT', 'METRICS', 'RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'STUDY_HEAD', 'CSS',
@@ -245,7 +246,7 @@ def study_arms_rows(report:Report) -> tuple[list, list]:
 CLAIM_HEAD = ['id', 'claim', 'contrast', 'task', 'metric', 'effect [95% CI]', 'p (Holm)', 'margin', 'verdict', 'seeds',
               'MDE (80%)', 'seeds for the margin']
 
-def _contrast(c) -> str: return f"{c.arm} − {c.other}" + (f" (at {c.at[1]:.2g} × its {c.at[0]}s)" if c.at else '')
+def _contrast(c) -> str: return contrast_label(c.arm, c.other, c.at)
 
 def claims_rows(report:Report) -> tuple[list, list]:
     "(header, rows) of the claims table; a claim that did not run says so."
