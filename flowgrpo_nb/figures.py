@@ -21,7 +21,13 @@ __all__ = ['VERDICT_COLORS', 'AXES', 'fig_curves', 'fig_differences', 'fig_claim
            'fig_psi', 'fidelity_by_arm', 'fig_fidelity_gain', 'report_figures']
 
 # %% ../nbs/06f_figures.ipynb #3b38df2a
-_LEGEND = dict(orientation='h', x=0, xanchor='left', y=-0.15, yanchor='top')  # below the plot: the plot keeps the width
+def _below(fig, axis_px:int=60, plot_px:int=300, **layout) -> go.Figure:
+    "The legend under the plot (the plot keeps the width), `axis_px` below it: clear of the tick labels and axis title."
+    names = [d.name for d in fig.data if d.showlegend is not False and d.name]
+    per_row = max(1, int(1000 // (6.5 * max(map(len, names), default=1) + 40)))  # a row of a ~1000 px wide page
+    b = axis_px + 24 * math.ceil(len(names) / per_row) + 10
+    return fig.update_layout(height=80 + plot_px + b, margin=dict(t=80, b=b), **layout,
+                             legend=dict(orientation='h', x=0, xanchor='left', y=-axis_px / plot_px, yanchor='top'))
 VERDICT_COLORS = {'higher': '#2ca02c', 'lower': '#d62728', 'not distinguishable': '#7f7f7f', 'holds': '#2ca02c',
                   'equivalent': '#1f77b4', 'does not hold': '#d62728', 'undecided at this power': '#7f7f7f'}
 AXES = dict(step='optimizer steps', seconds='process CPU seconds (calibration included)',
@@ -56,8 +62,8 @@ def fig_curves(report:Report, x:str='step', task:str|None=None) -> go.Figure:
         if x == 'step' and summ.plateau and summ.plateau['step'] is not None:
             fig.add_vline(x=summ.plateau['step'], line=dict(color=color(m, i), dash='dot', width=1))
     fig.add_hline(y=sec.base['overall']['strict'], line_dash='dot', annotation_text='base')
-    return fig.update_layout(title=f"{sec.task}: held-out strict score vs {x}" + (' (dotted: where each curve goes flat)' * (x == 'step')),
-                             xaxis_title=AXES[x], yaxis_title='strict score', height=440, legend=_LEGEND)
+    return _below(fig, title=f"{sec.task}: held-out strict score vs {x}" + (' (dotted: where each curve goes flat)' * (x == 'step')),
+                  xaxis_title=AXES[x], yaxis_title='strict score')
 
 # %% ../nbs/06f_figures.ipynb #6315e133
 def _label(c) -> str:
@@ -107,7 +113,7 @@ def fig_categories(report:Report, task:str|None=None) -> go.Figure:
     for i, (m, r) in enumerate(sec.arms.items()):
         fig.add_bar(x=cats, y=[r.per_category[c]['mean'] for c in cats], name=display_name(m), marker_color=color(m, i),
                     error_y=dict(array=[_half(r.per_category[c]) for c in cats]))
-    return fig.update_layout(barmode='group', title=f"{sec.task}: held-out strict score per category", height=420, legend=_LEGEND)
+    return _below(fig, axis_px=30, barmode='group', title=f"{sec.task}: held-out strict score per category")
 
 # %% ../nbs/06f_figures.ipynb #170f7f2b
 def fig_costs(report:Report, task:str|None=None) -> go.Figure:
@@ -122,7 +128,7 @@ def fig_costs(report:Report, task:str|None=None) -> go.Figure:
                     name='calibration / steps', row=1, col=1)
     for kind in ('rollout', 'lookahead'):
         fig.add_bar(x=list(M), y=[M[m].nfe_per_sample[kind] for m in M], name=f'NFE {kind}', row=1, col=2)
-    return fig.update_layout(barmode='stack', height=400, legend=_LEGEND, title=f"{sec.task}: cost of a training step")
+    return _below(fig, axis_px=110, plot_px=260, barmode='stack', title=f"{sec.task}: cost of a training step")
 
 def fig_gradient(report:Report, task:str|None=None) -> go.Figure:
     "Where each arm's gradient is: every denoising step's share of the gradient norm (mean over seeds and diagnosed steps)."
@@ -130,8 +136,8 @@ def fig_gradient(report:Report, task:str|None=None) -> go.Figure:
     for i, (m, r) in enumerate(sec.arms.items()):
         if r.grad_share:
             fig.add_bar(x=list(range(len(r.grad_share))), y=r.grad_share, name=display_name(m), marker_color=color(m, i))
-    return fig.update_layout(barmode='group', title=f"{sec.task}: share of the gradient norm per denoising step",
-                             xaxis_title='denoising step k', yaxis_title='share of the gradient norm', height=400, legend=_LEGEND)
+    return _below(fig, barmode='group', title=f"{sec.task}: share of the gradient norm per denoising step",
+                  xaxis_title='denoising step k', yaxis_title='share of the gradient norm')
 
 # %% ../nbs/06f_figures.ipynb #b6d20cea
 def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
@@ -158,20 +164,19 @@ def fidelity_by_arm(report:Report, task:str|None=None) -> dict:
             for a, s in _section(report, task).arms.items() if s.fidelity}
 
 def fig_fidelity_gain(report:Report, task:str|None=None) -> go.Figure:
-    "Each arm's credit fidelity (Kendall tau-b, per measure) against its training gain over the base model (95% CI)."
-    sec, fig = _section(report, task), go.Figure()
-    fid, b = fidelity_by_arm(report, task), sec.base['overall']['strict']
-    for i, (k, what) in enumerate(FIDELITY_MEASURES.items()):
-        arms = [a for a in fid if k in fid[a]]
-        if not arms: continue
-        h = [sec.arms[a].heldout_strict for a in arms]
-        fig.add_scatter(x=[x.mean - b for x in h], y=[fid[a][k] for a in arms], text=arms, mode='markers+text',
-                        textposition='top center',
-                        name=what, marker=dict(symbol=['circle', 'diamond', 'square'][i], size=10, color=[color(a, list(sec.arms).index(a)) for a in arms]),
-                        error_x=dict(type='data', symmetric=False, array=[x.ci[1] - x.mean for x in h], arrayminus=[x.mean - x.ci[0] for x in h]))
-    return fig.update_layout(title=f"{sec.task}: credit fidelity (Kendall tau-b) against training gain", height=420,
-                             xaxis_title='final held-out strict score − base model',
-                             yaxis_title='Kendall tau-b with the MC step advantage')
+    "Each arm's credit fidelity (Kendall tau-b, a panel per measure) against its training gain over the base model (95% CI)."
+    sec, fid, b = _section(report, task), fidelity_by_arm(report, task), _section(report, task).base['overall']['strict']
+    ks = [k for k in FIDELITY_MEASURES if any(k in f for f in fid.values())]
+    fig = make_subplots(1, len(ks), shared_yaxes=True, subplot_titles=[FIDELITY_MEASURES[k] for k in ks])
+    for j, k in enumerate(ks, 1):
+        for a in [a for a in fid if k in fid[a]]:
+            h, c = sec.arms[a].heldout_strict, color(a, list(sec.arms).index(a))
+            fig.add_scatter(x=[h.mean - b], y=[fid[a][k]], name=display_name(a), legendgroup=a, showlegend=j == 1, row=1, col=j,
+                            mode='markers', marker=dict(size=10, color=c), error_x=dict(type='data', symmetric=False, color=c,
+                            thickness=1, array=[h.ci[1] - h.mean], arrayminus=[h.mean - h.ci[0]]))
+        fig.update_xaxes(title_text='final held-out strict − base', row=1, col=j)
+    return _below(fig, title=f"{sec.task}: credit fidelity (Kendall tau-b) against training gain",
+                  yaxis_title='Kendall tau-b with the MC step advantage')
 
 # %% ../nbs/06f_figures.ipynb #65233ec4
 def report_figures(report:Report, task:str|None=None) -> dict[str, go.Figure]:

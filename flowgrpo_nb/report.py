@@ -8,14 +8,14 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/report.html.md"""
 from __future__ import annotations
 import html
 from .results import FIDELITY_MEASURES, Report, TaskSection
-from .summary import WINDOW_MATCH, fidelity_gain
+from .summary import REACH_BY, WINDOW_MATCH, fidelity_gain
 from .design import contrast_label
 
 # %% auto #0
-__all__ = ['DENSE_CREDIT', 'METRICS', 'RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'STUDY_HEAD', 'CSS',
-           'HEADLINE_HEAD', 'comparison_findings', 'other_findings', 'findings', 'results_rows', 'markdown_table',
-           'html_table', 'arms_rows', 'study_arms_rows', 'claims_rows', 'study_rows', 'setup_html', 'report_html',
-           'results_markdown', 'claims_markdown']
+__all__ = ['DENSE_CREDIT', 'METRICS', 'RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD',
+           'CSS', 'HEADLINE_HEAD', 'comparison_findings', 'other_findings', 'findings', 'results_rows',
+           'markdown_table', 'html_table', 'arms_rows', 'study_arms_rows', 'claims_rows', 'study_caption', 'study_rows',
+           'setup_html', 'report_html', 'results_markdown', 'claims_summary', 'claims_markdown']
 
 # %% ../nbs/06g_report.ipynb #4e23611a
 DENSE_CREDIT = ('stepwise', 'dense', 'turning_point')  # methods whose credit is per step
@@ -261,6 +261,13 @@ def claims_rows(report:Report) -> tuple[list, list]:
                      ('—' if c.seeds_needed is None else str(c.seeds_needed), None)])
     return CLAIM_HEAD, rows
 
+CLAIMS_NOTE = ("Each claim is the paired difference arm − reference over seeds, read at the final evaluation or where the "
+               "contrast says. It holds when its interval clears 0 (superiority) or −margin (non-inferiority) after Holm's "
+               "correction over the table; it does not hold when the interval excludes the effect the margin names; it is "
+               "equivalent when the two one-sided tests put it inside ±margin; otherwise it is undecided at this power. The MDE is "
+               "the effect these seeds detect with 80% power at the measured spread; the last column, the seeds that would detect "
+               "the margin.")
+
 # %% ../nbs/06g_report.ipynb #83e75837
 STUDY_HEAD = ['arm', 'mean over the run (AUC)', 'reached the target (steps, median)', "score at Flow-GRPO's NFE",
               'flat from step', 'eval SE / seed SD', 'credit fidelity: tau-b all / nonzero truth / loss steps']
@@ -269,6 +276,21 @@ def _median_of(a) -> str: return '—' if a is None else f"{a.median:.0f}"
 
 def _fidelity_cell(f:dict|None) -> str:
     return '—' if not f else ' / '.join('—' if f.get(m) is None else f"{f[m].mean:+.2f}" for m in FIDELITY_MEASURES) + f" (seeds {len(f['seeds']) or 1})"
+
+def study_caption(report:Report, task:str) -> str:
+    "What the study table of `task` measures: its target, the NFE it reads at, the plateau test's window, the ratios."
+    r = next((r for r in report.tasks[task].arms.values() if r.auc is not None), None)
+    if r is None: return ''
+    every = report.setup['evaluation']['every'] or report.setup['steps']
+    flat = f"{r.plateau['m'] * every} steps" if r.plateau else 'a fifth of the run'
+    return (f"AUC: the mean held-out strict score over the run (the area under its curve from step 0). Target: "
+            f"{r.reach['target']:.3f}, the base model's held-out strict + {REACH_BY:g}, counted on trained evaluations only. "
+            f"Score at Flow-GRPO's NFE: held-out strict at {r.at_nfe['nfe']:,.0f} network evaluations (Flow-GRPO's whole run, "
+            f"calibration included), linear between evaluations. Flat from step: the first evaluation after which the mean "
+            f"gain over the next {flat} never has a 95% interval above 0. Eval SE / seed SD: the final evaluation's standard "
+            "error over the spread of the arm's final scores between seeds (at most 1/3: the images are enough). Credit fidelity: "
+            "Kendall tau-b of the arm's credit with the Monte-Carlo step advantage on its own fine-tuned runs, over all "
+            "(sample, step) pairs, those with a nonzero true gain, and the steps its loss is taken on.")
 
 def study_rows(report:Report, task:str) -> tuple[list, list]:
     "(header, rows) of a task's study measures per arm (empty rows: a report without them)."
@@ -290,10 +312,12 @@ CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;p
 
 def _setup_items(s:dict) -> list[str]:
     ev, base = s['evaluation'], s['base']
+    per = {t: tuple(d.get('seeds', s['seeds'])) for t, d in s['tasks'].items()}
     return [f"base model: {base['model']} ({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
             f"budget {s['budget']}: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × {s['group_size']} samples, lr {s['lr']}, "
             f"LoRA rank {s['lora_rank']}" + (f", overrides {s['overrides']}" if s['overrides'] else ''),
-            f"seeds: {', '.join(map(str, s['seeds']))}",
+            "seeds: " + ('; '.join(f"{', '.join(map(str, v))} ({t})" for t, v in per.items()) if len(set(per.values())) > 1
+                         else ', '.join(map(str, s['seeds']))),
             f"evaluation: {ev['images']} held-out images every {ev['every'] or s['steps']} steps and at the end, {ev['sampler']} K = {ev['K']}, "
             f"guidance {ev['guidance']}, noise {ev['noise']}",
             *[f"task {t}: trained on {d['about']} ({d['name']}; {d['train_prompts']} train prompts), judged by {d['evaluation']} on "
@@ -328,19 +352,25 @@ def _timing_html(report:Report) -> str:
             f"{tm['cpu_seconds']['total']:.0f} CPU seconds measured by the jobs; estimated {tm['estimate']['wall_seconds']:.0f} s wall, "
             f"{tm['estimate']['core_seconds']:.0f} core-seconds in all.</p>") + runs
 
+def _seeds(s:dict) -> str:
+    "'5 seeds', or per task when the tasks ran different seeds: '8 seeds (geneval), 5 (score)'."
+    n = {t: len(d.get('seeds', s['seeds'])) for t, d in s['tasks'].items()}
+    if len(set(n.values())) == 1: k = next(iter(n.values())); return f"{k} seed{'s' * (k > 1)}"
+    return ', '.join(f"{k}{' seeds' * (i == 0)} ({t})" for i, (t, k) in enumerate(n.items()))
+
 def report_html(report:Report, figures:dict) -> str:
-    "report.html: setup, findings, claims, then per task its table, its study measures and its figures ({task: {name: figure}})."
+    "report.html: setup, claims, findings, then per task its table, its study measures and its figures ({task: {name: figure}})."
     parts, first = [], True
     for t, figs in figures.items():
         parts.append(f"<h2>Task {html.escape(t)}: {html.escape(report.setup['tasks'][t]['about'])}</h2>" + html_table(*results_rows(report, t)))
-        if study_rows(report, t)[1]: parts.append(html_table(*study_rows(report, t)))
+        if study_rows(report, t)[1]: parts.append(html_table(*study_rows(report, t)) + f"<p>{html.escape(study_caption(report, t))}</p>")
         for f in figs.values():
             parts.append(f.to_html(full_html=False, include_plotlyjs=first)); first = False
-    claims = f"<h2>The claims</h2>{html_table(*claims_rows(report))}" if any(c.n for c in report.contrasts) else ''
-    n = len(report.setup['seeds'])
+    claims = (f"<h2>The claims</h2>{html_table(*claims_rows(report))}<p>{html.escape(CLAIMS_NOTE)}</p>"
+              if any(c.n for c in report.contrasts) else '')
     return (f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title><style>{CSS}</style></head><body>"
-            f"<h1>Flow-GRPO, its windows and dense credit: {n} seed{'s' * (n > 1)}</h1>{setup_html(report)}"
-            f"<h2>Findings</h2><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in report.findings)}</ul>" + claims + ''.join(parts)
+            f"<h1>Flow-GRPO, its windows and dense credit: {_seeds(report.setup)}</h1>{setup_html(report)}" + claims
+            + f"<h2>Findings</h2><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in report.findings)}</ul>" + ''.join(parts)
             + _timing_html(report) + '</body></html>')
 
 # %% ../nbs/06g_report.ipynb #300f75fc
@@ -364,6 +394,22 @@ def results_markdown(report:Report) -> str:
         parts += [f"**{t}**: trained on {s['tasks'][t]['about']}", markdown_table(*results_rows(report, t))]
     return '\n\n'.join(parts + ['The arms:', markdown_table(*arms_rows(report))])
 
+# %% ../nbs/06g_report.ipynb #adb344fc
+def _listed(cs:list) -> str: return '; '.join(f"{c.id} {c.claim} ({c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}])" for c in cs)
+
+def claims_summary(report:Report) -> str:
+    "One paragraph of verdicts: the claims that hold, do not hold or are equivalent, and the reach of the undecided ones."
+    ran = [c for c in report.contrasts if c.n]
+    by = {v: [c for c in ran if c.verdict == v] for v in ('holds', 'does not hold', 'equivalent', 'higher', 'lower')}
+    out = [f"**{v}**: {_listed(cs) if cs else 'none'}" for v, cs in by.items() if cs or v in ('holds', 'does not hold')]
+    und = [c for c in ran if c.verdict == 'undecided at this power']
+    if und:
+        mdes, need = [c.mde for c in und if c.mde is not None], [c.seeds_needed for c in und if c.seeds_needed]
+        out.append(f"**undecided at this power**: the other {len(und)}" + (f": at the spread measured these seeds detect effects of {min(mdes):.3f}–{max(mdes):.3f} "
+                   "(80% power)" if mdes else '') + (f", and their margins would take {min(need)}–{max(need)} seeds" if need else ''))
+    return f"Of {len(ran)} claims tested: " + '. '.join(out) + '.'
+
+
 # %% ../nbs/06g_report.ipynb #a454c22c
 HEADLINE_HEAD = ['claim', 'contrast', 'effect [95% CI]', 'margin', 'verdict', 'MDE (80% power)']
 
@@ -379,4 +425,4 @@ def claims_markdown(report:Report) -> str:
             + '; '.join(f"{t} {len(d.get('seeds', s['seeds']))}" for t, d in s['tasks'].items()) + ". Each claim is a paired contrast over "
             "seeds against its margin; the claims form one Holm family; *undecided at this power* means neither the claim nor its "
             "opposite is excluded at the seeds' spread; the MDE is the effect those seeds detect with 80% power.")
-    return '\n\n'.join([lead, markdown_table(HEADLINE_HEAD, rows)])
+    return '\n\n'.join([lead, markdown_table(HEADLINE_HEAD, rows), claims_summary(report)])
