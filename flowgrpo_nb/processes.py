@@ -45,7 +45,7 @@ def _exited(proc:subprocess.Popen, timeout:float, progress=lambda: 0) -> bool:
 
 # %% ../nbs/00_child_processes.ipynb #dfaca42a
 def write_pngs(figs:dict, scale:float=1.0,  # {path: go.Figure}
-               timeout:float=20.0, # seconds a try may go without finishing a figure before its processes are killed
+               timeout:float=60.0, # seconds a try may go without finishing a figure before its processes are killed (a loaded machine starts Chromium in 20 s and more)
                tries:int=2,        # tries before the files still missing are skipped
               ) -> dict:           # {path: True when its PNG was written}
     "Save every figure as PNG through kaleido in one child process group; a file skipped after `tries` is a warning."
@@ -65,7 +65,7 @@ def write_pngs(figs:dict, scale:float=1.0,  # {path: go.Figure}
     return {p: p in written for p in figs}
 
 def write_png(fig, path, # a plotly figure and its PNG file
-              scale:float=1.0, timeout:float=20.0, tries:int=2) -> bool:
+              scale:float=1.0, timeout:float=60.0, tries:int=2) -> bool:
     "Save one figure as PNG (`write_pngs`); True when it was written."
     return write_pngs({path: fig}, scale, timeout, tries)[Path(path)]
 
