@@ -165,7 +165,8 @@ def fidelity_by_arm(report:Report, task:str|None=None) -> dict:
 
 def fig_fidelity_gain(report:Report, task:str|None=None) -> go.Figure:
     "Each arm's credit fidelity (Kendall tau-b, a panel per measure) against its training gain over the base model (95% CI)."
-    sec, fid, b = _section(report, task), fidelity_by_arm(report, task), _section(report, task).base['overall']['strict']
+    sec, fid = _section(report, task), fidelity_by_arm(report, task)
+    b = sec.base['overall']['strict']
     ks = [k for k in FIDELITY_MEASURES if any(k in f for f in fid.values())]
     fig = make_subplots(1, len(ks), shared_yaxes=True, subplot_titles=[FIDELITY_MEASURES[k] for k in ks])
     for j, k in enumerate(ks, 1):

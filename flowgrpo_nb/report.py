@@ -15,7 +15,7 @@ from .design import contrast_label
 __all__ = ['DENSE_CREDIT', 'METRICS', 'RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD',
            'CSS', 'HEADLINE_HEAD', 'comparison_findings', 'other_findings', 'findings', 'results_rows',
            'markdown_table', 'html_table', 'arms_rows', 'study_arms_rows', 'claims_rows', 'study_caption', 'study_rows',
-           'setup_html', 'report_html', 'results_markdown', 'claims_summary', 'claims_markdown']
+           'task_seeds', 'setup_html', 'report_html', 'results_markdown', 'claims_summary', 'claims_markdown']
 
 # %% ../nbs/06g_report.ipynb #4e23611a
 DENSE_CREDIT = ('stepwise', 'dense', 'turning_point')  # methods whose credit is per step
@@ -310,9 +310,12 @@ CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;p
        "td.higher,td.holds{background:#e3f4e3} td.lower,td.does-not-hold{background:#f8e0e0} td.equivalent{background:#e3ecf8}"
        "td.not-distinguishable,td.undecided-at-this-power,td.not-run{color:#555}")
 
+def task_seeds(s:dict) -> dict:
+    "{task: its seeds} of a report's setup (a report that ran the same seeds everywhere: the setup's)."
+    return {t: tuple(d.get('seeds', s['seeds'])) for t, d in s['tasks'].items()}
+
 def _setup_items(s:dict) -> list[str]:
-    ev, base = s['evaluation'], s['base']
-    per = {t: tuple(d.get('seeds', s['seeds'])) for t, d in s['tasks'].items()}
+    ev, base, per = s['evaluation'], s['base'], task_seeds(s)
     return [f"base model: {base['model']} ({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
             f"budget {s['budget']}: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × {s['group_size']} samples, lr {s['lr']}, "
             f"LoRA rank {s['lora_rank']}" + (f", overrides {s['overrides']}" if s['overrides'] else ''),
@@ -354,7 +357,7 @@ def _timing_html(report:Report) -> str:
 
 def _seeds(s:dict) -> str:
     "'5 seeds', or per task when the tasks ran different seeds: '8 seeds (geneval), 5 (score)'."
-    n = {t: len(d.get('seeds', s['seeds'])) for t, d in s['tasks'].items()}
+    n = {t: len(v) for t, v in task_seeds(s).items()}
     if len(set(n.values())) == 1: k = next(iter(n.values())); return f"{k} seed{'s' * (k > 1)}"
     return ', '.join(f"{k}{' seeds' * (i == 0)} ({t})" for i, (t, k) in enumerate(n.items()))
 
@@ -422,7 +425,7 @@ def claims_markdown(report:Report) -> str:
              (c.verdict, c.verdict), ('—' if c.mde is None else f"{c.mde:.3f}", None)]
             for c in report.contrasts]
     lead = (f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps per run, seeds per task "
-            + '; '.join(f"{t} {len(d.get('seeds', s['seeds']))}" for t, d in s['tasks'].items()) + ". Each claim is a paired contrast over "
+            + '; '.join(f"{t} {len(v)}" for t, v in task_seeds(s).items()) + ". Each claim is a paired contrast over "
             "seeds against its margin; the claims form one Holm family; *undecided at this power* means neither the claim nor its "
             "opposite is excluded at the seeds' spread; the MDE is the effect those seeds detect with 80% power.")
     return '\n\n'.join([lead, markdown_table(HEADLINE_HEAD, rows), claims_summary(report)])
