@@ -2,8 +2,8 @@
 VM's speed drifts by up to 1.4x over minutes) falls on both ways.
 
 The ways (`--modes A,B`):
-- `now`: the current defaults (single-thread workers, exact zeros skipped, the tiny model's fast path);
-- `eager`: the same, on the eager fp32 path (`--set fast=false`): the network as it ran before the fast path;
+- `now`: the current defaults (single-thread workers, exact zeros skipped, `fast=auto`: the path this machine runs faster);
+- `eager`: the same, on the eager fp32 path (`--set fast=false`); `fast`: on the bf16 fast path (`--set fast=true`);
 - `before`: one process with a torch thread per core, exact-zero advantages evaluated, no gradient diagnostics,
   the eager path: the job as it ran before the worker and skip changes;
 - `old`: the code of another checkout (`--old DIR`, e.g. a `git worktree` of an earlier commit), its own defaults.
@@ -24,7 +24,7 @@ from flowgrpo_nb.design import ARMS
 from flowgrpo_nb.compare import usable_cores
 
 MODES = {'before': ['--workers', '1', '--threads', str(usable_cores()), '--set', 'skip_zero_adv=False', 'diag_every=0', 'fast=false'],
-         'eager': ['--set', 'fast=false'], 'now': ['--set'], 'old': ['--set']}
+         'eager': ['--set', 'fast=false'], 'fast': ['--set', 'fast=true'], 'now': ['--set'], 'old': ['--set']}
 
 def run_job(mode:str, out:Path, arms:list, task:str, steps:int, batch:tuple, budget:str='default', old:str|None=None) -> dict:
     "Wall and CPU seconds (this job's processes) of one `flowgrpo compare` run; per arm its held-out score and skipped share."
@@ -43,7 +43,7 @@ def run_job(mode:str, out:Path, arms:list, task:str, steps:int, batch:tuple, bud
 
 @call_parse
 def main(arms:str='flow_grpo,stepwise,dense,turning_point',  # comma-separated arms of the job (flowgrpo_nb.design.ARMS)
-         modes:str='before,now',  # the two ways, A,B: before, eager, now, old
+         modes:str='before,now',  # the two ways, A,B: before, eager, fast, now, old
          old:str=None,        # with mode old: the folder of the other checkout (its flowgrpo_nb runs)
          task:str='geneval',  # the comparison task
          steps:int=8,         # training steps per run

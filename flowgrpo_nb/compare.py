@@ -6,14 +6,15 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/compare.html.md"""
 
 # %% auto #0
 __all__ = ['base_eval', 'run_dir', 'base_file', 'finished', 'jobs_left', 'earlier_invocations', 'usable_cores', 'default_workers',
-           'load_tasks', 'run_jobs', 'measured_cpu', 'read_fidelity', 'code_version', 'command_line', 'log_invocation',
-           'read_invocations', 'compare', 'setup', 'build_report', 'write_report', 'compare_cli']
+           'load_tasks', 'run_jobs', 'measured_cpu', 'machine', 'read_fidelity', 'code_version', 'command_line',
+           'log_invocation', 'read_invocations', 'compare', 'run_paths', 'setup', 'build_report', 'write_report',
+           'over_limit_line', 'compare_cli']
 
 # %% ../nbs/06h_compare.ipynb #0899624f
-import copy, importlib, json, os, pickle, subprocess, time
+import copy, importlib, json, os, pickle, subprocess, sys, time
 from datetime import datetime, timezone
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 import torch
 import flowgrpo_nb
@@ -26,7 +27,8 @@ from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from .config import GRPOConfig, config_diff, parse_overrides, run_config
 from .checkpoint import RunFolder, FolderLock, read_json, write_json
 from .train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
-from .design import ARMS, TASKS, BUDGETS, COSTS, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
+from .design import ARMS, TASKS, BUDGETS, COSTS, LIMIT, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
+from .precision import machine_paths, resolve_fast, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
 from .summary import task_section, correct, evaluate_contrasts, add_fidelity, FAMILIES
 from .figures import report_figures
@@ -35,14 +37,15 @@ from .report import findings, report_html, results_rows, markdown_table, claims_
 # %% ../nbs/06h_compare.ipynb #b60a4e6e
 def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, progress:bool=True) -> EvalReport:
     "The evaluation of `policy` that a trainer run of `cfg` would make before its first step; cached in `path`."
-    ev = eval_settings(cfg)
-    key = dict(task=task.name, **ev, weights=policy.base_fingerprint(), fast=cfg.fast)
+    ev, fast = eval_settings(cfg), resolve_fast(cfg.fast, cfg.model)[0]
+    key = dict(task=task.name, **ev, weights=policy.base_fingerprint(), fast=fast)
     if path is not None and path.exists():
         d = read_json(path, 'the base evaluation cache')
-        if isinstance(d, dict) and d.get('key') == key: return EvalReport.from_dict(d)
+        same = lambda k: k == key or (cfg.fast == 'auto' and isinstance(k, dict) and {**k, 'fast': fast} == key)  # auto: the path it was evaluated on
+        if isinstance(d, dict) and same(d.get('key')): return EvalReport.from_dict(d)
     c0 = time.process_time()
     was = policy.fast
-    try: rep = evaluate_policy(policy.set_fast(cfg.fast), task, **ev, progress=progress)  # the path the runs evaluate on
+    try: rep = evaluate_policy(policy.set_fast(fast), task, **ev, progress=progress)  # the path the runs evaluate on
     finally: policy.set_fast(was)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +194,12 @@ def measured_cpu(report:Report, out:Path, bases:dict) -> dict:
     return dict(train=sum(r.total_cpu_seconds for r in runs), evaluation=sum(r.eval_cpu_seconds for r in runs), base=sum(base),
                 total=sum(r.total_cpu_seconds + r.eval_cpu_seconds for r in runs) + sum(base))
 
+def machine() -> dict:
+    "The machine that estimated and ran the jobs: its CPU, the path `fast='auto'` takes there and why, and the probe's seconds per row."
+    m = machine_paths()
+    return dict(cpu=m['key']['cpu'], capability=m['key']['capability'], path=path_name(m['fast']), why=m['why'],
+                per_row={p: m['timings'][p] for p in ('fp32', 'bf16')})
+
 # %% ../nbs/06h_compare.ipynb #29019ac6
 def read_fidelity(path:str|None) -> list[dict]|None:
     "Fidelity rows {task, seed, arm, measures} of `flowgrpo fidelity --compare` (rows), or of one model's fidelity.json (no task, seed); None: no path."
@@ -279,7 +288,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         report.wall_seconds = time.perf_counter() - t0
         report.timing = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(),
                              step_time_ratio=STEP_TIME_RATIO,
-                             estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases),
+                             estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases), machine=machine(),
                              main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
         log_invocation(out, id=me, wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))
         report.timing |= dict(command=command_line(ccfg, out), code=code_version(), invocations=earlier + read_invocations(out))
@@ -287,6 +296,15 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         return report
 
 # %% ../nbs/06h_compare.ipynb #4751eddb
+def run_paths(out:Path, ccfg:CompareConfig) -> dict:
+    "{path: [task/seedN/arm, ...]}: the precision path each run of the comparison ran on, from its config.json."
+    by = {}
+    for t in ccfg.tasks:
+        for s in ccfg.task_seeds(t):
+            for a in ccfg.task_arms(t):
+                if (run := RunFolder(run_dir(out, t, s, a))).is_run(): by.setdefault(path_name(run_config(run).fast), []).append(f'{t}/seed{s}/{a}')
+    return by
+
 def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
     "What was compared, under which settings: base model, budget, seeds, evaluation, tasks, and every arm's choices."
     t0 = ccfg.tasks[0]
@@ -307,7 +325,8 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
               for a in arms for t in [next(u for u in ccfg.tasks if a in ccfg.task_arms(u))]},
         statistics='paired per-seed differences; 95% CI of their mean with Student t (n - 1 degrees of freedom); '
                    "verdict higher/lower when Holm's correction over its family keeps p below 0.05 (families: "
-                   + '; '.join(FAMILIES.values()) + ')', step_time_ratio=STEP_TIME_RATIO)
+                   + '; '.join(FAMILIES.values()) + ')', step_time_ratio=STEP_TIME_RATIO,
+        precision=out and run_paths(out, ccfg))
 
 def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:bool=False, fidelity:list|None=None) -> Report:
     "The report from the runs in `out`, the base evaluations {('base', evaluation, seed, task): EvalReport} and fidelity rows."
@@ -346,6 +365,18 @@ def _left_line(out:Path, ccfg:CompareConfig, workers:int) -> str:
     return (f"{out}: {runs - n} of {runs} runs finished; left {sum(left.values()):.0f} core-seconds ({n} runs, {len(left) - n} base evaluations), "
             f"{wall:.0f} s wall on {workers} single-thread workers")
 
+def over_limit_line(ccfg:CompareConfig, out:Path, workers:int) -> str|None:
+    "One sentence when the default job's rest will take longer than `LIMIT` on this machine (None when it fits)."
+    left = jobs_left(out, ccfg)
+    wall = schedule(left, workers)[1] + (COSTS['worker'] + COSTS['report']) * bool(left)
+    if ccfg.budget != 'default' or wall <= LIMIT: return None
+    fewer = [(s, e) for n in range(len(ccfg.all_seeds) - 1, 0, -1) for s in [ccfg.all_seeds[:n]]
+             for e in [estimate_cost(replace(ccfg, seeds=s), workers)['wall_seconds']]]
+    fits = next(((s, e) for s, e in fewer if e <= LIMIT), None)
+    m = machine_paths()
+    return (f"expected {wall / 60:.0f} minutes on this machine ({workers} single-thread workers; {m['key']['cpu']} takes the {path_name(m['fast'])} path: {m['why']}), more than the "
+            f"{LIMIT / 60:.0f} the default job is sized for" + (f"; --seeds {' '.join(map(str, fits[0]))} would take {fits[1] / 60:.0f}" if fits else ''))
+
 def _estimate_line(e:dict) -> str:
     return (f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs, {e['jobs']} jobs) against the {e['limit_core_seconds']:.0f} of "
             f"{e['workers']} cores × {e['limit_wall_seconds']:.0f} s; {e['wall_seconds']:.0f} s wall on {e['workers']} single-thread workers")
@@ -366,8 +397,9 @@ def compare_cli(out:str='runs/compare',   # run folder of the comparison
     ccfg = CompareConfig(budget=budget, seeds=None if seeds is None else tuple(seeds),
                          tasks=_names(tasks), arms=_names(arms), overrides=parse_overrides(set),
                          fidelity=fidelity)
+    w = default_workers(len(job_costs(ccfg)), workers=workers or None)[0]
+    if (over := over_limit_line(ccfg, Path(out), w)): print(over, file=sys.stderr if not estimate else sys.stdout)
     if estimate:
-        w = default_workers(len(job_costs(ccfg)), workers=workers or None)[0]
         print(_estimate_line(estimate_cost(ccfg, w)))
         return print(_left_line(Path(out), ccfg, w)) if (Path(out)/'compare.json').is_file() else None
     report = compare(out, ccfg, workers=workers or None, threads=threads or None, png=not no_png)

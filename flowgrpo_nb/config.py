@@ -21,6 +21,7 @@ from .rollout import RolloutConfig, bad_field, field_types, check_fields, check_
 from .credit import METHODS, CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL, CALIB_STOP
 from .task import check_task_names, DTYPES
 from .checkpoint import RunFolder
+from .precision import FAST_CHOICES
 
 # %% ../nbs/05c_config.ipynb #439a1cd4
 @dataclass
@@ -77,7 +78,7 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     resolution:int|None=None    # sd3/flux: image side in pixels (None: 512)
     dtype:str='auto'            # sd3/flux: weights' dtype: auto (bfloat16 on a GPU, float32 on a CPU), bfloat16, float16, float32
     t5:bool=True                # sd3: load the T5 text encoder (False: without it, zeros in its place)
-    fast:bool=True              # tiny: bf16 network copy for calls without gradient, bf16 autocast for the update (False: fp32 eager)
+    fast:bool|str='auto'        # tiny: True: bf16 fast path (a bf16 copy without gradient, bf16 autocast for the update); False: fp32 eager; auto: whichever this machine runs faster (02b_precision)
 
     def __post_init__(self): validate_config(self)
     @property
@@ -196,6 +197,7 @@ def validate_config(c:GRPOConfig):
     if c.log_with is None: c.log_with = 'none'
     check_fields(c, _AT_LEAST, _POSITIVE, _NON_NEGATIVE, _CHOICES)
     if not 0 < c.ema_decay < 1: _fail('ema_decay', c.ema_decay, 'a number in (0, 1)')
+    if c.fast not in FAST_CHOICES or not isinstance(c.fast, (bool, str)): _fail('fast', c.fast, "true, false or 'auto'")
     if not 0 <= c.min_std_ratio < 1: _fail('min_std_ratio', c.min_std_ratio, 'a number in [0, 1)')
     check_window(c)
     _check_combinations(c)
@@ -269,9 +271,10 @@ def _known_fields(d:dict, source:str) -> dict:
     return {**ADDED_FIELDS, **{k: v for k, v in d.items() if k in names}}
 
 def config_diff(a:GRPOConfig, b:GRPOConfig, ignore=RESUMABLE_CHANGES) -> dict:
-    "Fields whose values differ between `a` and `b`: {name: (a's, b's)}."
+    "Fields whose values differ between `a` and `b`: {name: (a's, b's)}; fast='auto' matches the path a run recorded."
     da, db = a.to_dict(), b.to_dict()
-    return {k: (da[k], db[k]) for k in da if k not in ignore and da[k] != db[k]}
+    same = lambda k: da[k] == db[k] or (k == 'fast' and 'auto' in (da[k], db[k]))
+    return {k: (da[k], db[k]) for k in da if k not in ignore and not same(k)}
 
 # %% ../nbs/05c_config.ipynb #e0d4ea02
 def run_config(run:str|Path|RunFolder) -> GRPOConfig:
@@ -286,7 +289,7 @@ def _parse_value(name:str, text:str, tp):
     if bool in ok:
         if low in ('true', 'yes', '1'): return True
         if low in ('false', 'no', '0'): return False
-        _fail(name, text, 'true or false')
+        if str not in ok: _fail(name, text, 'true or false')
     if tuple in ok: return tuple(s.strip() for s in text.split(',') if s.strip())
     for t in (int, float):
         if t in ok:

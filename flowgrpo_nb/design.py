@@ -6,15 +6,16 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/design.html.md"""
 
 # %% auto #0
 __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'DEFAULT_ARMS', 'STUDY_ARMS', 'BUDGETS', 'SMOKE', 'AT_UNITS', 'CONTRASTS', 'COSTS',
-           'FAST_COSTS', 'ZERO_SHARE', 'LIMIT', 'Arm', 'arm_config', 'arm_settings', 'CompareConfig', 'Contrast',
-           'contrast_label', 'unit_costs', 'step_cost', 'eval_cost', 'n_evals', 'run_cost', 'job_costs', 'schedule',
-           'estimate_cost']
+           'REFERENCE', 'UNIT_ROWS', 'ZERO_SHARE', 'LIMIT', 'Arm', 'arm_config', 'arm_settings', 'CompareConfig',
+           'Contrast', 'contrast_label', 'path_seconds', 'run_path', 'unit_costs', 'step_cost', 'eval_cost', 'n_evals',
+           'run_cost', 'job_costs', 'schedule', 'estimate_cost']
 
 # %% ../nbs/06b_design.ipynb #c862115e
 import math
 from dataclasses import dataclass, field
 from .rollout import lookahead_nfe, bad_field
 from .config import GRPOConfig, preset_config
+from .precision import machine_paths, choose_path, path_name
 from .stats import KINDS
 
 # %% ../nbs/06b_design.ipynb #133d8253
@@ -207,42 +208,56 @@ CONTRASTS = (
 )
 
 # %% ../nbs/06b_design.ipynb #6d4b3a70
-COSTS = dict(rollout=0.0050, lookahead=0.0041, update=0.0090, evaluation=0.00446,  # CPU s per sample x NFE / pair / image x step
-             run=3.0, worker=10.0, report=30.0)                                    # fixed CPU s: per run, per worker, once
-FAST_COSTS = COSTS | dict(rollout=0.0012, lookahead=0.0008, update=0.0023, evaluation=0.0008)  # the tiny model's fast path
-
-def unit_costs(cfg:GRPOConfig) -> dict: return FAST_COSTS if cfg.fast and cfg.model == 'tiny' else COSTS
+COSTS = dict(run=3.0, worker=10.0, report=30.0)  # fixed CPU s: per run, per worker, once
+REFERENCE = dict(eager=dict(rollout=0.0050, lookahead=0.0041, update=0.0090, evaluation=0.00446),  # CPU s per unit on the AMX
+                 fast=dict(rollout=0.0012, lookahead=0.0008, update=0.0023, evaluation=0.0008))    # test machine (median of its runs)
+UNIT_ROWS = dict(rollout=('forward', 2.43), lookahead=('forward', 1.98), update=('update', 1.45), evaluation=('forward', 1.90))  # probe rows per unit
 ZERO_SHARE = dict(few=0.6, continuous=0.0)  # share of a dense-credit method's (sample, trained step) pairs with A = 0
 LIMIT = 1800.0                              # seconds of the default job on two idle cores
 
-def step_cost(cfg:GRPOConfig, levels:str='few') -> dict:
+def path_seconds(timings:dict, fast:bool) -> dict:
+    "CPU seconds per row of each kind of call on a path; a bf16 kind the probe did not time is fp32's x the forward's ratio."
+    f, b = timings['fp32'], timings['bf16']
+    if not fast: return dict(f)
+    return {k: b[k] if b.get(k) is not None else f[k] * b['forward'] / f['forward'] for k in f}
+
+def run_path(cfg:GRPOConfig, timings:dict|None=None) -> bool:
+    "The path a run of `cfg` takes on the machine of `timings` (default: this one): True for bf16."
+    if cfg.model != 'tiny': return False
+    return (choose_path(timings or machine_paths()['timings'])[0] if cfg.fast == 'auto' else bool(cfg.fast))
+
+def unit_costs(cfg:GRPOConfig, timings:dict|None=None) -> dict:
+    "CPU seconds per unit of each phase of a run of `cfg` on this machine (or on the machine whose probe gave `timings`)."
+    per_row = path_seconds(timings or machine_paths()['timings'], run_path(cfg, timings))
+    return {k: n * per_row[kind] for k, (kind, n) in UNIT_ROWS.items()}
+
+def step_cost(cfg:GRPOConfig, levels:str='few', timings:dict|None=None) -> dict:
     "Expected CPU seconds of one training step of `cfg`, by phase."
     (s, e), B = cfg.rollout_config().window, cfg.batch_size
     la = lookahead_nfe(cfg.lookahead, cfg.K, (s, e), cfg.group_size, cfg.shared_noise) if cfg.lookahead else 0
     skips = cfg.method in ('dense', 'turning_point') and cfg.beta == 0 and cfg.skip_zero_adv
     diag = cfg.minibatch / (B * cfg.diag_every) if cfg.diag_every else 0  # one more pass over a minibatch every n steps
-    c = unit_costs(cfg)
+    c = unit_costs(cfg, timings)
     return dict(rollout=B * cfg.K * c['rollout'], values=B * la * c['lookahead'],
                 update=B * (e - s) * c['update'] * (1 - ZERO_SHARE[levels] * skips + diag))
 
 # %% ../nbs/06b_design.ipynb #1fe021f4
-def eval_cost(images:int, K:int, costs:dict=COSTS) -> float: return images * K * costs['evaluation']
+def eval_cost(images:int, K:int, costs:dict) -> float: return images * K * costs['evaluation']  # costs: `unit_costs`
 
 def n_evals(cfg:GRPOConfig) -> int:
     "Evaluations a trainer run makes: every `eval_every` steps and at the end."
     if not cfg.eval_images: return 0
     return sum((cfg.eval_every and k % cfg.eval_every == 0) or k == cfg.steps for k in range(1, cfg.steps + 1))
 
-def run_cost(cfg:GRPOConfig, levels:str='few') -> dict:
+def run_cost(cfg:GRPOConfig, levels:str='few', timings:dict|None=None) -> dict:
     "Expected CPU seconds of one run: training, calibration, evaluations and start-up."
-    cal = 0.0
+    cal, c = 0.0, unit_costs(cfg, timings)
     if cfg.calibrate:
         n = math.ceil(cfg.calib_samples / cfg.group_size) * cfg.group_size
         la = lookahead_nfe('ode:rest', cfg.K, cfg.rollout_config().window)
-        c = unit_costs(cfg)
         cal = cfg.calib_iters * n * (cfg.K * c['rollout'] + la * c['lookahead'])
-    return dict(train=cfg.steps * sum(step_cost(cfg, levels).values()), calibration=cal,
-                evaluation=n_evals(cfg) * eval_cost(cfg.eval_images, cfg.K, unit_costs(cfg)), start=COSTS['run'])
+    return dict(train=cfg.steps * sum(step_cost(cfg, levels, timings).values()), calibration=cal,
+                evaluation=n_evals(cfg) * eval_cost(cfg.eval_images, cfg.K, c), start=COSTS['run'])
 
 # %% ../nbs/06b_design.ipynb #209ddacc
 def _eval_groups(ccfg:CompareConfig, given:bool=False) -> dict:
@@ -251,17 +266,17 @@ def _eval_groups(ccfg:CompareConfig, given:bool=False) -> dict:
     for t in ccfg.tasks: out.setdefault(t if given else TASKS[t]['evaluation'], []).append(t)
     return out
 
-def job_costs(ccfg:CompareConfig, given:bool=False) -> dict:
-    "{job: expected CPU seconds}: ('base', evaluation, seed, task) and (task, seed, arm)."
+def job_costs(ccfg:CompareConfig, given:bool=False, timings:dict|None=None) -> dict:
+    "{job: expected CPU seconds}: ('base', evaluation, seed, task) and (task, seed, arm), on this machine (or `timings`')."
     jobs = {}
     for g, ts in _eval_groups(ccfg, given).items():
         for s in sorted({s for t in ts for s in ccfg.task_seeds(t)}):
             t = next(t for t in ts if s in ccfg.task_seeds(t))
             cfg = ccfg.train_config('flow_grpo', s, t)
-            jobs[('base', g, s, t)] = eval_cost(cfg.eval_images, cfg.K, unit_costs(cfg)) + COSTS['run']
+            jobs[('base', g, s, t)] = eval_cost(cfg.eval_images, cfg.K, unit_costs(cfg, timings)) + COSTS['run']
     for t in ccfg.tasks:
         for s in ccfg.task_seeds(t):
-            for a in ccfg.task_arms(t): jobs[(t, s, a)] = sum(run_cost(ccfg.train_config(a, s, t), TASKS[t]['levels']).values())
+            for a in ccfg.task_arms(t): jobs[(t, s, a)] = sum(run_cost(ccfg.train_config(a, s, t), TASKS[t]['levels'], timings).values())
     return jobs
 
 # %% ../nbs/06b_design.ipynb #1a9a3581
@@ -272,9 +287,9 @@ def schedule(costs:dict, workers:int) -> tuple[list, float]:
     for k in order: free[free.index(min(free))] += costs[k]
     return order, max(free)
 
-def estimate_cost(ccfg:CompareConfig, workers:int=2) -> dict:
+def estimate_cost(ccfg:CompareConfig, workers:int=2, timings:dict|None=None) -> dict:
     "Expected CPU seconds of `ccfg`'s comparison (jobs, workers, report) and its wall seconds on `workers` single-thread workers."
-    jobs = job_costs(ccfg)
+    jobs = job_costs(ccfg, timings=timings)
     _, span = schedule(jobs, workers)
     fixed = workers * COSTS['worker'] + COSTS['report']
     return dict(core_seconds=sum(jobs.values()) + fixed, wall_seconds=span + COSTS['worker'] + COSTS['report'],

@@ -314,6 +314,14 @@ def task_seeds(s:dict) -> dict:
     "{task: its seeds} of a report's setup (a report that ran the same seeds everywhere: the setup's)."
     return {t: tuple(d.get('seeds', s['seeds'])) for t, d in s['tasks'].items()}
 
+def _precision_items(s:dict) -> list[str]:
+    "The precision path of the runs (a report before it was recorded: none)."
+    p = s.get('precision')
+    if not p: return []
+    n = sum(map(len, p.values()))
+    if len(p) == 1: return [f"precision: the {next(iter(p))} path for all {n} runs (GRPOConfig.fast; 02b_precision)"]
+    return ["precision: " + '; '.join(f"the {k} path for {len(v)} runs ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})" for k, v in p.items())]
+
 def _setup_items(s:dict) -> list[str]:
     ev, base, per = s['evaluation'], s['base'], task_seeds(s)
     return [f"base model: {base['model']} ({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
@@ -325,6 +333,7 @@ def _setup_items(s:dict) -> list[str]:
             f"guidance {ev['guidance']}, noise {ev['noise']}",
             *[f"task {t}: trained on {d['about']} ({d['name']}; {d['train_prompts']} train prompts), judged by {d['evaluation']} on "
               f"{d['eval_prompts']} held-out prompts; arms {', '.join(d['arms'])}" for t, d in s['tasks'].items()],
+            *_precision_items(s),
             f"statistics: {s['statistics']}",
             f"costs: {s['step_time_ratio']}; calibration counted into a run's NFE and CPU seconds"]
 
@@ -343,6 +352,9 @@ def _invocation(i:dict) -> str:
     return (f"{i.get('started', 'at an earlier version')}: {i.get('command', 'command not recorded')} ({_code(i.get('code'))}; "
             + (f"{i['runs_to_train']} of {i['runs']} runs to train; " if 'runs' in i else '') + took + ')')
 
+def _machine(m:dict|None) -> str:
+    return f" on {m['cpu']} ({m['capability']}), where fast=auto takes the {m['path']} path" if m else ''
+
 def _timing_html(report:Report) -> str:
     "The timing block: this invocation's command and code, wall and CPU seconds against the estimate, and every invocation of the job."
     tm = report.timing or {}
@@ -353,7 +365,7 @@ def _timing_html(report:Report) -> str:
     return head + (f"<p>{report.wall_seconds:.0f} s wall" + (f" ({tm['runs_reused']} of {tm['runs']} runs reused from an earlier invocation, not counted)"
             if tm.get('runs_reused') else '') + f", {tm.get('workers')} worker(s) × {tm.get('threads_per_worker')} thread(s), "
             f"{tm['cpu_seconds']['total']:.0f} CPU seconds measured by the jobs; estimated {tm['estimate']['wall_seconds']:.0f} s wall, "
-            f"{tm['estimate']['core_seconds']:.0f} core-seconds in all.</p>") + runs
+            f"{tm['estimate']['core_seconds']:.0f} core-seconds in all" + _machine(tm.get('machine')) + ".</p>") + runs
 
 def _seeds(s:dict) -> str:
     "'5 seeds', or per task when the tasks ran different seeds: '8 seeds (geneval), 5 (score)'."

@@ -280,6 +280,7 @@ def load_adapter(net:nn.Module, transformer:nn.Module, on:bool=True):
 @patch
 def set_fast(self:TinyPolicy, on:bool=True) -> TinyPolicy:
     "Fast path on (bf16 copy without gradient, bf16 autocast with it, `JointAttention`) or off (the model as loaded)."
+    if not isinstance(on, bool): raise ValueError(f"set_fast: on={on!r}: allowed True or False (resolve fast='auto' with precision.resolve_fast)")
     if any(b.attn.norm_q is not None for b in self.transformer.transformer_blocks):
         raise ValueError("set_fast: JointAttention has no q/k normalisation; this transformer uses one")
     self.fast, self._fast = bool(on), None

@@ -9,7 +9,7 @@ __all__ = ['EVAL_SEED', 'step_prompts', 'step_generator', 'GRPOTrainer', 'credit
            'check_base', 'load_run_policy', 'ema_of', 'eval_settings', 'train_cli', 'result_line']
 
 # %% ../nbs/06_train.ipynb #7c75e6cd
-import json, math
+import copy, json, math, warnings
 from dataclasses import replace
 from pathlib import Path
 import numpy as np, torch
@@ -23,6 +23,7 @@ from .rollout import rollout, step_values, logprob_pairs
 from .credit import METHODS, compute_credit, calibrate_exploration, Calibration
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config
+from .precision import resolve_fast, path_name
 from .checkpoint import (write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint,
                                     clean_interrupted, flatten_optimizer, unflatten_optimizer, MetricsLog,
                                     check_output_dir, RunFolder)
@@ -66,9 +67,11 @@ class GRPOTrainer:
 # %% ../nbs/06_train.ipynb #4b390c80
 @patch
 def _init_state(self:GRPOTrainer, resume:bool):
+    self.cfg, why = self._precision(resume)
     cfg = self.cfg
     self.policy.set_fast(cfg.fast)
-    self.base = dict(fingerprint=self.policy.base_fingerprint(), model=cfg.model, model_path=cfg.model_path)
+    self.precision = dict(path=path_name(cfg.fast), why=why)
+    self.base = dict(fingerprint=self.policy.base_fingerprint(), model=cfg.model, model_path=cfg.model_path, precision=self.precision)
     if resume: check_base(self.folder, self.base['fingerprint'], 'resume')
     torch.manual_seed(cfg.seed)
     self.policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
@@ -83,6 +86,20 @@ def _init_state(self:GRPOTrainer, resume:bool):
     else: self._start_run_dir()
     if self.acc.trackers == [] and cfg.log_with != 'none':
         self.acc.init_trackers('grpo', config={k: str(v) for k, v in cfg.to_dict().items()})
+
+# %% ../nbs/06_train.ipynb #f54384c7
+@patch
+def _precision(self:GRPOTrainer, resume:bool) -> tuple[GRPOConfig, str]:
+    "This run's config with `fast` resolved to the path it runs (a resumed run: the one it started on), and why."
+    cfg = copy.copy(self.cfg)
+    if resume and cfg.fast == 'auto':
+        ran, (mine, why) = run_config(self.folder).fast, resolve_fast('auto', cfg.model)
+        if ran != mine:
+            warnings.warn(f"{self.run_dir} started on the {path_name(ran)} path and resumes on it; this machine would choose the "
+                          f"{path_name(mine)} one ({why}): start a new run with --set fast={str(mine).lower()} to use it", stacklevel=3)
+        cfg.fast, why = ran, f"the path the run started on (fast=auto here: {why})"
+    else: cfg.fast, why = resolve_fast(cfg.fast, cfg.model)
+    return cfg, why
 
 # %% ../nbs/06_train.ipynb #e726a700
 @patch
@@ -249,6 +266,7 @@ def train(self:GRPOTrainer) -> dict:
     "Run (or continue) training to `cfg.steps`; returns the summary also written to summary.json."
     cfg = self.cfg
     if self.lock is not None and not self.lock.held: self.lock = self.folder.lock()  # a second `train` of this trainer
+    if self.progress and self.acc.is_main_process: tqdm.write(f"{self.run_dir}: {self.precision['path']} path ({self.precision['why']})")
     try:
         if cfg.calibrate and self.psi is None: self.calibrate()
         if self.step == 0 and not self.history and self.evaluates and cfg.eval_start: self.log(self.eval_metrics() | dict(sec_total=0.0))
@@ -438,7 +456,7 @@ def summary(self:GRPOTrainer) -> dict:
              seconds_per_step={k: med(f'sec_{k}') for k in (*PHASES, 'step')},
              cpu_seconds_per_step={k: med(f'cpu_{k}') for k in (*PHASES, 'step')},
              psi=None if self.psi is None else self.psi.tolist(),
-             calibration_cost=(self.calibration_record or {}).get('cost'))
+             calibration_cost=(self.calibration_record or {}).get('cost'), precision=self.precision)
     if self.acc.is_main_process: self.folder.write('summary', s)
     return s
 

@@ -7,6 +7,7 @@ import flowgrpo_nb
 from fastcore.script import anno_parser
 from safetensors.torch import load_file
 
+from flowgrpo_nb.precision import resolve_fast
 from flowgrpo_nb.design import ARMS, SMOKE, arm_config, arm_settings, CompareConfig, job_costs, estimate_cost
 from flowgrpo_nb.compare import EVAL_SEED, base_eval, compare, compare_cli, _train_one
 from flowgrpo_nb.results import Report, heldout, run_report
@@ -45,7 +46,7 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     assert set(after) == set(before) and all(torch.equal(after[k], v) for k, v in before.items())
     sec = report.tasks['geneval']
     cfg = CompareConfig(**ONE).train_config('flow_grpo', 0)  # the trainer's evaluation settings and noise of seed 0
-    base = evaluate_policy(copy.deepcopy(policy).set_fast(cfg.fast), task, cfg.eval_images, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance, seed=cfg.seed + EVAL_SEED)
+    base = evaluate_policy(copy.deepcopy(policy).set_fast(resolve_fast(cfg.fast)[0]), task, cfg.eval_images, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance, seed=cfg.seed + EVAL_SEED)
     assert sec.base['per_seed']['0'] == heldout(base) and sec.base['learned_score'] is None
     for m in ('flow_grpo', 'dense'):
         r, run = sec.arms[m], sec.per_seed['0'][m]

@@ -45,8 +45,10 @@ def test_step_values_of_a_few_level_reward_agree(pair, task):
 @pytest.mark.parametrize('updates', [1, 2])
 def test_update_ratio_on_the_fast_path(tmp_path, task, updates):
     "The first update's ratio is exactly 1 (its old log-probs are its own); a second update of the same batch reads them from before the first step."
-    cfg = preset_config('flow_grpo+smoke', steps=1, eval_images=0, log_with='none', updates_per_rollout=updates, minibatch=4, diag_every=0)
+    cfg = preset_config('flow_grpo+smoke', steps=1, eval_images=0, log_with='none', updates_per_rollout=updates, minibatch=4, diag_every=0,
+                        fast=True)  # the fast path, whatever fast='auto' would take on this machine
     tr = GRPOTrainer(cfg, tmp_path, task=task, progress=False)
+    assert tr.policy.fast and tr.cfg.fast is True
     c = tr.collect(0)
     stats = dict(loss=[], clipfrac=[], approx_kl=[], kl=[], grad_norm=[], skipped=[])
     chunks = torch.arange(c['rollout'].B).chunk(updates)

@@ -16,27 +16,42 @@ def trainer(base, tmp_path, name, **kw):
                         minibatch=8, **kw)
     return GRPOTrainer(cfg, tmp_path/name, policy=copy.deepcopy(pol), task=task, progress=False)
 
-def test_skipping_zero_advantages_keeps_the_gradient(base, tmp_path):
-    "One step with and without the skip from the same rollout: same gradient and adapter (up to float summation order)."
-    a, b = trainer(base, tmp_path, 'skip', skip_zero_adv=True), trainer(base, tmp_path, 'full', skip_zero_adv=False)
+@pytest.mark.parametrize('fast', [False, True])
+def test_skipping_zero_advantages_keeps_the_gradient(base, tmp_path, fast):
+    """One step with and without the skip from the same rollout: the same gradient and adapter.
+
+    On the eager path up to float summation order. On the bf16 fast path the skip changes which rows share a matrix
+    product, and where bf16 is emulated (CPUs without AVX-512 BF16 or AMX) their rounding differs with the batch:
+    there the gradients agree to 1% of their norm (and Adam's first step, which divides by |g|, is not compared)."""
+    a, b = trainer(base, tmp_path, 'skip', skip_zero_adv=True, fast=fast), trainer(base, tmp_path, 'full', skip_zero_adv=False, fast=fast)
     c = a.collect(0)
     assert (c['advantages'][:, c['rollout'].trained] == 0).any()  # there is something to skip
     sa, sb = a.update(c['rollout'], c['advantages']), b.update(c['rollout'], c['advantages'])
     assert 0 < sa['skipped'] < 1 and sb['skipped'] == 0
+    if fast:
+        ga, gb = (torch.cat([p.grad.flatten() for p in t.params]) for t in (a, b))
+        assert (ga - gb).norm() <= 1e-2 * gb.norm(), float((ga - gb).norm() / gb.norm())
+        return
     for pa, pb in zip(a.params, b.params):
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-9)
         torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)
     assert sa['loss'] == pytest.approx(sb['loss'], rel=1e-5, abs=1e-7)  # a mean of ~0 (advantages are centred)
 
-def test_all_pairs_skipped_still_steps_adam(base, tmp_path):
-    "Advantages all zero: the skip gives zero gradients (AdamW steps its moments), exactly as without the skip."
-    a, b = trainer(base, tmp_path, 'skip0', skip_zero_adv=True), trainer(base, tmp_path, 'full0', skip_zero_adv=False)
+@pytest.mark.parametrize('fast', [False, True])
+def test_all_pairs_skipped_still_steps_adam(base, tmp_path, fast):
+    """Advantages all zero: the skip gives zero gradients and AdamW still steps (its moments move the adapter), exactly
+    as without the skip on the eager path; on the bf16 path the first step's rounding (see above) leaves the two
+    adapters apart, so there the zero-advantage step is checked to be a step of Adam's moments alone."""
+    a, b = trainer(base, tmp_path, 'skip0', skip_zero_adv=True, fast=fast), trainer(base, tmp_path, 'full0', skip_zero_adv=False, fast=fast)
     c = a.collect(0)
     for t in (a, b): t.update(c['rollout'], c['advantages'])      # a first step that moves the adapter
     zero = torch.zeros_like(c['advantages'])
+    before = [p.detach().clone() for p in a.params]
     sa, sb = a.update(c['rollout'], zero), b.update(c['rollout'], zero)
     assert sa['skipped'] == 1 and all(p.grad is not None and not p.grad.any() for p in a.params)
-    for pa, pb in zip(a.params, b.params): torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)
+    assert all(s['step'] == 2 for s in a.opt.state.values()) and any(not torch.equal(p, q) for p, q in zip(a.params, before))
+    if not fast:
+        for pa, pb in zip(a.params, b.params): torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)
 
 def test_grad_shares_are_a_diagnostic(base, tmp_path):
     "Shares sum to 1, are 0 where the credit is 0, and the update after them is bitwise the update without them."
