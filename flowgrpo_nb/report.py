@@ -10,6 +10,7 @@ import html
 from .results import FIDELITY_MEASURES, Report, TaskSection
 from .summary import REACH_BY, WINDOW_MATCH, fidelity_gain
 from .design import contrast_label
+from .task import COLLAPSE_DROP
 
 # %% auto #0
 __all__ = ['DENSE_CREDIT', 'METRICS', 'RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD',
@@ -130,10 +131,22 @@ def _fidelity_finding(t:str, sec:TaskSection) -> list[str]:
             + (f" Across arms, fidelity and gain over the base model go together with Kendall tau {assoc} — a description of the arms run, not a test." if g else '')]
 
 # %% ../nbs/06g_report.ipynb #56e1107f
+def _collapse_finding(t:str, sec) -> list[str]:
+    "How many runs of each arm collapsed (`task.collapse`), when and how far; nothing for a report written before it was read."
+    arms = {a: r.collapses for a, r in sec.arms.items() if r.collapses is not None}
+    if not arms: return []
+    hit, rule = {a: c for a, c in arms.items() if c}, f"a held-out evaluation more than {COLLAPSE_DROP} below the run's best earlier one"
+    if not hit: return [f"[{t}] no run collapsed ({rule})."]
+    part = lambda a, c: f"{a} {len(c)} of {len(sec.per_seed)} (" + ', '.join(
+        f"seed {s} at step {d['step']}: {d['best']:.3f} at step {d['best_step']} → {d['score']:.3f}" for s, d in c.items()) + ')'
+    n = sum(map(len, hit.values()))
+    return [f"[{t}] {n} run{'s' if n != 1 else ''} collapsed ({rule}): " + '; '.join(part(a, c) for a, c in hit.items()) + '.']
+
 def other_findings(report:Report) -> list[str]:
-    "Sentences on turning points, control windows, gains over the base model, credit fidelity, reaching Flow-GRPO's score, and costs."
+    "Sentences on collapses, turning points, control windows, gains over the base model, credit fidelity, reaching Flow-GRPO's score, and costs."
     out = []
     for t, sec in report.tasks.items():
+        out += _collapse_finding(t, sec)
         for a in sec.arms: out += _tp_finding(report, t, sec, a) + _window_finding(report, t, sec, a)
         out += _base_findings(t, sec) + _fidelity_finding(t, sec)
     return out + [_cost_finding(t, sec, a) for t, sec in report.tasks.items() for a in sec.arms if a != 'flow_grpo']

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 import numpy as np
 from .policy import PHASES
-from .task import EvalReport
+from .task import EvalReport, collapse
 from .config import GRPOConfig, run_config
 from .checkpoint import RunFolder
 from .stats import aggregate
@@ -110,6 +110,7 @@ class RunResult(Record):
     auc:float|None=None          # mean held-out strict score over steps 0..steps (trapezoid, base point included)
     reach:dict|None=None         # {target, steps, nfe, seconds}: the first trained evaluation at or above the task's target
     at_nfe:dict|None=None        # {nfe, strict, learned}: the scores at the task's NFE budget
+    collapse:dict|None=None      # its first evaluation more than COLLAPSE_DROP below its best earlier one (`task.collapse`; None: none or not read)
     psi_rounds:list|None=None    # [rounds][K] psi of every calibration round
     calib_stable:bool|None=None  # calibration stopped because psi stopped moving
 
@@ -190,9 +191,10 @@ def run_report(d:Path, base:EvalReport) -> RunResult:
     nfe = dict(rollout=(_median(steps, 'nfe_rollout') or 0.0) * B,
                lookahead=(_median(steps, 'nfe_lookahead') or 0.0) * B)
     tps, loss = [m['turning_points'] for m in steps if 'turning_points' in m], cfg.loss_steps().nonzero().flatten().tolist()
+    curve = run_curve(evals, base, cal, cpu, at)
     return RunResult(
         heldout=heldout(final), learned_score=final.extra.get('score'), n_images=final.n,
-        curve=run_curve(evals, base, cal, cpu, at),
+        curve=curve, collapse=collapse([(p.step, p.eval) for p in curve]),
         reward_curve=[dict(step=m['step'], seconds=float(cpu[m['step']]), reward=m['reward']) for m in steps],
         nfe_per_step=nfe, nfe_per_sample={k: v / B for k, v in nfe.items()},
         seconds_per_step={k: _median(steps, f'sec_{k}') or 0.0 for k in (*PHASES, 'step')},
@@ -242,6 +244,7 @@ class ArmSummary(Record):
     calib_rounds:Agg|None=None   # calibration rounds run, over seeds
     calib_stable:str|None=None   # seeds whose calibration stopped because psi stopped moving, 'k/n'
     fidelity:dict|None=None      # credit fidelity of its fine-tuned runs: {seeds, measure of `FIDELITY_MEASURES`: Agg over seeds}
+    collapses:dict|None=None     # {seed: its run's `collapse`} of the seeds whose run collapsed (None: a report before it was read)
     def __post_init__(self):  # read from JSON, the Aggs inside `reach`, `at_nfe` and `fidelity` are objects: make them Aggs again
         for f, keys in (('reach', ('steps', 'nfe', 'seconds')), ('at_nfe', ('strict', 'learned')),
                         ('fidelity', tuple(FIDELITY_MEASURES))):

@@ -134,7 +134,8 @@ def arm_summary(per_seed:dict[str, dict[str, RunResult]], arm:str) -> ArmSummary
         total_nfe=A(lambda r: r.total_nfe), total_cpu_seconds=A(lambda r: r.total_cpu_seconds),
         turning_points=None if None in tps else float(sum(tps)), adv_zero=A(lambda r: r.adv_zero),
         skipped=A(lambda r: r.skipped),
-        grad_share=None if any(r.grad_share is None for r in reps) else np.mean([r.grad_share for r in reps], 0).tolist())
+        grad_share=None if any(r.grad_share is None for r in reps) else np.mean([r.grad_share for r in reps], 0).tolist(),
+        collapses={s: runs[arm].collapse for s, runs in per_seed.items() if runs[arm].collapse})
 
 # %% ../nbs/06e_summary.ipynb #51d0f68c
 WINDOW_MATCH = 0.9  # a control matches an arm's window when at least this share of the arm's gradient is on the control's trained steps

@@ -16,9 +16,10 @@ from .policy import Policy
 from .rollout import RolloutConfig, rollout
 
 # %% auto #0
-__all__ = ['GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'EvalReport', 'mean_se', 'reward_report', 'Task',
-           'balanced_prompts', 'evaluate_policy', 'normalise_grid_prompt', 'geneval_task', 'read_prompts',
-           'prompt_splits', 'reward_from_spec', 'reward_task', 'check_task_names', 'load_task', 'load_policy']
+__all__ = ['COLLAPSE_DROP', 'GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'EvalReport', 'mean_se', 'reward_report',
+           'collapse', 'Task', 'balanced_prompts', 'evaluate_policy', 'normalise_grid_prompt', 'geneval_task',
+           'read_prompts', 'prompt_splits', 'reward_from_spec', 'reward_task', 'check_task_names', 'load_task',
+           'load_policy']
 
 # %% ../nbs/05b_task.ipynb #4c1b1e5a
 @dataclass
@@ -54,6 +55,18 @@ def reward_report(scores:torch.Tensor, prompts:list[str], category:Callable|None
     ms, ses = [v[0] for v in by.values()], [v[1] for v in by.values()]
     return EvalReport(float(np.mean(ms)), float(np.sqrt(np.sum(np.square(ses)))) / len(ses), len(scores),
                       {c: dict(score=m, se=se, n=n) for c, (m, se, n) in by.items()}, extra)
+
+# %% ../nbs/05b_task.ipynb #722fa18d
+COLLAPSE_DROP = 0.10  # a held-out evaluation more than this below the run's best earlier one is a collapse
+
+def collapse(curve:list, drop:float=COLLAPSE_DROP) -> dict|None:
+    "The first evaluation of `curve` [(step, score), ...] more than `drop` below the best earlier one (None: none)."
+    best = None
+    for step, score in curve:
+        if best is not None and score < best[1] - drop:
+            return dict(step=step, score=score, best_step=best[0], best=best[1], drop=best[1] - score)
+        if best is None or score > best[1]: best = (step, score)
+    return None
 
 # %% ../nbs/05b_task.ipynb #6f84b84d
 @dataclass

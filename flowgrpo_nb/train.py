@@ -21,7 +21,7 @@ from .flow import flow_sde_scale
 from .policy import Policy, PHASES, ema_weights, seeded_generator, timed
 from .rollout import rollout, step_values, logprob_pairs
 from .credit import METHODS, compute_credit, calibrate_exploration, Calibration
-from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
+from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
 from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config
 from .precision import resolve_fast, path_name
 from .checkpoint import (write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint,
@@ -118,16 +118,19 @@ def collect(self:GRPOTrainer, step:int) -> dict:
         credit = compute_credit(V_all, group_all, ro.trained.cpu(), cfg.credit_config())
         loss = cfg.loss_steps(step)
         A = torch.where(loss, credit.advantages, 0.)  # steps outside train_start/train_size explore but get no loss
-    stats = credit_stats(V_all, replace(credit, advantages=A), loss) | dict(
+    stats = credit_stats(V_all, replace(credit, advantages=A), loss, group_all) | dict(
         nfe_rollout=n_ro['nfe'] / ro.B, nfe_lookahead=(n_la['nfe'] / ro.B if cfg.lookahead else 0.0))
     return dict(rollout=ro, advantages=A[self.rows()], credit=credit, V=V_all, times=times, stats=stats)
 
 # %% ../nbs/06_train.ipynb #d84e0055
-def credit_stats(V:torch.Tensor, credit, trained:torch.Tensor) -> dict:
-    "What the logs keep of a batch's credit: reward mean/std, |A|, std of A, the share of exact zeros, turning points."
+def credit_stats(V:torch.Tensor, credit, trained:torch.Tensor, group:torch.Tensor|None=None) -> dict:
+    "What the logs keep of a batch's credit: reward mean/std, |A|, std of A, the share of exact zeros, groups without spread, turning points."
     A = credit.advantages[:, trained]
     s = dict(reward=float(V[:, -1].mean()), reward_std=float(V[:, -1].std()), adv_abs=float(A.abs().mean()),
              adv_std=float(A.std()), adv_zero=float((A == 0).float().mean()))
+    if group is not None:  # a group whose samples all got the same final reward teaches Flow-GRPO nothing
+        r = V[:, -1]
+        s['zero_spread'] = float(np.mean([float(r[group == g].max() == r[group == g].min()) for g in group.unique().tolist()]))
     if credit.turning_points is not None: s['turning_points'] = float(credit.turning_points.kept.float().sum())
     return s
 
@@ -158,7 +161,8 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
     "`updates_per_rollout` optimizer steps on this process's rollout `ro` with advantages `A` [B, K]."
     cfg, pol = self.cfg, self.policy
     ks = ro.trained.nonzero().flatten().cpu().tolist()
-    stats = dict(loss=[], clipfrac=[], approx_kl=[], kl=[], grad_norm=[], skipped=[])
+    stats = dict(loss=[], clipfrac=[], approx_kl=[], kl=[], grad_norm=[], skipped=[], ratio_mean=[], ratio_std=[])
+    before = [p.detach().clone() for p in self.params]
     chunks = torch.arange(ro.B).chunk(cfg.updates_per_rollout)
     old = self._current_logprobs(ro, A, ks, torch.cat(chunks[1:])) if pol.fast and len(chunks) > 1 else ro.log_prob
     for u, rows in enumerate(chunks):
@@ -174,7 +178,9 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
         stats['grad_norm'].append(gn)
         self.opt.step()
         if self.ema is not None: self.ema.step(self.params)
-    return {k: float(np.mean(v)) for k, v in stats.items() if v}
+    norm = lambda ts: float(torch.stack([t.detach().float().norm() for t in ts]).norm())
+    return {k: float(np.mean(v)) for k, v in stats.items() if v} | dict(
+        adapter_norm=norm(self.params), update_norm=norm([p.detach() - b for p, b in zip(self.params, before)]))
 
 # %% ../nbs/06_train.ipynb #7af88699
 @patch
@@ -215,6 +221,8 @@ def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|
     self.acc.backward(loss / n_mb)
     stats['loss'].append(loss.item()); stats['clipfrac'].append(((ratio.detach() - 1).abs() > cfg.clip_range).float().mean().item())
     stats['approx_kl'].append(0.5 * ((out.log_prob.detach() - old) ** 2).mean().item())
+    r = ratio.detach().float()
+    stats['ratio_mean'].append(r.mean().item()); stats['ratio_std'].append(r.std().item() if r.numel() > 1 else 0.0)
 
 # %% ../nbs/06_train.ipynb #a908fa16
 @patch
@@ -275,6 +283,7 @@ def train(self:GRPOTrainer) -> dict:
             m = self.train_step()
             if self.evaluates and ((cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps):
                 with timed(m, 'eval'): m |= self.eval_metrics()
+                self._warn_collapse(m['eval_overall'])
             m['sec_total'] = (self.history[-1].get('sec_total', 0.0) if self.history else 0.0) + m['sec_step']
             self.log(m)
             bar.update(1); bar.set_postfix(reward=f"{m['reward']:.3f}", **({'eval': f"{m['eval_overall']:.3f}"} if 'eval_overall' in m else {}))
@@ -456,9 +465,20 @@ def summary(self:GRPOTrainer) -> dict:
              seconds_per_step={k: med(f'sec_{k}') for k in (*PHASES, 'step')},
              cpu_seconds_per_step={k: med(f'cpu_{k}') for k in (*PHASES, 'step')},
              psi=None if self.psi is None else self.psi.tolist(),
-             calibration_cost=(self.calibration_record or {}).get('cost'), precision=self.precision)
+             calibration_cost=(self.calibration_record or {}).get('cost'), precision=self.precision,
+             collapse=collapse([(h['step'], h['eval_overall']) for h in evals]))
     if self.acc.is_main_process: self.folder.write('summary', s)
     return s
+
+# %% ../nbs/06_train.ipynb #22ec38fc
+@patch
+def _warn_collapse(self:GRPOTrainer, score:float):
+    "One line when the evaluation just logged is the run's first collapse."
+    c = collapse([(h['step'], h['eval_overall']) for h in self.history if 'eval_overall' in h] + [(self.step, score)])
+    if c and c['step'] == self.step:
+        warnings.warn(f"{self.run_dir}: step {c['step']}: the held-out score {c['score']:.3f} is {c['drop']:.3f} below its best "
+                      f"{c['best']:.3f} (step {c['best_step']}), a collapse (a drop of more than {COLLAPSE_DROP}); see grad_norm, "
+                      "update_norm, ratio_std and zero_spread in metrics.jsonl", stacklevel=2)
 
 # %% ../nbs/06_train.ipynb #557c638f
 def _cli_config(preset, set, **names) -> GRPOConfig:

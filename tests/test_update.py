@@ -67,3 +67,21 @@ def test_grad_shares_are_a_diagnostic(base, tmp_path):
         if not A[mb, k].any(): assert shares[f'grad_share_{k}'] == 0
     a.update(ro, A); b.update(ro, A)
     for pa, pb in zip(a.params, b.params): assert torch.equal(pa, pb)
+
+def test_update_logs_what_a_collapse_shows_first(base, tmp_path):
+    "The adapter's norm and the update's, the ratio's mean and spread, the share of groups without reward spread."
+    a = trainer(base, tmp_path, 'norms', fast=False)
+    c = a.collect(0)
+    assert 0 <= c['stats']['zero_spread'] <= 1
+    s = a.update(c['rollout'], c['advantages'])
+    assert s['adapter_norm'] > 0 and s['update_norm'] > 0
+    assert s['ratio_mean'] == 1.0 and s['ratio_std'] == 0.0  # one optimizer step per batch on the eager path: the ratio never leaves 1
+
+def test_a_collapse_is_warned_once(base, tmp_path):
+    a = trainer(base, tmp_path, 'warn', fast=False)
+    a.history, a.step = [dict(step=0, eval_overall=0.70), dict(step=5, eval_overall=0.72)], 10
+    with pytest.warns(UserWarning, match=r'step 10: the held-out score 0.300 is 0.420 below its best 0.720 \(step 5\), a collapse'):
+        a._warn_collapse(0.30)
+    a.history.append(dict(step=10, eval_overall=0.30)); a.step = 15
+    import warnings
+    with warnings.catch_warnings(): warnings.simplefilter('error'); a._warn_collapse(0.20)  # the first collapse only
