@@ -222,7 +222,7 @@ def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|
     stats['loss'].append(loss.item()); stats['clipfrac'].append(((ratio.detach() - 1).abs() > cfg.clip_range).float().mean().item())
     stats['approx_kl'].append(0.5 * ((out.log_prob.detach() - old) ** 2).mean().item())
     r = ratio.detach().float()
-    stats['ratio_mean'].append(r.mean().item()); stats['ratio_std'].append(r.std().item() if r.numel() > 1 else 0.0)
+    stats.setdefault('ratio_mean', []).append(r.mean().item()); stats.setdefault('ratio_std', []).append(r.std().item() if r.numel() > 1 else 0.0)
 
 # %% ../nbs/06_train.ipynb #a908fa16
 @patch
