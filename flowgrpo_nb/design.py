@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from .rollout import lookahead_nfe, bad_field
 from .config import GRPOConfig, preset_config
-from .precision import machine_paths, choose_path, path_name
+from .precision import machine_paths, resolve_fast, path_name
 from .stats import KINDS
 
 # %% ../nbs/06b_design.ipynb #133d8253
@@ -223,8 +223,7 @@ def path_seconds(timings:dict, fast:bool) -> dict:
 
 def run_path(cfg:GRPOConfig, timings:dict|None=None) -> bool:
     "The path a run of `cfg` takes on the machine of `timings` (default: this one): True for bf16."
-    if cfg.model != 'tiny': return False
-    return (choose_path(timings or machine_paths()['timings'])[0] if cfg.fast == 'auto' else bool(cfg.fast))
+    return resolve_fast(cfg.fast, cfg.model, timings)[0]
 
 def unit_costs(cfg:GRPOConfig, timings:dict|None=None) -> dict:
     "CPU seconds per unit of each phase of a run of `cfg` on this machine (or on the machine whose probe gave `timings`)."

@@ -145,11 +145,13 @@ def machine_paths(refresh:bool=False) -> dict:
 # %% ../nbs/02b_precision.ipynb #7ae4186c
 FAST_CHOICES = (True, False, 'auto')
 
-def resolve_fast(fast:bool|str='auto', model:str='tiny') -> tuple[bool, str]:
-    "(the path a run of `fast` takes here: True for bf16, why)."
+def resolve_fast(fast:bool|str='auto', model:str='tiny',
+                 timings:dict|None=None) -> tuple[bool, str]:  # another machine's probe (`time_paths`); default: this one's
+    "(the path a run of `fast` takes here, or on the machine of `timings`: True for bf16, why)."
     if fast is True or fast is False: return fast, f"fast={str(fast).lower()} in the config"
     if fast != 'auto': raise ValueError(f"fast={fast!r}: allowed true, false or 'auto'")
     if model != 'tiny': return False, f"fast=auto: model={model!r} has no fast path (exact precision)"
+    if timings is not None: return (c := choose_path(timings))[0], f"fast=auto: {c[1]}"
     if torch.cuda.is_available():
         ok = torch.cuda.is_bf16_supported()
         return ok, f"fast=auto: a CUDA device {'with' if ok else 'without'} native bf16"
