@@ -436,7 +436,7 @@ def pretrain_cli(run_dir:str='pretrain_run',  # run folder (resumes from it)
                  seed:int=0,
                  threads:int=1,        # torch CPU threads (1 is fastest on a busy machine)
                  save_every:int=100):  # steps between checkpoints
-    "Pretrain the tiny model (`flowgrpo-pretrain`)."
+    "Pretrain the tiny model (`flowgrpo pretrain`)."
     pretrain(run_dir, steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads, save_every=save_every)
 
 # %% ../nbs/02_tiny.ipynb #d4051b5b
@@ -470,7 +470,7 @@ def evaluate_cli(path:str=None,        # checkpoint .safetensors (default: the s
                  seed:int=0,
                  split:str='heldout',
                  threads:int=1):       # torch CPU threads
-    "Base scores of the tiny model on held-out prompts (`flowgrpo-eval-tiny`); reproduces the model card."
+    "Base scores of the tiny model on held-out prompts (`flowgrpo eval-tiny`); reproduces the model card."
     torch.set_num_threads(threads)
     rep = base_scores(load_tiny(path), n=n, K=K, guidance=guidance, seed=seed, split=split)
     print(f"strict mini-GenEval, {split} prompts, n={n}, Euler ODE K={K}, guidance={guidance}, seed={seed}\n")
@@ -492,6 +492,7 @@ def model_card(path:str|Path|None=None) -> str:
         f"({c['num_layers']} blocks, {c['num_heads']} heads x {c['head_dim']}, patch {c['patch_size']}) in pixel space, "
         "predicting the clean image (velocity = (x_t - x0_hat) / max(t, 0.05)). It is the base policy of the embedded "
         "GRPO experiments; it is not a general image model.", "",
+        *([f"Version {m['version']}: {m['version_note']}", ""] if 'version' in m else []),
         "## Files", "",
         f"`tiny.safetensors` ({path.stat().st_size / 1e6:.1f} MB, fp16 EMA weights) and `tiny.json` (config, vocabulary, "
         "training record). Load with `flowgrpo_nb.tiny.load_tiny()`.", "",
@@ -508,9 +509,10 @@ def model_card(path:str|Path|None=None) -> str:
         f"Strict mini-GenEval on held-out prompts, {ev['n']} images ({ev['n'] // len(CATEGORIES)} per category), Euler ODE "
         f"K={ev['K']}, guidance {ev['guidance']}, seed {ev['seed']} (mean ± standard error; overall = mean over categories). "
         "Reproduce with:", "",
-        f"```\nflowgrpo-eval-tiny --n {ev['n']} --k {ev['K']} --guidance {ev['guidance']} --seed {ev['seed']}\n```", "",
+        f"```\nflowgrpo eval-tiny --n {ev['n']} --k {ev['K']} --guidance {ev['guidance']} --seed {ev['seed']}\n```", "",
         "| category | n | strict | partial |", "|---|---|---|---|", *rows, "",
         f"Loading the model and sampling 64 held-out images (10 steps, CFG): {m['sample_seconds_64']:.1f} s with one CPU thread.", "",
         "## Limitations", "",
         "Trained only on the grid world's grammar; unknown words raise an error. Counting, spatial relations and the "
-        "colours of two objects are weak and a few samples come out empty, which leaves room for RL fine-tuning.", ""])
+        "colours of two objects are weak, and on multi-object prompts the model often draws a glyph too many (which "
+        "mini-GenEval's \"nothing else\" rule fails), a few samples come out empty: room for RL fine-tuning.", ""])

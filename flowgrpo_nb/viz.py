@@ -204,9 +204,10 @@ def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or 
     "Reward, held-out scores, KL, clip fraction and seconds per phase of one or more runs."
     if isinstance(runs, (str, Path)): runs = [runs]
     if not isinstance(runs, dict): runs = {Path(r).name: r for r in runs}
-    fig = make_subplots(2, 3, horizontal_spacing=0.07, vertical_spacing=0.16, subplot_titles=[
+    fig = make_subplots(3, 3, horizontal_spacing=0.07, vertical_spacing=0.11, subplot_titles=[
         'training reward (batch mean ± std)', 'evaluation (overall ± SE)', 'KL to the reference',
-        'clip fraction', 'seconds per step, median by phase', 'NFE per trajectory'])
+        'clip fraction', 'seconds per step, median by phase', 'NFE per trajectory',
+        'adapter norm (solid), update norm (dash)', 'gradient norm before clipping', 'ratio std (solid), zero-spread groups (dash)'])
     last = 1
     for j, (name, d) in enumerate(runs.items()):
         rows, c = read_metrics(d), color(name, j)
@@ -230,9 +231,14 @@ def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or 
         fig.add_trace(go.Bar(x=list(PHASES), y=med, name=name, legendgroup=name, showlegend=False, marker_color=c), 2, 2)
         nfe = [float(np.median(_series(rows, f'nfe_{p}')[1] or [0])) for p in ('rollout', 'lookahead')]
         fig.add_trace(go.Bar(x=['rollout', 'lookahead'], y=nfe, name=name, legendgroup=name, showlegend=False, marker_color=c), 2, 3)
-    for row, col in ((1, 1), (1, 2), (1, 3), (2, 1)): fig.update_xaxes(title_text='step', row=row, col=col, **_int_ticks(last))
+        for key, col, dash in (('adapter_norm', 1, 'solid'), ('update_norm', 1, 'dash'), ('grad_norm', 2, 'solid'),
+                               ('ratio_std', 3, 'solid'), ('zero_spread', 3, 'dash')):
+            fig.add_trace(go.Scatter(x=_series(rows, key)[0], y=_series(rows, key)[1], name=f'{name}: {key}', legendgroup=name,
+                                     showlegend=False, line=dict(color=c, dash=dash)), 3, col)
+    for row, col in ((1, 1), (1, 2), (1, 3), (2, 1), (3, 1), (3, 2), (3, 3)): fig.update_xaxes(title_text='step', row=row, col=col, **_int_ticks(last))
     fig.update_yaxes(exponentformat='e', row=1, col=3)  # a KL of 1e-15 reads 1e-15, not '1f' (femto)
-    return fig.update_layout(height=660, barmode='group', legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=60, b=40))
+    fig.update_yaxes(type='log', row=3, col=1)           # the update is orders of magnitude smaller than the adapter
+    return fig.update_layout(height=960, barmode='group', legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=60, b=40))
 
 # %% ../nbs/07_viz.ipynb #c0f31d75
 def grad_share_figure(runs:str|Path|list|dict) -> go.Figure:

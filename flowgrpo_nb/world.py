@@ -35,8 +35,10 @@ RELATIONS = ('left of', 'right of', 'above', 'below')
 GRAMMAR = """prompt := "a SHAPE"                              single_object
         | "a SHAPE and a SHAPE"                  two_object   (two different shapes)
         | "NUMBER SHAPES"                        counting     (NUMBER: two | three | four)
+        | "NUMBER COLOUR SHAPES"                 counting     (all of them in the colour)
         | "a COLOUR SHAPE"                       colors
         | "a SHAPE RELATION a SHAPE"             position     (RELATION: left of | right of | above | below)
+        | "a COLOUR SHAPE RELATION a COLOUR SHAPE"  position  (two different shapes, two different colours)
         | "a COLOUR SHAPE and a COLOUR SHAPE"    color_attr   (two different shapes, two different colours)
         | ""                                     the unconditional prompt (tokenize only)
 SHAPE  := circle | square | triangle | cross     (SHAPES: circles | squares | triangles | crosses)
@@ -44,7 +46,7 @@ COLOUR := red | green | blue | yellow"""
 
 # %% ../nbs/01_world.ipynb #f8d746ad
 VOCAB = ['<pad>', 'a', 'and', 'of', 'left', 'right', 'above', 'below', *NUMBERS, *COLOURS, *SHAPES, *PLURALS.values()]
-MAX_WORDS = 7
+MAX_WORDS = 8
 _WORD_ID = {w: i for i, w in enumerate(VOCAB) if i > 0}
 
 def _words(prompt:str): return prompt.lower().split()
@@ -97,12 +99,17 @@ def _parse(w:list):
     match w:
         case ['a', s] if s in S: return ('single_object', (s,), (None,), None, None)
         case [n, p] if n in NUMBERS and p in _SINGULAR: return ('counting', (_SINGULAR[p],), (None,), NUMBERS[n], None)
+        case [n, c, p] if n in NUMBERS and c in C and p in _SINGULAR: return ('counting', (_SINGULAR[p],), (c,), NUMBERS[n], None)
         case ['a', c, s] if c in C and s in S: return ('colors', (s,), (c,), None, None)
         case ['a', s1, 'and', 'a', s2] if s1 in S and s2 in S and s1 != s2: return ('two_object', (s1, s2), (None, None), None, None)
         case ['a', s1, r, 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('above', 'below'):
             return ('position', (s1, s2), (None, None), None, r)
         case ['a', s1, r, 'of', 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('left', 'right'):
             return ('position', (s1, s2), (None, None), None, f'{r} of')
+        case ['a', c1, s1, r, 'a', c2, s2] if {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2 and r in ('above', 'below'):
+            return ('position', (s1, s2), (c1, c2), None, r)
+        case ['a', c1, s1, r, 'of', 'a', c2, s2] if {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2 and r in ('left', 'right'):
+            return ('position', (s1, s2), (c1, c2), None, f'{r} of')
         case ['a', c1, s1, 'and', 'a', c2, s2] if {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2:
             return ('color_attr', (s1, s2), (c1, c2), None, None)
     return None
@@ -124,9 +131,10 @@ def _category_prompts(cat:str)->list[str]:
     pairs = list(itertools.combinations(SHAPES, 2))
     if cat == 'single_object': return [f'a {s}' for s in SHAPES]
     if cat == 'two_object': return [f'a {a} and a {b}' for a, b in pairs]
-    if cat == 'counting': return [f'{n} {PLURALS[s]}' for s in SHAPES for n in NUMBERS]
+    if cat == 'counting': return [f'{n} {c}{PLURALS[s]}' for s in SHAPES for c in ('', *(f'{c} ' for c in COLOURS)) for n in NUMBERS]
     if cat == 'colors': return [f'a {c} {s}' for s in SHAPES for c in COLOURS]
-    if cat == 'position': return [f'a {a} {r} a {b}' for a, b in itertools.permutations(SHAPES, 2) for r in RELATIONS]
+    if cat == 'position': return [f'a {c1}{a} {r} a {c2}{b}' for a, b in itertools.permutations(SHAPES, 2) for r in RELATIONS
+                                  for c1, c2 in [('', ''), *((f'{x} ', f'{y} ') for x, y in itertools.permutations(COLOURS, 2))]]
     return [f'a {c1} {a} and a {c2} {b}' for a, b in pairs for c1, c2 in itertools.permutations(COLOURS, 2)]
 
 def all_prompts(category:str|None=None)->list[str]:
@@ -142,7 +150,7 @@ def _composition(p:str):
     "A key shared by prompts that ask for the same thing."
     s = parse_prompt(p)
     if s.category != 'position': return p
-    return min((s.shapes, s.relation), ((s.shapes[1], s.shapes[0]), _INVERSE[s.relation]))
+    return min((s.shapes, s.colours, s.relation), (s.shapes[::-1], s.colours[::-1], _INVERSE[s.relation]), key=str)
 
 def _bindings(p:str)->set:
     s = parse_prompt(p)
@@ -154,7 +162,7 @@ def _covered(cat:str, train:list, heldout:list, binding_train:set)->bool:
     return all(set(_words(p)) <= words and _bindings(p) <= binding_train for p in heldout)
 
 @lru_cache(maxsize=None)
-def _splits(seed:int=0, frac:float=0.25)->dict:
+def _splits(seed:int=0, frac:float=0.3)->dict:
     rng = np.random.default_rng(seed)
     heldout = []
     bind = lambda ps: set().union(*[_bindings(p) for p in ps])
@@ -168,7 +176,7 @@ def _splits(seed:int=0, frac:float=0.25)->dict:
             if len(held) + len(groups[k]) > target: continue
             trial = held + groups[k]
             train = [p for p in ps if p not in trial]
-            binding_train = bind([p for p in all_prompts('colors') + all_prompts('color_attr') if p not in heldout + trial])
+            binding_train = bind([p for p in all_prompts() if p not in heldout + trial])
             if _covered(cat, train, trial, binding_train): held = trial
         heldout += held
     train = [p for p in all_prompts() if p not in heldout]
@@ -408,13 +416,18 @@ def geneval_cells(cells:torch.Tensor, # [B, GRID*GRID] cell classes (detected or
     A, Ac, B, Bc = _masks(sh, co, sA, none), _masks(sh, co, sA, cA), _masks(sh, co, sB, none), _masks(sh, co, sB, cB)
     related = _related(Ac, Bc, rel)
     met = torch.stack([A.any(1), Ac.any(1), B.any(1), Bc.any(1), related], 1)  # [B, 5]
-    use = _USE.to(cells.device)[cat]
+    use = _USE.to(cells.device)[cat].clone()
+    use[:, 1] |= cA >= 0; use[:, 3] |= cB >= 0                               # a named colour is a constraint (coloured position)
     strict = (met | ~use).all(1).float()
-    partial = (met & use).sum(1) / use.sum(1)
     counting = cat == CATEGORIES.index('counting')
-    k = A.sum(1)
-    strict = torch.where(counting, (k == n).float(), strict)
-    partial = torch.where(counting, (1 - (k - n).abs() / n.clamp(min=1)).clamp(min=0), partial.float())
+    k, has_b = Ac.sum(1), use[:, 2]
+    asked = Ac | (Bc & has_b[:, None])                                       # [B, 16] cells holding an object asked for
+    extra = ((cells > 0) & ~asked).sum(1) + torch.where(counting, 0, (k - 1).clamp(min=0) + torch.where(has_b, (Bc.sum(1) - 1).clamp(min=0), 0))
+    alone = extra == 0                                                        # nothing the prompt did not ask for
+    strict = ((met | ~use).all(1) & alone).float()
+    partial = ((met & use).sum(1) + alone) / (use.sum(1) + 1)
+    strict = torch.where(counting, ((k == n) & alone).float(), strict)
+    partial = torch.where(counting, ((1 - (k - n).abs() / n.clamp(min=1)).clamp(min=0) + alone) / 2, partial.float())
     return strict, partial
 
 def mini_geneval(images:torch.Tensor, # [B, 3, SIZE, SIZE] in [0, 1]
@@ -439,9 +452,15 @@ class GenEvalReport:
         f = lambda r: f"| {r['category']} | {r['n']} | {r['strict']:.3f} ± {r['strict_se']:.3f} | {r['partial']:.3f} ± {r['partial_se']:.3f} |"
         return '\n'.join(['| category | n | strict | partial |', '|---|---|---|---|', *map(f, self.rows), f(self.overall)])
 
-def _mean_se(x:torch.Tensor):
+def _mean_se(x:torch.Tensor, groups:list|None=None):
+    "Mean and its standard error: clustered by `groups` (the images' prompts) when there are at least two, else per image."
     x = x.double()
-    return x.mean().item(), (x.std().item() / len(x) ** 0.5) if len(x) > 1 else 0.
+    if len(x) < 2: return x.mean().item(), 0.
+    if groups is None or len(set(groups)) < 2: return x.mean().item(), x.std().item() / len(x) ** 0.5
+    r, ids = x - x.mean(), {g: i for i, g in enumerate(dict.fromkeys(groups))}
+    sums = torch.zeros(len(ids), dtype=x.dtype).index_add_(0, torch.tensor([ids[g] for g in groups]), r)
+    G = len(ids)
+    return x.mean().item(), (G / (G - 1) * (sums ** 2).sum()).sqrt().item() / len(x)
 
 # %% ../nbs/01_world.ipynb #87192aaa
 def geneval_report(results:GenEvalResult|list|torch.Tensor, # results (or a list of them), or a strict [B] tensor
@@ -456,12 +475,14 @@ def geneval_report(results:GenEvalResult|list|torch.Tensor, # results (or a list
         results = [results] if isinstance(results, GenEvalResult) else list(results)
         categories = [c for r in results for c in r.categories]
         strict = torch.cat([r.strict.cpu() for r in results]); partial = torch.cat([r.partial.cpu() for r in results])
+    prompts = None if isinstance(results, torch.Tensor) else [p for r in results for p in r.prompts]
     rows = []
     for c in CATEGORIES:
         idx = torch.tensor([i for i, x in enumerate(categories) if x == c], dtype=torch.long)
         if len(idx) == 0: continue
-        (s, sse), (p, pse) = _mean_se(strict.cpu()[idx]), _mean_se(partial.cpu()[idx])
-        rows.append(dict(category=c, n=len(idx), strict=s, strict_se=sse, partial=p, partial_se=pse))
+        g = None if prompts is None else [prompts[i] for i in idx.tolist()]
+        (s, sse), (p, pse) = _mean_se(strict.cpu()[idx], g), _mean_se(partial.cpu()[idx], g)
+        rows.append(dict(category=c, n=len(idx), prompts=None if g is None else len(set(g)), strict=s, strict_se=sse, partial=p, partial_se=pse))
     m = lambda k: sum(r[k] for r in rows) / len(rows)
     se = lambda k: sum(r[k] ** 2 for r in rows) ** 0.5 / len(rows)
     overall = dict(category='overall', n=len(strict), strict=m('strict'), strict_se=se('strict_se'),
