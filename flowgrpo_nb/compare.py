@@ -312,7 +312,8 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
     arms = dict.fromkeys(a for t in ccfg.tasks for a in ccfg.task_arms(t))
     return dict(
         base=dict(model=cfg.model, model_path=cfg.model_path,
-                  fingerprint=out and RunFolder(run_dir(out, t0, ccfg.task_seeds(t0)[0], 'flow_grpo')).fingerprint()),
+                  fingerprint=out and RunFolder(run_dir(out, t0, ccfg.task_seeds(t0)[0], 'flow_grpo')).fingerprint(),
+                  version=out and (RunFolder(run_dir(out, t0, ccfg.task_seeds(t0)[0], 'flow_grpo')).read('base') or {}).get('version')),
         budget=ccfg.budget, seeds=list(ccfg.all_seeds), steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
         group_size=cfg.group_size,
         lr=cfg.lr, lora_rank=cfg.lora_rank, overrides=ccfg.overrides,

@@ -331,6 +331,11 @@ def base_fingerprint(self:Policy, samples:int=4096  # values hashed per tensor (
         h.update(flat.float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
+@patch
+def model_version(self:Policy) -> int|None:
+    "The version of the package's shipped model these base weights are (a backend that ships one says); None: any other model."
+    return None
+
 # %% ../nbs/00b_policy.ipynb #13cf839e
 @contextmanager
 def ema_weights(ema, params):

@@ -337,7 +337,8 @@ def _precision_items(s:dict) -> list[str]:
 
 def _setup_items(s:dict) -> list[str]:
     ev, base, per = s['evaluation'], s['base'], task_seeds(s)
-    return [f"base model: {base['model']} ({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
+    return [f"base model: {base['model']}{f' version {v}' if (v := base.get('version')) else ''} "
+            f"({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
             f"budget {s['budget']}: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × {s['group_size']} samples, lr {s['lr']}, "
             f"LoRA rank {s['lora_rank']}" + (f", overrides {s['overrides']}" if s['overrides'] else ''),
             "seeds: " + ('; '.join(f"{', '.join(map(str, v))} ({t})" for t, v in per.items()) if len(set(per.values())) > 1

@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/tiny.html.md"""
 
 # %% ../nbs/02_tiny.ipynb #d2d65b66
 from __future__ import annotations
-import copy, json, math, time
+import copy, functools, json, math, time
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 
@@ -34,10 +34,10 @@ from .world import (CATEGORIES, MAX_WORDS, SIZE, VOCAB, geneval_report, mini_gen
                                prompt_split, sample_batch, tokenize)
 
 # %% auto #0
-__all__ = ['ASSETS', 'TinyConfig', 'TinyTextEncoder', 'TinyFlowModel', 'to_image', 'to_pixels', 'count_params', 'generate',
-           'check_config', 'save_tiny', 'load_tiny', 'TinyPolicy', 'gelu_tanh', 'FastGELU', 'JointAttention',
-           'fast_copy', 'load_adapter', 'flow_loss', 'pretrain', 'read_log', 'export_tiny', 'tiny_meta', 'pretrain_cli',
-           'eval_prompts', 'base_scores', 'evaluate_cli', 'model_card']
+__all__ = ['ASSETS', 'PAST_VERSIONS', 'TinyConfig', 'TinyTextEncoder', 'TinyFlowModel', 'to_image', 'to_pixels', 'count_params',
+           'generate', 'check_config', 'save_tiny', 'load_tiny', 'TinyPolicy', 'gelu_tanh', 'FastGELU',
+           'JointAttention', 'fast_copy', 'load_adapter', 'flow_loss', 'pretrain', 'read_log', 'export_tiny',
+           'tiny_meta', 'model_version', 'pretrain_cli', 'eval_prompts', 'base_scores', 'evaluate_cli', 'model_card']
 
 # %% ../nbs/02_tiny.ipynb #6201c7ac
 @dataclass
@@ -426,6 +426,21 @@ def tiny_meta(path:str|Path|None=None) -> dict:
     "The json record of a checkpoint (default: the shipped one)."
     path = Path(path) if path is not None else ASSETS / 'tiny.safetensors'
     return json.loads(path.with_suffix('.json').read_text())
+
+# %% ../nbs/02_tiny.ipynb #82a96a81
+PAST_VERSIONS = {'8a08eb5dc3ac2812': 1}  # base fingerprints of the tiny models shipped before the current one: their version
+
+def model_version(fingerprint:str|None) -> int|None:
+    "The version of the shipped tiny model whose base weights have `fingerprint` (the current one or an earlier one); None: another model."
+    if fingerprint is None: return None
+    if fingerprint == _shipped_fingerprint(): return tiny_meta().get('version', 1)
+    return PAST_VERSIONS.get(fingerprint)
+
+@functools.lru_cache(maxsize=1)
+def _shipped_fingerprint() -> str: return TinyPolicy(load_tiny()).base_fingerprint()
+
+@patch
+def model_version(self:TinyPolicy) -> int|None: return model_version(self.base_fingerprint())
 
 # %% ../nbs/02_tiny.ipynb #c43f647e
 @call_parse

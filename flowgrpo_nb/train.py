@@ -78,7 +78,8 @@ def _init_state(self:GRPOTrainer, resume:bool):
     cfg = self.cfg
     self.policy.set_fast(cfg.fast)
     self.precision = dict(path=path_name(cfg.fast), why=why)
-    self.base = dict(fingerprint=self.policy.base_fingerprint(), model=cfg.model, model_path=cfg.model_path, precision=self.precision)
+    self.base = dict(fingerprint=self.policy.base_fingerprint(), version=self.policy.model_version(), model=cfg.model,
+                     model_path=cfg.model_path, precision=self.precision)
     if resume: check_base(self.folder, self.base['fingerprint'], 'resume')
     torch.manual_seed(cfg.seed)
     self.policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
