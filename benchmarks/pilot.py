@@ -21,6 +21,10 @@ Stated before any pilot run was looked at (the acceptance of the regime):
 - held-out counting must not end below its base value (the benchmark's headroom check), and on the safeguarded
   recipes the ratio must leave 1 (clipfrac > 0 on some step) with the KL to the reference logged.
 
+Added after the first screening runs were seen (the acceptance above unchanged): `safe_lr3e-3`. On world version 2
+neither `safe` (seed 1000, 175 steps: held-out 0.277 -> 0.287) nor `exploratory` (50 steps) had learned much, while
+neither collapsed: a candidate that moves faster with every safeguard on is screened before the slower ones.
+
 Pilot seeds: 1000..1007. The exploratory study used 0..7; the confirmatory study will use 2000 and up.
 
 Runs go to `--out` (default /work/pilot: outside the repository, resumable: a finished run is read, a run with a
@@ -48,6 +52,7 @@ SAFE = dict(lr=1e-3, weight_decay=1e-4, updates_per_rollout=2, beta=0.04, ema=Tr
 CANDIDATES = {
     'safe': SAFE,                                                 # Flow-GRPO's safeguards, scaled
     'exploratory': EXPLORATORY,                                   # the exploratory study's recipe, on world v2
+    'safe_lr3e-3': SAFE | dict(lr=3e-3),                          # ... at three times the learning rate (added, see below)
     'safe_lr5e-4': SAFE | dict(lr=5e-4),                          # ... at half the learning rate
     'safe_nokl': SAFE | dict(beta=0.0),                           # ... without the KL term
     'safe_1update': SAFE | dict(updates_per_rollout=1),           # ... one optimizer step per batch (ratio = 1)

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from fastcore.script import call_parse
 from flowgrpo_nb.world import CATEGORIES
-from flowgrpo_nb.tiny import load_tiny, base_scores, export_tiny
+from flowgrpo_nb.tiny import load_tiny, export_tiny, generate
+from flowgrpo_nb.card import base_scores, eval_prompts
 
 @call_parse
 def main(run:str,              # the pretraining run folder (ema-NNNNNN.safetensors snapshots)
@@ -46,7 +47,6 @@ def main(run:str,              # the pretraining run folder (ema-NNNNNN.safetens
     if export:
         t = time.time(); m = load_tiny(run / f'ema-{chosen:06d}.safetensors')
         rep = base_scores(m)
-        from flowgrpo_nb.tiny import generate, eval_prompts
         t0 = time.perf_counter(); m2 = load_tiny(run / f'ema-{chosen:06d}.safetensors')
         generate(m2, eval_prompts(64), 10, 4.0, torch.Generator().manual_seed(0)); sample = time.perf_counter() - t0
         cmd = (f"flowgrpo pretrain --run-dir pretrain_run --steps {steps[-1]} --batch-size 32 --lr 0.0005 --seed 0 --threads 1 --save-every 250\n"

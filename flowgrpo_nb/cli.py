@@ -18,7 +18,7 @@ from .processes import WORKER_PRELOAD, start_fork_server
 COMMANDS = {
     'demo': 'flowgrpo_nb.flow.demo',
     'pretrain': 'flowgrpo_nb.tiny.pretrain_cli',
-    'eval-tiny': 'flowgrpo_nb.tiny.evaluate_cli',
+    'eval-tiny': 'flowgrpo_nb.card.evaluate_cli',
     'train': 'flowgrpo_nb.train.train_cli',
     'compare': 'flowgrpo_nb.compare.compare_cli',
     'train-score': 'flowgrpo_nb.score.train_score_cli',

@@ -7,10 +7,10 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/config.html.md"""
 # %% auto #0
 __all__ = ['EARLY', 'PRESETS', 'LR_SCHEDULES', 'PROMPT_MIXES', 'REMOVED_FIELDS', 'ADDED_FIELDS', 'RESUMABLE_CHANGES',
            'GRPOConfig', 'step_stds', 'trained_stds', 'degenerate_steps', 'preset_config', 'validate_config',
-           'config_diff', 'run_config', 'parse_overrides', 'config_help']
+           'config_diff', 'run_config', 'parse_overrides', 'config_help', 'lr_at']
 
 # %% ../nbs/05c_config.ipynb #4a150b27
-import typing, warnings
+import math, typing, warnings
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 from fastcore.docments import docments
@@ -320,3 +320,11 @@ def config_help() -> str:
     hints, d = typing.get_type_hints(GRPOConfig), GRPOConfig().to_dict()
     fmt = lambda t: ' or '.join('None' if a is type(None) else a.__name__ for a in field_types(t))
     return '\n'.join(f"  {n} ({fmt(hints[n])}, default {d[n]!r}): {docs.get(n) or ''}" for n in hints)
+
+# %% ../nbs/05c_config.ipynb #547590cf
+def lr_at(cfg:GRPOConfig, i:int) -> float:
+    "The learning rate of optimizer step `i` (0-based) of a run of `cfg`."
+    w, n = cfg.lr_warmup, cfg.steps * cfg.updates_per_rollout
+    if i < w: return cfg.lr * (i + 1) / w
+    x = min(1.0, (i - w) / max(1, n - w))
+    return cfg.lr * {'constant': 1.0, 'cosine': 0.5 * (1 + math.cos(math.pi * x)), 'linear': 1 - x}[cfg.lr_schedule]

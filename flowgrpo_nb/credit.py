@@ -22,7 +22,7 @@ __all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'RULES', 'LOOKAHEAD', 'NO_S
            'step_spans', 'check_credit_inputs', 'group_stats', 'Credit', 'normalize_rewards', 'final_rewards',
            'credit_flow_grpo', 'step_gains', 'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points',
            'turning_point_rewards', 'credit_turning_point', 'compute_credit', 'synthetic_values', 'plot_credit',
-           'MethodCredit', 'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration']
+           'MethodCredit', 'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration', 'credit_stats']
 
 # %% ../nbs/05_credit.ipynb #ae0cbcf1
 METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
@@ -425,3 +425,16 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
         psi = torch.where(trained, (psi + d * inc).clamp(min=clamp_min), psi)
         if stop == 'stable' and bool(((inc <= eps2 / 16) | (d == 0))[trained].all()): break
     return Calibration(psi, history)
+
+# %% ../nbs/05_credit.ipynb #bf424992
+def credit_stats(V:torch.Tensor, credit, trained:torch.Tensor, group:torch.Tensor|None=None) -> dict:
+    "What the logs keep of a batch's credit: reward mean/std, |A|, std of A, the share of exact zeros, groups without spread, turning points."
+    A = credit.advantages[:, trained]
+    s = dict(reward=float(V[:, -1].mean()), reward_std=float(V[:, -1].std()), adv_abs=float(A.abs().mean()),
+             adv_std=float(A.std()), adv_zero=float((A == 0).float().mean()))
+    if group is not None:  # a group whose samples all got the same final reward teaches Flow-GRPO nothing
+        r = V[:, -1]
+        same = [float(r[group == g].max() == r[group == g].min()) for g in group.unique().tolist()]
+        s['zero_spread'] = sum(same) / len(same)
+    if credit.turning_points is not None: s['turning_points'] = float(credit.turning_points.kept.float().sum())
+    return s

@@ -163,7 +163,7 @@ def _check_length(path:Path, line:int, prompt:str, max_words:int|None):
 
 # %% ../nbs/05b_task.ipynb #b98c00a3
 def read_prompts(path:str|Path,
-                 max_words:int|None=None,  # the model's limit in words (the tiny model: 7); None: only `MAX_PROMPT_CHARS`
+                 max_words:int|None=None,  # the model's limit in words (the tiny model: 8); None: only `MAX_PROMPT_CHARS`
                 ) -> tuple[list[str], dict]:
     "Prompts of a `.txt` (one per line) or `.jsonl` file (`prompt`, optional `tag`); returns (prompts, {prompt: tag})."
     path = Path(path)

@@ -292,7 +292,11 @@ def test_the_study_at_smoke_sizes(tmp_path):
     assert sorted(r['arm'] for r in rows) == sorted(ARMS) and all(r['seed'] == 0 for r in rows)
     again = compare(tmp_path, dataclasses.replace(ccfg, fidelity=str(tmp_path/'fidelity'/'fidelity.json')), progress=False, png=False)
     assert again.timing['runs_reused'] == len(ARMS) * 2
-    assert {a: (r.fidelity['seeds'], r.fidelity['kendall'] and r.fidelity['kendall'].n) for a, r in again.tasks['geneval'].arms.items()} == {a: ([0], 1) for a in ARMS}
+    # an arm whose fidelity row has a Kendall tau (not NaN: at these sizes a batch can hold no true gain to rank) carries it
+    finite = {r['arm'] for r in rows if r['kendall'] is not None and r['kendall'] == r['kendall']}
+    assert len(finite) >= len(ARMS) // 2, rows
+    assert {a: (r.fidelity['seeds'], r.fidelity['kendall'] and r.fidelity['kendall'].n) for a, r in again.tasks['geneval'].arms.items()} == \
+        {a: ([0], 1 if a in finite else None) for a in ARMS}
     assert any(f.startswith('[geneval] credit fidelity of the fine-tuned runs') for f in again.findings)
     assert 'credit fidelity (Kendall tau-b) against training gain' in (tmp_path/'report.html').read_text()
 

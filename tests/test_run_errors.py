@@ -208,7 +208,7 @@ def test_prompt_files_are_checked_before_any_model_loads(user, capsys, monkeypat
     long = user/'long.txt'; long.write_text('a red circle\n' + 'a red circle and ' * 600 + '\n')
     status, line = train_here(capsys, user/'r', '--reward', 'py:user_rewards:returns_str', '--prompts', long)
     assert status == 2 and line == f"flowgrpo train: prompt file {long}, line 2: a prompt of 10199 characters; at most 2000 are allowed"
-    words = user/'words.txt'; words.write_text('a red circle left of a blue square\n')  # 8 words: the tiny model reads 7
+    words = user/'words.txt'; words.write_text('a red circle left of a blue square today\n')  # 9 words: the tiny model reads 8
     status, line = train_here(capsys, user/'r', '--reward', 'py:user_rewards:returns_str', '--prompts', words)
-    assert status == 2 and line.endswith('words.txt, line 1: a prompt of 8 words; the model reads at most 7')
+    assert status == 2 and line.endswith('words.txt, line 1: a prompt of 9 words; the model reads at most 8')
     assert not (user/'r').exists()  # nothing left that blocks the next try

@@ -3,7 +3,8 @@ import copy, math
 import pytest, torch
 from flowgrpo_nb.config import preset_config
 from flowgrpo_nb.task import load_policy, load_task, collapse
-from flowgrpo_nb.train import GRPOTrainer, lr_at
+from flowgrpo_nb.train import GRPOTrainer
+from flowgrpo_nb.config import lr_at
 from flowgrpo_nb.policy import ema_weights
 
 @pytest.fixture(scope='module')

@@ -6,8 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flowgrpo_nb.tiny import (ASSETS, TinyConfig, TinyFlowModel, check_config, eval_prompts, base_scores, export_tiny,
-                              flow_loss, generate, load_tiny, model_card, pretrain, read_log, save_tiny, tiny_meta)
+from flowgrpo_nb.tiny import (ASSETS, TinyConfig, TinyFlowModel, check_config, export_tiny, flow_loss, generate, load_tiny,
+                              pretrain, read_log, save_tiny, tiny_meta)
+from flowgrpo_nb.card import eval_prompts, base_scores, model_card
 from flowgrpo_nb.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
 from flowgrpo_nb.world import CATEGORIES, VOCAB, parse_prompt, prompt_split, sample_batch
 
