@@ -59,6 +59,24 @@ def test_resume_after_clean_stop_is_exact(straight, tmp_path, method, stop):
     train(tmp_path, method, '--resume')
     assert_same_run(final_state(straight[method]), final_state(tmp_path))
 
+SAFEGUARDS = ('ema=true', 'updates_per_rollout=2', 'beta=0.04', 'weight_decay=1e-4', 'lr_warmup=3')  # appended to args()'s --set
+
+def test_resume_with_the_safeguards_is_exact(tmp_path):
+    """EMA, two optimizer steps per batch, a KL term and an lr warmup: a run stopped after 7 steps and resumed ends
+    bitwise where the straight run ends (the EMA's weights and step count, Adam's state and the warmup's step all restored).
+    A decaying schedule depends on `steps`, so there a resume with other `steps` is refused."""
+    a, b = tmp_path/'straight', tmp_path/'resumed'
+    train(a, 'flow_grpo', *SAFEGUARDS, steps=12)
+    train(b, 'flow_grpo', *SAFEGUARDS, steps=7)
+    train(b, 'flow_grpo', *SAFEGUARDS, '--resume', steps=12)
+    sa, sb = final_state(a, 12), final_state(b, 12)
+    assert 'ema.safetensors' in sa and any(m['clipfrac'] > 0 for m in sa['metrics']) and all(m.get('kl') is not None for m in sa['metrics'])
+    assert_same_run(sa, sb)
+    r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', steps=2), cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', '--resume', steps=4), cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert r.returncode == 2 and 'differing fields: steps (run: 2, now: 4)' in r.stderr, r.stderr[-2000:]
+
 # the child of a kill test: the CLI with every checkpoint file write slowed by 0.3 s, so that a kill can land inside a write
 SLOW_WRITES = ("import sys, time, flowgrpo_nb.checkpoint as c, flowgrpo_nb.cli as cli\n"
                "w = c._fsync_write\n"
