@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
 from .world import (CATEGORIES, GRID, MAX_WORDS, N_CLASSES, SIZE, VOCAB, all_prompts, cells_to_scenes,
-    geneval_cells, mini_geneval, parse_prompt, perturb, prompt_rows, prompt_split, render_cells, sample_scene, scenes_to_cells,
+    draw_prompts, geneval_cells, mini_geneval, perturb, prompt_rows, prompt_split, render_cells, sample_scene, scenes_to_cells,
     show_images, tokenize)
 
 # %% auto #0
@@ -107,10 +107,7 @@ class ScoreBatch:
 def score_batch(batch:int, # P, the number of prompts
                 rng:np.random.Generator, split:str='train', augment:bool=True)->ScoreBatch:
     "`batch` prompts of `split`, a scene for each and an edited copy, with random blur, dimming and noise."
-    by_cat = {}
-    for p in prompt_split(split): by_cat.setdefault(parse_prompt(p).category, []).append(p)
-    groups = [by_cat[c] for c in CATEGORIES if c in by_cat]  # each category equally likely, then a prompt
-    prompts = [(g := groups[c])[rng.integers(len(g))] for c in rng.integers(len(groups), size=batch)]
+    prompts = draw_prompts(prompt_split(split), batch, rng)  # each category equally likely, then a prompt
     cells = scenes_to_cells([sample_scene(p, rng) for p in prompts])
     cells = torch.cat([cells, torch.stack([edit_cells(c, rng) for c in cells])])  # [2P, 16]
     n = len(cells)

@@ -338,7 +338,7 @@ def _check_run_dir(self:GRPOTrainer, resume:bool):
     ckpts = self.folder.checkpoints()
     if resume:
         if not ckpts: raise ValueError(f"resume: {self.run_dir} has no checkpoint to resume from; run without --resume to start it anew")
-        diff, run = config_diff(run_config(self.folder), self.cfg), run_config(self.folder)
+        diff = config_diff(run := run_config(self.folder), self.cfg)
         if run.lr_schedule != 'constant' and run.steps != self.cfg.steps: diff['steps'] = (run.steps, self.cfg.steps)  # it decays over `steps`
         if diff: raise ValueError(f"resume: {self.run_dir} was run with another config; differing fields: " +
                                   ', '.join(f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in diff.items()))

@@ -17,9 +17,9 @@ from .display import MAX_WIDTH
 __all__ = ['SHAPES', 'COLOURS', 'RGB', 'GRID', 'CELL', 'SIZE', 'CATEGORIES', 'PLURALS', 'NUMBERS', 'RELATIONS', 'GRAMMAR',
            'VOCAB', 'MAX_WORDS', 'N_CLASSES', 'tokenize', 'detokenize', 'PromptSpec', 'parse_prompt', 'all_prompts',
            'prompt_split', 'Obj', 'glyph_mask', 'scenes_to_cells', 'cells_to_scenes', 'render_cells', 'render',
-           'sample_scene', 'sample_batch', 'show_images', 'detect_cells', 'detect', 'perturb', 'detector_accuracy',
-           'GenEvalResult', 'prompt_rows', 'geneval_cells', 'mini_geneval', 'GenEvalReport', 'geneval_report',
-           'MiniGenEvalReward']
+           'sample_scene', 'draw_prompts', 'sample_batch', 'show_images', 'detect_cells', 'detect', 'perturb',
+           'detector_accuracy', 'GenEvalResult', 'prompt_rows', 'geneval_cells', 'mini_geneval', 'GenEvalReport',
+           'geneval_report', 'MiniGenEvalReward']
 
 # %% ../nbs/01_world.ipynb #2b529ba3
 SHAPES = ('circle', 'square', 'triangle', 'cross')
@@ -267,6 +267,12 @@ def sample_scene(prompt:str, rng:np.random.Generator)->tuple:
     return tuple(sorted((Obj(sh, c, r, k) for sh, c, (r, k) in zip(shapes, colours, cells)), key=lambda o: (o.row, o.col)))
 
 # %% ../nbs/01_world.ipynb #fb6c0c58
+def draw_prompts(ps:list[str], n:int, rng:np.random.Generator, balance:str='category')->list[str]:
+    "`n` prompts drawn from `ps`: each category equally likely, then a prompt in it (`balance='category'`), or each prompt."
+    if balance == 'prompt': return [ps[i] for i in rng.integers(len(ps), size=n)]
+    by_cat = [g for c in CATEGORIES if (g := [p for p in ps if parse_prompt(p).category == c])]
+    return [(g := by_cat[c])[rng.integers(len(g))] for c in rng.integers(len(by_cat), size=n)]
+
 def sample_batch(n:int, # number of images
                  split:str='train', # 'train' or 'heldout' (see `prompt_split`)
                  rng:np.random.Generator|None=None,
@@ -275,11 +281,7 @@ def sample_batch(n:int, # number of images
     "`n` (images [n, 3, SIZE, SIZE], prompts) drawn from `split` (and the scenes when `return_scenes`)."
     if balance not in ('category', 'prompt'): raise ValueError(f"balance={balance!r}; allowed: ('category', 'prompt')")
     rng = rng if rng is not None else np.random.default_rng()
-    ps = prompt_split(split)
-    if balance == 'prompt': prompts = [ps[i] for i in rng.integers(len(ps), size=n)]
-    else:
-        by_cat = [[p for p in ps if parse_prompt(p).category == c] for c in CATEGORIES]
-        prompts = [(g := by_cat[c])[rng.integers(len(g))] for c in rng.integers(len(CATEGORIES), size=n)]
+    prompts = draw_prompts(prompt_split(split), n, rng, balance)
     scenes = [sample_scene(p, rng) for p in prompts]
     return (render(scenes), prompts, scenes) if return_scenes else (render(scenes), prompts)
 

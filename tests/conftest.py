@@ -5,6 +5,13 @@ import torch
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope='module')
+def base():
+    "The shipped tiny policy and the embedded partial-credit task (tests deep-copy the policy before training it)."
+    from flowgrpo_nb.task import load_policy, load_task
+    return load_policy('tiny'), load_task('partial', None, None, 'tiny')
+
+
 @pytest.fixture(scope='session')
 def small_config():
     "The tests' small `TinyConfig`: a 1-layer text encoder and 2 SD3 blocks of 2 heads x 16 (every LoRA target present)."

@@ -2,15 +2,10 @@
 import copy, math
 import pytest, torch
 from flowgrpo_nb.config import preset_config
-from flowgrpo_nb.task import load_policy, load_task, collapse
+from flowgrpo_nb.task import collapse
 from flowgrpo_nb.train import GRPOTrainer
 from flowgrpo_nb.config import lr_at
 from flowgrpo_nb.policy import ema_weights
-
-@pytest.fixture(scope='module')
-def base():
-    torch.set_num_threads(1)
-    return load_policy('tiny'), load_task('partial', None, None, 'tiny')
 
 def trainer(base, tmp_path, name, **kw):
     pol, task = base

@@ -2,13 +2,7 @@
 import copy
 import pytest, torch
 from flowgrpo_nb.config import preset_config
-from flowgrpo_nb.task import load_policy, load_task
 from flowgrpo_nb.train import GRPOTrainer
-
-@pytest.fixture(scope='module')
-def base():
-    torch.set_num_threads(1)
-    return load_policy('tiny'), load_task('partial', None, None, 'tiny')
 
 def trainer(base, tmp_path, name, **kw):
     pol, task = base
