@@ -97,12 +97,37 @@ def read_run(d:Path) -> dict|None:
                 grad_norm_drift=steps[-1]['grad_norm'] / max(1e-12, statistics.mean(m['grad_norm'] for m in steps[:10])),
                 adapter_norm_final=steps[-1].get('adapter_norm'))
 
+def live_eval(d:Path) -> float|None:
+    """An EMA run's final *live* adapter on the run's own held-out evaluation (same images, noise, sampler and precision
+    path as its logged EMA evaluation); None for a run without an EMA. Cached in the run folder as live_eval.json."""
+    cfg = json.loads((d / 'config.json').read_text())
+    if not cfg.get('ema'): return None
+    f = d / 'live_eval.json'
+    if f.exists(): return json.loads(f.read_text())['overall']
+    import torch
+    from flowgrpo_nb.checkpoint import read_checkpoint
+    from flowgrpo_nb.task import load_task, evaluate_policy
+    from flowgrpo_nb.train import load_run_policy, eval_settings
+    pol, c, ckpt = load_run_policy(d)
+    pol.set_fast(json.loads((d / 'base.json').read_text())['precision']['path'] != 'fp32 eager')
+    if (ckpt / 'live.safetensors').exists():  # this layout's LoRA file holds the EMA, the live adapter sits beside it
+        live = read_checkpoint(ckpt)['live.safetensors']
+        with torch.no_grad():
+            for i, q in enumerate(pol.trainable_parameters()): q.copy_(live[str(i)])
+    # else a checkpoint written before the LoRA file held the EMA: that file is the live adapter
+    rep = evaluate_policy(pol, load_task(c.reward, c.prompts, c.eval_prompts, c.model), **eval_settings(c))
+    r = dict(step=int(ckpt.name.split('-')[1]), overall=rep.metrics('')['overall'])
+    f.write_text(json.dumps(r))
+    return r['overall']
+
 def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
     rows, runs = {}, {}
     for recipe in CANDIDATES:
         rs = [r for s in CONFIRM_SEEDS if (r := read_run(run_dir(out, recipe, s)))]
         if not rs: continue
         runs[recipe] = rs
+        for r in rs: r['live_final'] = live_eval(run_dir(out, recipe, r['seed']))
+        ema_gain = [r['final'] - r['live_final'] for r in rs if r['live_final'] is not None]
         finals = [r['final'] for r in rs]
         rows[recipe] = dict(seeds=[r['seed'] for r in rs], collapses=sum(r['collapse'] is not None for r in rs),
                             final_mean=statistics.mean(finals), final_sd=statistics.stdev(finals) if len(finals) > 1 else None,
@@ -110,6 +135,7 @@ def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
                             counting_base=rs[0]['counting_base'], counting_final_mean=statistics.mean(r['counting_final'] for r in rs),
                             clipfrac_max=max(r['clipfrac_max'] for r in rs), kl_logged=all(r['kl_mean'] is not None for r in rs),
                             cpu_per_step=statistics.median(r['cpu_per_step'] for r in rs), nfe_per_step=rs[0]['nfe_per_step'],
+                            ema_minus_live=statistics.mean(ema_gain) if ema_gain else None,
                             recipe=CANDIDATES[recipe])
         rows[recipe]['accepted'] = (len(rs) >= 8 and rows[recipe]['collapses'] == 0 and rows[recipe]['final_sd'] is not None
                                     and rows[recipe]['final_sd'] <= SD_MAX)
@@ -118,18 +144,19 @@ def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
         command='.venv/bin/python benchmarks/pilot.py table', horizon=H, steps=STEPS, eval_every=EVAL_EVERY, eval_images=EVAL_IMAGES,
         acceptance=f'no collapse in 8 pilot seeds at {STEPS} steps and final held-out strict SD <= {SD_MAX}', candidates=rows, runs=runs), indent=1))
     f = lambda x, d=3: '–' if x is None else f'{x:.{d}f}'
-    lines = ['| recipe | seeds | collapses | final (mean) | final SD | plateau | counting: base → final | clipfrac max | KL logged | CPU s/step | NFE/step | accepted |',
-             '|---|---|---|---|---|---|---|---|---|---|---|---|']
+    lines = ['| recipe | seeds | collapses | final (mean) | final SD | plateau | counting: base → final | clipfrac max | KL logged | EMA − live | CPU s/step | NFE/step | accepted |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
     for k, r in rows.items():
         lines.append(f"| {k} | {len(r['seeds'])} | {r['collapses']} | {f(r['final_mean'])} | {f(r['final_sd'])} | {f(r['plateau_mean'])} | "
-                     f"{f(r['counting_base'])} → {f(r['counting_final_mean'])} | {f(r['clipfrac_max'])} | {'yes' if r['kl_logged'] else 'no'} | "
+                     f"{f(r['counting_base'])} → {f(r['counting_final_mean'])} | {f(r['clipfrac_max'])} | {'yes' if r['kl_logged'] else 'no'} | {f(r['ema_minus_live'])} | "
                      f"{f(r['cpu_per_step'], 2)} | {r['nfe_per_step']:.0f} | {'yes' if r['accepted'] else 'no'} |")
     (dest / 'table.md').write_text('\n'.join(lines) + '\n')
     for recipe, rs in runs.items():  # the runs' small files
         for s in CONFIRM_SEEDS:
             src = run_dir(out, recipe, s)
             if not (src / 'summary.json').exists(): continue
-            for name in ('config.json', 'base.json', 'summary.json', 'metrics.jsonl'):
+            for name in ('config.json', 'base.json', 'summary.json', 'metrics.jsonl', 'live_eval.json'):
+                if not (src / name).exists(): continue
                 (dest / 'runs' / recipe / f'seed{s}').mkdir(parents=True, exist_ok=True)
                 shutil.copy(src / name, dest / 'runs' / recipe / f'seed{s}' / name)
     print('\n'.join(lines))

@@ -23,7 +23,7 @@ from .flow import flow_sigmas
 
 # %% auto #0
 __all__ = ['PHASES', 'LORA_TARGETS', 'LORA_FILE', 'OLD_LORA_FILE', 'Cond', 'NFECounter', 'timed', 'Policy', 'seeded_generator',
-           'read_lora_file', 'ema_weights']
+           'read_lora_file', 'ema_of', 'ema_weights']
 
 # %% ../nbs/00b_policy.ipynb #f687aca8
 @dataclass
@@ -337,6 +337,11 @@ def model_version(self:Policy) -> int|None:
     return None
 
 # %% ../nbs/00b_policy.ipynb #13cf839e
+def ema_of(params, decay:float):
+    "diffusers' `EMAModel` over `params` (the adapter's)."
+    from diffusers.training_utils import EMAModel
+    return EMAModel(params, decay=decay)
+
 @contextmanager
 def ema_weights(ema, params):
     "Inside the block `params` hold `ema`'s averaged weights (a diffusers `EMAModel`; nothing happens when `ema` is None)."

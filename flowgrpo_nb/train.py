@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/train.html.md"""
 
 # %% auto #0
 __all__ = ['EVAL_SEED', 'step_prompts', 'step_generator', 'GRPOTrainer', 'ppo_loss', 'kl_to_reference', 'check_base',
-           'load_run_policy', 'ema_of', 'eval_settings', 'train_cli', 'result_line']
+           'load_run_policy', 'eval_settings', 'train_cli', 'result_line']
 
 # %% ../nbs/06_train.ipynb #7c75e6cd
 import copy, json, math, warnings
@@ -18,7 +18,7 @@ from typing import Annotated
 from fastcore.script import call_parse
 from fastcore.basics import patch
 from .flow import flow_sde_scale
-from .policy import Policy, PHASES, ema_weights, seeded_generator, timed
+from .policy import Policy, PHASES, ema_of, ema_weights, seeded_generator, timed
 from .rollout import rollout, step_values, logprob_pairs
 from .credit import METHODS, compute_credit, calibrate_exploration, Calibration, credit_stats
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
@@ -90,8 +90,7 @@ def _init_state(self:GRPOTrainer, resume:bool):
     self.step, self.psi, self.calibration, self.calibration_record, self.history = 0, None, None, None, []
     self.log_file = self.folder.log
     if self.acc.is_main_process: self.folder.clean_interrupted()
-    if resume: self.load(self.folder.latest_checkpoint())
-    else: self._start_run_dir()
+    self.load(self.folder.latest_checkpoint()) if resume else self._start_run_dir()
     if self.acc.trackers == [] and cfg.log_with != 'none':
         self.acc.init_trackers('grpo', config={k: str(v) for k, v in cfg.to_dict().items()})
 
@@ -355,17 +354,22 @@ def _start_run_dir(self:GRPOTrainer):
 
 # %% ../nbs/06_train.ipynb #2204ed1d
 @patch
+def save_adapter(self:GRPOTrainer, path:Path):
+    "Write the adapter a user loads (diffusers' LoRA format) to the folder `path`: the EMA's weights when the run keeps one."
+    with ema_weights(self.ema, self.params): self.policy.save_lora(path)
+
+@patch
 def save(self:GRPOTrainer) -> Path|None:
     "Write a checkpoint of the current step (main process only)."
     self.acc.wait_for_everyone()
     if not self.acc.is_main_process: return None
     tensors, meta = flatten_optimizer(self.opt)
     state = dict(step=self.step, psi=None if self.psi is None else self.psi.tolist(), calibration=self.calibration_record)
-    files = {'pytorch_lora_weights.safetensors': self.policy.save_lora,
+    files = {'pytorch_lora_weights.safetensors': self.save_adapter,
              'optimizer.safetensors': tensors, 'optimizer.json': meta, 'rng.safetensors': {'torch': torch.get_rng_state()},
              'config.json': self.cfg.to_dict()}
-    if self.ema is not None:
-        files['ema.safetensors'] = {f'{i}': p.contiguous() for i, p in enumerate(self.ema.shadow_params)}
+    if self.ema is not None:  # the LoRA file holds the EMA (what was evaluated); the adapter being trained goes beside it
+        files['live.safetensors'] = {f'{i}': p.detach().contiguous() for i, p in enumerate(self.params)}
         state['ema_steps'] = self.ema.optimization_step
     return self.folder.write_checkpoint(self.step, files | {'state.json': state}, self.cfg.keep_last)
 
@@ -380,8 +384,11 @@ def load(self:GRPOTrainer, ckpt:Path):
     st = d['state.json']
     self.step, self.psi = st['step'], None if st['psi'] is None else torch.tensor(st['psi'])
     self.calibration_record = st.get('calibration')
-    if self.ema is not None and 'ema.safetensors' in d:
-        for i, p in enumerate(self.ema.shadow_params): p.data.copy_(d['ema.safetensors'][str(i)])
+    if self.ema is not None:  # the LoRA file holds the EMA and live.safetensors the live adapter (before: ema.safetensors the EMA)
+        live = d.get('live.safetensors')
+        for i, (p, e) in enumerate(zip(self.params, self.ema.shadow_params)):
+            if live is not None: e.data.copy_(p.data); p.data.copy_(live[str(i)])
+            elif 'ema.safetensors' in d: e.data.copy_(d['ema.safetensors'][str(i)])
         self.ema.optimization_step = st.get('ema_steps', 0)
     if self.acc.is_main_process: self.log_file.truncate(self.step)
     self.history = self.log_file.read()
@@ -408,13 +415,6 @@ def load_run_policy(run:str|Path|RunFolder,   # a trainer run folder (config.jso
     policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     policy.load_lora(ckpt)
     return policy, cfg, ckpt
-
-# %% ../nbs/06_train.ipynb #eab2b156
-def ema_of(params, decay:float):
-    "diffusers' `EMAModel` over `params` (the adapter's)."
-    from diffusers.training_utils import EMAModel
-    return EMAModel(params, decay=decay)
-
 
 # %% ../nbs/06_train.ipynb #3c86f64a
 @patch(as_prop=True)

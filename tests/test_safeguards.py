@@ -3,7 +3,7 @@ import copy, math
 import pytest, torch
 from flowgrpo_nb.config import preset_config
 from flowgrpo_nb.task import collapse
-from flowgrpo_nb.train import GRPOTrainer
+from flowgrpo_nb.train import GRPOTrainer, load_run_policy
 from flowgrpo_nb.config import lr_at
 from flowgrpo_nb.policy import ema_weights
 
@@ -64,6 +64,19 @@ def test_ema_differs_from_the_live_adapter_and_is_what_evaluation_uses(base, tmp
         finally: t.ema = ema
     assert all(torch.equal(p, q) for p, q in zip(t.params, live))  # evaluation leaves the live adapter in place
     assert got == by_hand
+
+def test_the_saved_lora_is_the_evaluated_ema_and_resuming_restores_both(base, tmp_path):
+    "With an EMA the checkpoint's diffusers LoRA file (what a user and `load_run_policy` load) holds the EMA's weights; the live adapter is kept beside it."
+    t = trainer(base, tmp_path, 'ema', ema=True, ema_decay=0.9)
+    for _ in range(2): t.train_step()
+    t.save()
+    pol, _, _ = load_run_policy(tmp_path/'ema', policy=copy.deepcopy(base[0]))
+    assert all(torch.equal(p, s) for p, s in zip(pol.trainable_parameters(), t.ema.shadow_params))
+    assert any(not torch.equal(p, s) for p, s in zip(t.params, t.ema.shadow_params))
+    if t.lock is not None: t.lock.release()
+    r = GRPOTrainer(t.cfg, tmp_path/'ema', policy=copy.deepcopy(base[0]), task=base[1], progress=False, resume=True)
+    assert all(torch.equal(a, b) for a, b in zip(r.params, t.params)) and r.ema.optimization_step == t.ema.optimization_step
+    assert all(torch.equal(a, b) for a, b in zip(r.ema.shadow_params, t.ema.shadow_params))
 
 def test_lr_schedule_is_set_on_every_optimizer_step(base, tmp_path):
     t = trainer(base, tmp_path, 'lr', updates_per_rollout=2, lr_warmup=2, lr_schedule='cosine', steps=4)

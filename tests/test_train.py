@@ -70,7 +70,7 @@ def test_resume_with_the_safeguards_is_exact(tmp_path):
     train(b, 'flow_grpo', *SAFEGUARDS, steps=7)
     train(b, 'flow_grpo', *SAFEGUARDS, '--resume', steps=12)
     sa, sb = final_state(a, 12), final_state(b, 12)
-    assert 'ema.safetensors' in sa and any(m['clipfrac'] > 0 for m in sa['metrics']) and all(m.get('kl') is not None for m in sa['metrics'])
+    assert 'live.safetensors' in sa and any(m['clipfrac'] > 0 for m in sa['metrics']) and all(m.get('kl') is not None for m in sa['metrics'])
     assert_same_run(sa, sb)
     r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', steps=2), cwd=ROOT, env=ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
