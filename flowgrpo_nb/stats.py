@@ -214,8 +214,8 @@ def power_agreement(c:dict,             # kind, mean, sd, n, margin, verdict, md
     if two and won and (c['mean'] > 0) != (c['verdict'] == 'higher'): out.append(f"{c['verdict']} with a mean of {c['mean']:+.4g}")
     if c['kind'] == 'superiority':
         lb = lower_bound(c['mean'], c['sd'], c['n'], p['level'])
-        if not math.isclose(c['lower'], lb, rel_tol=1e-9, abs_tol=1e-12) or c['clears'] != (won and lb > c['margin']):
-            out.append(f"lower bound {c['lower']:+.4g} (clears: {c['clears']}) is not the one at {p['level']:.3g}, {lb:+.4g} against margin {c['margin']:g}")
+        if c.get('lower') is None or not math.isclose(c['lower'], lb, rel_tol=1e-9, abs_tol=1e-12) or c.get('clears') != (won and lb > c['margin']):
+            out.append(f"lower bound {c.get('lower')} (clears: {c.get('clears')}) is not the one at {p['level']:.3g}, {lb:+.4g} against margin {c['margin']:g}")
     return out
 
 # %% ../nbs/06a_stats.ipynb #ccb57caa
