@@ -8,15 +8,16 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/report.html.md"""
 from __future__ import annotations
 import html
 from .results import FIDELITY_MEASURES, Report, TaskSection
-from .summary import REACH_BY, WINDOW_MATCH, fidelity_gain
+from .summary import REACH_BY, WINDOW_MATCH, fidelity_gain, with_power
 from .design import contrast_label
 from .task import COLLAPSE_DROP
 
 # %% auto #0
 __all__ = ['DENSE_CREDIT', 'METRICS', 'RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD',
            'CSS', 'HEADLINE_HEAD', 'comparison_findings', 'other_findings', 'findings', 'results_rows',
-           'markdown_table', 'html_table', 'arms_rows', 'study_arms_rows', 'claims_rows', 'study_caption', 'study_rows',
-           'task_seeds', 'setup_html', 'report_html', 'results_markdown', 'claims_summary', 'claims_markdown']
+           'markdown_table', 'html_table', 'arms_rows', 'study_arms_rows', 'verdict_text', 'claims_rows',
+           'study_caption', 'study_rows', 'task_seeds', 'setup_html', 'report_html', 'results_markdown',
+           'claims_summary', 'claims_markdown']
 
 # %% ../nbs/06g_report.ipynb #4e23611a
 DENSE_CREDIT = ('stepwise', 'dense', 'turning_point')  # methods whose credit is per step
@@ -257,19 +258,31 @@ def study_arms_rows(report:Report) -> tuple[list, list]:
 
 # %% ../nbs/06g_report.ipynb #7fae0c57
 CLAIM_HEAD = ['id', 'claim', 'contrast', 'task', 'metric', 'effect [95% CI]', 'p (Holm)', 'margin', 'verdict', 'seeds',
-              'MDE (80%)', 'seeds for the margin']
+              'MDE (80%, α/m)', 'seeds for the margin (α/m)']
 
 def _contrast(c) -> str: return contrast_label(c.arm, c.other, c.at)
+
+def verdict_text(c) -> str:
+    "A claim's verdict in words; a superiority claim that holds says whether its lower bound at alpha / m clears the claimed size."
+    if c.verdict == 'holds' and c.kind == 'superiority' and c.lower is not None:
+        return f"holds (> 0); its lower bound {c.lower:+.3f} {'clears' if c.clears else 'does not clear'} the claimed {c.margin:g}"
+    if c.verdict == 'holds' and c.kind == 'non-inferiority': return f"holds (no worse than −{c.margin:g})"
+    return f"equivalent within ±{c.margin:g}" if c.verdict == 'equivalent' else c.verdict
+
+def _level(cs:list) -> str:
+    "Holm's most stringent level of the claims that ran: 'α/m = 0.05/21 = 0.0024'."
+    c = next(c for c in cs if c.level is not None)
+    return f"α/m = {c.level * c.family_size:g}/{c.family_size} = {c.level:.2g}"
 
 def claims_rows(report:Report) -> tuple[list, list]:
     "(header, rows) of the claims table; a claim that did not run says so."
     rows = []
-    for c in report.contrasts:
+    for c in with_power(report.contrasts):
         ran = c.n > 0
         p = f"{c.p:.2g} ({max(c.p_holm.values()) if c.kind == 'two-sided' else c.p_holm['holds']:.2g})" if ran else '—'
         rows.append([(c.id, None), (c.claim, None), (_contrast(c), None), (c.task, None), (c.metric, None),
                      (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]" if ran else '—', None), (p, None),
-                     (f"{c.margin:g}", None), (c.verdict, c.verdict), (str(c.n) if ran else '—', None),
+                     (f"{c.margin:g}", None), (verdict_text(c), c.verdict), (str(c.n) if ran else '—', None),
                      ('—' if c.mde is None else f"{c.mde:.3f}", None),
                      ('—' if c.seeds_needed is None else str(c.seeds_needed), None)])
     return CLAIM_HEAD, rows
@@ -277,9 +290,10 @@ def claims_rows(report:Report) -> tuple[list, list]:
 CLAIMS_NOTE = ("Each claim is the paired difference arm − reference over seeds, read at the final evaluation or where the "
                "contrast says. It holds when its interval clears 0 (superiority) or −margin (non-inferiority) after Holm's "
                "correction over the table; it does not hold when the interval excludes the effect the margin names; it is "
-               "equivalent when the two one-sided tests put it inside ±margin; otherwise it is undecided at this power. The MDE is "
-               "the effect these seeds detect with 80% power at the measured spread; the last column, the seeds that would detect "
-               "the margin.")
+               "equivalent when the two one-sided tests put it inside ±margin; otherwise it is undecided at this power. A superiority "
+               "claim that holds says whether its one-sided lower bound at α/m (Holm's most stringent level, m the claims that ran) "
+               "clears the claimed size. The MDE is the effect the claim's own test (one-sided; two-sided for a two-sided claim) "
+               "detects with 80% power at the measured spread at α/m; the last column, the seeds that would detect the margin there.")
 
 # %% ../nbs/06g_report.ipynb #83e75837
 STUDY_HEAD = ['arm', 'mean over the run (AUC)', 'reached the target (steps, median)', "score at Flow-GRPO's NFE",
@@ -428,30 +442,33 @@ def _listed(cs:list) -> str: return '; '.join(f"{c.id} {c.claim} ({c.mean:+.3f} 
 
 def claims_summary(report:Report) -> str:
     "One paragraph of verdicts: the claims that hold, do not hold or are equivalent, and the reach of the undecided ones."
-    ran = [c for c in report.contrasts if c.n]
+    ran = [c for c in with_power(report.contrasts) if c.n]
     by = {v: [c for c in ran if c.verdict == v] for v in ('holds', 'does not hold', 'equivalent', 'higher', 'lower')}
     out = [f"**{v}**: {_listed(cs) if cs else 'none'}" for v, cs in by.items() if cs or v in ('holds', 'does not hold')]
     und = [c for c in ran if c.verdict == 'undecided at this power']
     if und:
         mdes, need = [c.mde for c in und if c.mde is not None], [c.seeds_needed for c in und if c.seeds_needed]
         out.append(f"**undecided at this power**: the other {len(und)}" + (f": at the spread measured these seeds detect effects of {min(mdes):.3f}–{max(mdes):.3f} "
-                   "(80% power)" if mdes else '') + (f", and their margins would take {min(need)}–{max(need)} seeds" if need else ''))
+                   f"(80% power, each claim's own test at {_level(ran)})" if mdes else '') + (f", and their margins would take {min(need)}–{max(need)} seeds" if need else ''))
     return f"Of {len(ran)} claims tested: " + '. '.join(out) + '.'
 
 
 # %% ../nbs/06g_report.ipynb #a454c22c
-HEADLINE_HEAD = ['claim', 'contrast', 'effect [95% CI]', 'margin', 'verdict', 'MDE (80% power)']
+HEADLINE_HEAD = ['claim', 'contrast', 'effect [95% CI]', 'margin', 'verdict', 'MDE (80% power, α/m)']
 
 def claims_markdown(report:Report) -> str:
     "The study's headline: one row per claim (its words, the contrast, the effect with its interval over seeds, the verdict)."
-    s = report.setup
+    s, cs = report.setup, with_power(report.contrasts)
     rows = [[(f"{c.id}: {c.claim}", None), (f"{_contrast(c)} ({c.task}, {c.metric})", None),
              (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}] over {c.n} seeds" if c.n else '—', None),
              (f"{c.margin:g}" if c.kind != 'non-inferiority' else f"−{c.margin:g} (non-inferiority)", None),
-             (c.verdict, c.verdict), ('—' if c.mde is None else f"{c.mde:.3f}", None)]
-            for c in report.contrasts]
+             (verdict_text(c), c.verdict), ('—' if c.mde is None else f"{c.mde:.3f}", None)]
+            for c in cs]
     lead = (f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps per run, seeds per task "
             + '; '.join(f"{t} {len(v)}" for t, v in task_seeds(s).items()) + ". Each claim is a paired contrast over "
-            "seeds against its margin; the claims form one Holm family; *undecided at this power* means neither the claim nor its "
-            "opposite is excluded at the seeds' spread; the MDE is the effect those seeds detect with 80% power.")
+            "seeds against its margin; the claims that ran form one Holm family; *holds* means superior to 0 (non-inferiority: "
+            "no worse than −margin), and whether the effect's lower bound clears the claimed size is said separately; *undecided "
+            "at this power* means neither the claim nor its opposite is excluded at the seeds' spread; the MDE is the effect "
+            "those seeds detect with 80% power with the claim's own test (one-sided; two-sided for a two-sided claim) at Holm's "
+            f"most stringent level, {_level(cs) if any(c.n for c in cs) else 'α/m'} (conservative).")
     return '\n\n'.join([lead, markdown_table(HEADLINE_HEAD, rows), claims_summary(report)])

@@ -288,8 +288,12 @@ class ContrastResult(Record):
     p:float|None=None            # p of the claim's own test (superiority: D <= 0; non-inferiority: D <= -margin; two-sided)
     p_holm:dict|None=None        # Holm-adjusted p of each test over the table
     verdict:str='not run'        # holds, equivalent, does not hold, higher, lower, undecided at this power, not run
-    mde:float|None=None          # the effect detected with 80% power at this spread and n
-    seeds_needed:int|None=None   # seeds that detect the margin with 80% power at this spread
+    mde:float|None=None          # the effect its own test detects with 80% power at this spread and n, at `level`
+    seeds_needed:int|None=None   # seeds that detect the margin with 80% power at this spread, at `level`
+    level:float|None=None        # the level of those statements: alpha / m, Holm's most stringent (None: a report before them)
+    family_size:int|None=None    # m: the claims that ran, one Holm family
+    lower:float|None=None        # superiority: the one-sided lower bound of the effect at `level`
+    clears:bool|None=None        # superiority: the claim holds and `lower` clears the claimed size (the margin)
 
 # %% ../nbs/06d_results.ipynb #29c11a28
 FORMAT = 3       # the version of report.json this code writes

@@ -1,4 +1,4 @@
-"""From runs to what a comparison concludes: the study's measures of a run (its mean score over the run, when it reaches a target, its score at a budget), where an arm's curve goes flat, an arm over seeds, the paired comparisons with Holm's correction, a task's section, and the verdicts of the papers' claims.
+"""From runs to what a comparison concludes: the study's measures of a run (its mean score over the run, when it reaches a target, its score at a budget, the pre-registered metrics), where an arm's curve goes flat, an arm over seeds, the paired comparisons with Holm's correction, a task's section, and the verdicts of the papers' claims with their power at the level their tests use.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/summary.html.md"""
 
@@ -9,14 +9,16 @@ from __future__ import annotations
 import math
 import numpy as np
 from .policy import PHASES
-from .stats import kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, mde, seeds_needed
-from .design import ARMS, TASKS, Contrast, CONTRASTS, arm_config, arm_settings
+import dataclasses
+from .stats import kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, claim_power, lower_bound
+from .design import ARMS, TASKS, METRICS, Contrast, CONTRASTS, Claim, arm_config, arm_settings
 from .results import FIDELITY_MEASURES, agg, CurvePoint, RunResult, ArmSummary, Comparison, TaskSection, ContrastResult, Report, FORMAT, fake_run
 
 # %% auto #0
-__all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'first_reach', 'study_measures', 'plateau',
-           'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary', 'window_match', 'task_comparisons',
-           'correct', 'base_summary', 'task_section', 'contrast_values', 'evaluate_contrasts', 'fake_report',
+__all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'last_mean', 'steps_to', 'first_reach',
+           'study_measures', 'plateau', 'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary',
+           'window_match', 'task_comparisons', 'correct', 'base_summary', 'task_section', 'contrast_values',
+           'run_metric', 'claim_diffs', 'power_fields', 'with_power', 'evaluate_contrasts', 'fake_report',
            'add_fidelity', 'fidelity_gain']
 
 # %% ../nbs/06e_summary.ipynb #4232d228
@@ -27,10 +29,28 @@ def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -
     xs, ys = zip(*pts)
     return float(np.interp(x, xs, ys))
 
-def curve_auc(curve:list[CurvePoint]) -> float:
-    "The mean held-out strict score over steps 0..the last evaluation: the curve's trapezoid area divided by its steps."
-    xs, ys = [p.step for p in curve], [p.eval for p in curve]
+def _points(curve:list[CurvePoint], score:str='eval') -> tuple[list, list]:
+    "Steps and `score` values of the evaluations of `curve` that have it."
+    pts = [(p.step, getattr(p, score)) for p in curve if getattr(p, score) is not None]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+def curve_auc(curve:list[CurvePoint], score:str='eval') -> float|None:
+    "The mean held-out `score` over steps 0..the last evaluation: the curve's trapezoid area divided by its steps."
+    xs, ys = _points(curve, score)
+    if not xs: return None
     return float(np.trapezoid(ys, xs) / (xs[-1] - xs[0])) if len(xs) > 1 else float(ys[0])
+
+def last_mean(curve:list[CurvePoint], k:int, score:str='eval') -> float|None:
+    "The mean `score` of the last `k` evaluations of `curve` (None: fewer than `k` have it)."
+    ys = _points(curve, score)[1]
+    return float(np.mean(ys[-k:])) if len(ys) >= k else None
+
+def steps_to(curve:list[CurvePoint], target:float, score:str='eval') -> float|None:
+    "Steps to the first trained evaluation with `score` >= `target`; never: the last step plus one evaluation interval."
+    xs, ys = _points(curve, score)
+    hit = next((x for x, y in zip(xs, ys) if x > 0 and y >= target), None)
+    if hit is not None: return float(hit)
+    return float(2 * xs[-1] - xs[-2]) if len(xs) > 1 else None
 
 def first_reach(curve:list[CurvePoint], target:float) -> dict:
     "The first trained evaluation (step > 0) at or above `target`: its steps, NFE and CPU seconds (None each if never)."
@@ -254,9 +274,41 @@ def contrast_values(sec:TaskSection, c:Contrast) -> tuple[list, list]:
         xs.append(x); ys.append(_final(o, c.metric))
     return xs, ys
 
+# %% ../nbs/06e_summary.ipynb #352b76cb
+def run_metric(run:RunResult, metric:str, score:str='strict', k:int|None=None, target:float|None=None) -> float|None:
+    "One run's value of a pre-registered metric (`design.METRICS`) of its held-out `score` (strict or learned)."
+    s = 'eval' if score == 'strict' else 'learned'
+    if metric == 'auc': return curve_auc(run.curve, s)
+    if metric == 'last_mean': return last_mean(run.curve, k, s)
+    if metric == 'steps_to': return steps_to(run.curve, target, s)
+    if metric == 'final': return _final(run, score)
+    raise ValueError(f"metric={metric!r}: allowed {', '.join(METRICS)}")
+
+def claim_diffs(sec:TaskSection, c:Claim) -> list[float]:
+    "The claim's paired differences over the seeds where both arms ran and have the metric, positive in the claim's favour."
+    sign, out = 1 if METRICS[c.metric]['higher'] else -1, []
+    for runs in sec.per_seed.values():
+        if c.arm not in runs or c.other not in runs: continue
+        x, y = (run_metric(runs[a], c.metric, c.score, c.k, c.target) for a in (c.arm, c.other))
+        if x is not None and y is not None: out.append(sign * (x - y))
+    return out
+
+# %% ../nbs/06e_summary.ipynb #466a9a58
+def power_fields(c:ContrastResult, m:int, alpha:float=0.05) -> dict:
+    "A claim's power statement in a family of `m`: level alpha / m, MDE and seeds for the margin there, lower bound, clears."
+    p = claim_power(c.kind, c.sd, c.n, c.margin, alpha, m)
+    lower = lower_bound(c.mean, c.sd, c.n, p['level']) if c.kind == 'superiority' and p['mde'] is not None else None
+    return dict(level=p['level'], family_size=m, mde=p['mde'], seeds_needed=p['seeds_needed'], lower=lower,
+                clears=None if lower is None else c.verdict == 'holds' and lower > c.margin)
+
+def with_power(contrasts:list[ContrastResult], alpha:float=0.05) -> list[ContrastResult]:
+    "The claims, those that ran with their power statements at the Holm level of their family (new records)."
+    m = sum(1 for c in contrasts if c.n)
+    return [dataclasses.replace(c, **power_fields(c, m, alpha)) if c.n else c for c in contrasts]
+
 # %% ../nbs/06e_summary.ipynb #945a6a26
 def evaluate_contrasts(tasks:dict[str, TaskSection], contrasts=CONTRASTS) -> list[ContrastResult]:
-    "Every claim's paired difference, tests, MDE and verdict; the claims that ran are one Holm family."
+    "Every claim's paired difference, tests, verdict and power statement; the claims that ran are one Holm family."
     out, rows = [], []
     for c in contrasts:
         r = ContrastResult(c.id, c.claim, c.arm, c.other, c.task, c.metric, c.kind, c.margin,
@@ -267,11 +319,10 @@ def evaluate_contrasts(tasks:dict[str, TaskSection], contrasts=CONTRASTS) -> lis
             tests = claim_tests(np.subtract(x, y), c.margin, c.kind)
             r.n, r.mean, r.sd, r.ci, r.diffs = d['n'], d['mean'], d['sd'], d['ci'], d['diffs']
             r.p = tests['holds'] if c.kind != 'two-sided' else d['p']
-            r.mde, r.seeds_needed = (mde(d['sd'], d['n']), seeds_needed(c.margin, d['sd'])) if d['sd'] else (None, None)
             rows.append((r, dict(kind=c.kind, mean=d['mean'], tests=tests)))
         out.append(r)
     for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows])): r.verdict, r.p_holm = v['verdict'], v['p_holm']
-    return out
+    return with_power(out)
 
 # %% ../nbs/06e_summary.ipynb #8ae74aad
 def fake_report(finals:dict,             # {arm: its mean final held-out strict score}

@@ -1,0 +1,56 @@
+"Checks of issue 38's statistics: the pre-registration file, power at the Holm level a claim's test uses, and the agreement of every verdict with its power statement (the notebooks 06a, 06b, 06e and 06g show each)."
+import dataclasses, json, math
+from pathlib import Path
+
+import pytest
+from scipy import stats, optimize
+
+from flowgrpo_nb.design import load_prereg, prereg_seeds
+from flowgrpo_nb.results import Report
+from flowgrpo_nb.stats import power_agreement, seeds_for, mde
+from flowgrpo_nb.summary import fake_report, with_power
+
+ROOT = Path(__file__).resolve().parent.parent
+
+def row(id, arm='dense', other='flow_grpo', metric='auc', claim='speed', test='superiority', margin=0.02, **kw):
+    extra = ''.join(f"{k} = {json.dumps(v)}\n" for k, v in kw.items())
+    return (f'[[claim]]\nid = "{id}"\nquestion = "?"\narm = "{arm}"\nother = "{other}"\ntask = "geneval"\nclaim = "{claim}"\n'
+            f'metric = "{metric}"\ntest = "{test}"\nmargin = {margin}\n' + extra + '\n')
+
+def test_prereg_loads_and_sizes_the_primary_family(tmp_path):
+    p = tmp_path/'confirm_prereg.toml'
+    p.write_text('alpha = 0.05\npower = 0.8\nendpoints = ["collapses", "cost"]\n\n' + row('D1', sd=0.03)
+                 + row('T1', arm='turning_point', metric='last_mean', claim='level', k=3, sd=0.05)
+                 + row('S4', arm='stepwise', metric='steps_to', target=0.6, margin=25, family='secondary'))
+    pre = load_prereg(p)
+    assert [c.id for c in pre.primary] == ['D1', 'T1'] and pre.endpoints == ('collapses', 'cost')
+    plan = prereg_seeds(pre)
+    assert plan['level'] == 0.05 / 2
+    assert [r['seeds'] for r in plan['rows']] == [seeds_for('superiority', 0.03, 0.02, 0.025), seeds_for('superiority', 0.05, 0.02, 0.025)]
+    assert plan['task_seeds'] == {'geneval': max(r['seeds'] for r in plan['rows'])}
+
+def test_prereg_refuses_a_duplicate_contrast(tmp_path):
+    p = tmp_path/'confirm_prereg.toml'
+    p.write_text(row('D1') + row('D1s', arm='flow_grpo', other='dense'))  # the same question, arms the other way round
+    with pytest.raises(ValueError, match=r"confirm_prereg.toml: claim 2 \(D1s\) repeats the contrast of claim 1 \(D1\)"): load_prereg(p)
+    for bad, msg in ((row('X', arm='densest'), "arms 'densest'"), (row('X', metric='median'), "metric 'median'"),
+                     (row('X', test='tost'), "test 'tost'"), (row('X', metric='final'), "metric 'final' for a speed claim")):
+        p.write_text(bad)
+        with pytest.raises(ValueError, match=msg): load_prereg(p)
+
+def test_power_at_the_holm_level_on_a_fake_report():
+    rep = fake_report(dict(flow_grpo=.56, dense=.60, dense_nocal=.585, turning_point=.575))
+    ran = [c for c in rep.contrasts if c.n]
+    d1 = next(c for c in ran if c.id == 'D1')
+    assert d1.family_size == len(ran) and d1.level == 0.05 / len(ran)
+    crit = stats.t.ppf(1 - 0.05 / len(ran), d1.n - 1)  # by hand: the one-sided paired t-test at alpha / m
+    hand = optimize.brentq(lambda e: stats.nct.sf(crit, d1.n - 1, e * math.sqrt(d1.n) / d1.sd) - 0.8, 1e-9, 10 * d1.sd)
+    assert d1.mde == pytest.approx(hand, rel=1e-6) and d1.mde > mde(d1.sd, d1.n)  # stricter than the two-sided 5% test
+    for c in ran: assert power_agreement(dataclasses.asdict(c), c.family_size) == [], c.id
+
+def test_the_study_verdicts_agree_with_their_power():
+    study = Report.from_json(json.loads((ROOT/'results'/'study'/'report.json').read_text()))
+    restated = [c for c in with_power(study.contrasts) if c.n]
+    assert all(power_agreement(dataclasses.asdict(c), c.family_size) == [] for c in restated)
+    old = next(c for c in study.contrasts if c.id == 'D1')  # as written: two-sided at 5%, which the verdicts never used
+    assert power_agreement(dataclasses.asdict(dataclasses.replace(old, level=0.05, family_size=21)), 21)
