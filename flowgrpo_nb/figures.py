@@ -17,8 +17,8 @@ from .results import FIDELITY_MEASURES, Report, TaskSection
 from .design import contrast_label
 
 # %% auto #0
-__all__ = ['VERDICT_COLORS', 'AXES', 'fig_curves', 'fig_differences', 'fig_claims', 'fig_categories', 'fig_costs', 'fig_gradient',
-           'fig_psi', 'fidelity_by_arm', 'fig_fidelity_gain', 'report_figures']
+__all__ = ['VERDICT_COLORS', 'AXES', 'fig_curves', 'fig_differences', 'fig_claims', 'fig_categories', 'fig_category_curves',
+           'fig_costs', 'fig_gradient', 'fig_psi', 'fidelity_by_arm', 'fig_fidelity_gain', 'report_figures']
 
 # %% ../nbs/06f_figures.ipynb #3b38df2a
 def _below(fig, axis_px:int=60, plot_px:int=300, **layout) -> go.Figure:
@@ -115,6 +115,26 @@ def fig_categories(report:Report, task:str|None=None) -> go.Figure:
                     error_y=dict(array=[_half(r.per_category[c]) for c in cats]))
     return _below(fig, axis_px=30, barmode='group', title=f"{sec.task}: held-out strict score per category")
 
+# %% ../nbs/06f_figures.ipynb #7247cbda
+def fig_category_curves(report:Report, task:str|None=None, cols:int=3) -> go.Figure|None:
+    "Each category's held-out strict score against optimizer steps: every arm's mean over seeds (None: the runs read no categories)."
+    sec = _section(report, task)
+    cats = [c for c in sec.base if c not in ('overall', 'learned_score', 'per_seed')]
+    curves = {m: [runs[m].curve for runs in sec.per_seed.values()] for m in sec.arms}
+    if not cats or any(p.categories is None for cs in curves.values() for c in cs for p in c): return None
+    rows = math.ceil(len(cats) / cols)
+    fig = make_subplots(rows, cols, subplot_titles=[c.replace('_', ' ') for c in cats], shared_xaxes=True, shared_yaxes=True,
+                        vertical_spacing=0.5 / rows / 2 + 0.04)
+    for i, (m, cs) in enumerate(curves.items()):
+        if len({len(c) for c in cs}) != 1: continue  # seeds with different evaluations: no mean
+        for j, cat in enumerate(cats):
+            y = np.mean([[np.nan if p.categories.get(cat) is None else p.categories[cat] for p in c] for c in cs], 0)
+            fig.add_scatter(x=[p.step for p in cs[0]], y=y, name=display_name(m), legendgroup=m, showlegend=j == 0,
+                            mode='lines+markers', line=dict(color=color(m, i)), row=j // cols + 1, col=j % cols + 1)
+    fig.update_xaxes(title_text=AXES['step'], row=rows)
+    return _below(fig, axis_px=50, plot_px=220 * rows, title=f"{sec.task}: held-out strict score per category vs optimizer steps "
+                  f"(mean over {len(sec.per_seed)} seed{'s' * (len(sec.per_seed) > 1)})")
+
 # %% ../nbs/06f_figures.ipynb #170f7f2b
 def fig_costs(report:Report, task:str|None=None) -> go.Figure:
     "CPU seconds per training step by phase (calibration spread over the steps) and NFE per sample by kind."
@@ -187,6 +207,7 @@ def report_figures(report:Report, task:str|None=None) -> dict[str, go.Figure]:
     figs = dict(curve_steps=fig_curves(report, 'step', task), curve_seconds=fig_curves(report, 'seconds', task),
                 **({'curve_nfe': fig_curves(report, 'nfe', task)} if nfe else {}),
                 categories=fig_categories(report, task),
+                **({'category_curves': cc} if (cc := fig_category_curves(report, task)) is not None else {}),
                 costs=fig_costs(report, task))
     if sec.comparisons: figs['differences'] = fig_differences(report, task)
     if any(c.n and c.task == sec.task for c in report.contrasts): figs['claims'] = fig_claims(report)

@@ -74,6 +74,7 @@ class CurvePoint(Record):
     base:bool=False              # the base model's evaluation (step 0)
     nfe:float|None=None          # cumulative network evaluations, calibration included
     learned:float|None=None      # held-out learned score (tasks that log it)
+    categories:dict|None=None    # {category: held-out strict score} (tasks with categories; None: not read)
 
 # %% ../nbs/06d_results.ipynb #bb134036
 @dataclass
@@ -166,10 +167,12 @@ def cumulative(steps:list, cal:dict, B:int) -> tuple[dict, dict]:
 
 def run_curve(evals:list, base:EvalReport, cal:dict, cpu:dict, nfe:dict) -> list[CurvePoint]:
     "The base point at the calibration's cost, then every evaluation with the cumulative CPU seconds and NFE at its step."
+    cats = lambda get: {c: get(c) for c in base.categories} or None  # each category's strict score at an evaluation
     return ([CurvePoint(step=0, seconds=cal['cpu_seconds'], eval=base.overall, se=base.overall_se, base=True, nfe=float(cal['nfe']),
-                        learned=base.extra.get('score'))] +
+                        learned=base.extra.get('score'), categories=cats(lambda c: base.categories[c]['score']))] +
             [CurvePoint(step=m['step'], seconds=float(cpu[m['step']]), wall=m.get('sec_total'), eval=m['eval_overall'], se=m['eval_overall_se'],
-                        nfe=float(nfe[m['step']]), learned=m.get('eval_score')) for m in evals])
+                        nfe=float(nfe[m['step']]), learned=m.get('eval_score'), categories=cats(lambda c: m.get(f'eval_{c}')))
+             for m in evals])
 
 def calibration_rounds(run:RunFolder, cfg:GRPOConfig) -> dict:
     "psi of every calibration round of `run` and whether its calibration stopped because psi stopped moving."

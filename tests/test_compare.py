@@ -284,6 +284,9 @@ def test_the_study_at_smoke_sizes(tmp_path):
     assert all(c.n == 2 and c.verdict != 'not run' for c in claims.values() if c.task == 'geneval')
     assert all(c.verdict == 'not run' for c in claims.values() if c.task == 'score')
     assert report.timing['runs'] == len(ARMS) * 2 and report.timing['runs_reused'] == 0
+    run = sec.per_seed['0']['flow_grpo']  # every point of a curve keeps its per-category scores: the report draws them over steps
+    assert all(set(p.categories) == set(run.heldout) - {'overall'} for p in run.curve) and run.curve[-1].categories['counting'] == run.heldout['counting']['strict']
+    assert 'held-out strict score per category vs optimizer steps' in (tmp_path/'report.html').read_text()
     assert Report.from_json(json.loads((tmp_path/'report.json').read_text())).contrasts == report.contrasts
     # item 5: each arm's credit fidelity on its own fine-tuned runs, put in the rebuilt report (runs reused, nothing retrained)
     from flowgrpo_nb.fidelity import FidelityConfig
