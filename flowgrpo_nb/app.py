@@ -29,8 +29,8 @@ from .bank import ModelBank, QUICK_STEPS
 # %% auto #0
 __all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'GENERATE_AT_ONCE',
            'PREVIEWS', 'GALLERY_COLUMNS', 'CSS', 'check_prompt', 'check_settings', 'Sample', 'generate_all',
-           'model_label', 'strip_figure', 'samples_view', 'report_view', 'credit_view', 'prune_files', 'make_app',
-           'RefuseUploads', 'serve', 'check_address', 'app_cli']
+           'model_label', 'strip_figure', 'samples_view', 'find_report', 'report_view', 'credit_view', 'prune_files',
+           'make_app', 'RefuseUploads', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #93ebcae0
 MAX_PROMPT_CHARS = 200
@@ -126,7 +126,7 @@ def samples_view(samples:list[Sample], size:int=192,
                 ) -> tuple[list, str, go.Figure|None]:
     "Gallery items (image, caption) per model, a Markdown table of the task's evaluations, and the figure of Tweedie previews."
     found = any(s.found is not None for s in samples)
-    caption = lambda s: f"{model_label(s.model)}: {s.report.overall:.2f}" + (f" · found: {s.found}" if s.found is not None else '')
+    caption = lambda s: f"{model_label(s.model)}: {s.report.overall:.2f}"  # short: what the task found is in the table
     cols = [k for k, _ in _means(samples[0])] + (['found'] if found else [])
     rows = [[s.model, *(f"{v:.3f}" for _, v in _means(s)), *([s.found or ''] if found else [])] for s in samples]
     head = [f"prompt category: **{samples[0].category}**\n"] if samples[0].category else []
@@ -137,21 +137,26 @@ def samples_view(samples:list[Sample], size:int=192,
 # %% ../nbs/08_app.ipynb #53a3bef6
 REPORT_FIGURES = ('curve_steps', 'curve_seconds', 'differences', 'categories', 'costs', 'gradient')
 
-def report_view(runs:str|Path|None, task:str|None=None) -> tuple[str, list, list]:
-    "Markdown (a task's findings, or why there is no report), that task's figures (None where absent) and the report's tasks."
-    p, none = None if runs is None else Path(runs)/'report.json', [None] * len(REPORT_FIGURES)
-    if p is None or not p.exists():
-        return f"No `report.json` in `{runs}`: run `flowgrpo compare --out DIR` and open the app on DIR.", none, []
+def find_report(runs:str|Path|None) -> Path|None:
+    "The `report.json` of a runs folder: in it, or in the folder above (a study keeps its runs in `runs/` beside its report)."
+    if runs is None: return None
+    return next((d/'report.json' for d in (Path(runs), Path(runs).parent) if (d/'report.json').is_file()), None)
+
+def report_view(runs:str|Path|None, task:str|None=None) -> tuple[str, str, list, list]:
+    "Markdown head (which report and task, or why there is none), the task's findings, its figures (None where absent), the report's tasks."
+    p, none = find_report(runs), [None] * len(REPORT_FIGURES)
+    if p is None:
+        return f"No `report.json` in `{runs}` or the folder above: run `flowgrpo compare --out DIR` and open the app on DIR.", '', none, []
     try:
         report = Report.from_json(json.loads(p.read_text()), str(p))
         tasks = list(report.tasks)
         task = task if task in tasks else tasks[0]
         figs = report_figures(report, task)
     except Exception as e:
-        return f"**`{p}` cannot be read** ({type(e).__name__}: {e})", none, []
+        return f"**`{p}` cannot be read** ({type(e).__name__}: {e})", '', none, []
     md = '\n'.join(f"- {s.removeprefix(f'[{task}] ')}" for s in report.findings if s.startswith(f'[{task}] '))
     about = report.setup['tasks'][task].get('about', '')
-    return f"Report: `{p}`; task **{task}** ({about}), one of {len(tasks)}\n\n{md}", [figs.get(k) for k in REPORT_FIGURES], tasks
+    return f"Report: `{p}`; task **{task}** ({about}), one of {len(tasks)}", md, [figs.get(k) for k in REPORT_FIGURES], tasks
 
 def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:int=10, guidance:float=4.0,
                 sampler:str='flow_sde', level:float=0.7, group_size:int=4) -> tuple:
@@ -188,6 +193,7 @@ def prune_files(component, keep:int=MAX_FILES) -> int:
     return len(old)
 
 def _error(e:Exception) -> str:
+    "The message of a failed request in Markdown: a code block (a grammar keeps its columns) that `CSS` wraps at the page's edge."
     kind = 'Invalid input' if isinstance(e, ValueError) else f'Error ({type(e).__name__})'
     return f"**{kind}:**\n\n```\n{e}\n```"
 
@@ -223,16 +229,16 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int):
             prune_files(gallery, max_files)
             samples = generate_all(bank, prompt, seed, steps, guidance, sampler)
             images, table, strips = samples_view(samples, previews=bank.names[:PREVIEWS] if previews is None else previews)
-            return f"{len(images)} models, seed {int(seed)}, {int(steps)} steps, CFG {float(guidance):g}, {sampler}", images, table, strips
+            return f"{len(images)} model{'s' if len(images) > 1 else ''}, seed {int(seed)}, {int(steps)} steps, CFG {float(guidance):g}, {sampler}", images, table, strips
         except Exception as e: return _error(e), [], '', None
     with gr.Row():
         gen = gr.Button('Generate', variant='primary', elem_id='generate', scale=1)
         previews = gr.Dropdown(bank.names, value=bank.names[:PREVIEWS], multiselect=True, scale=3, elem_id='previews',
                                label='Tweedie previews of (the strips below)')
-    status = gr.Markdown(elem_id='status')
+    status = gr.Markdown(elem_id='status', elem_classes='status')
     many = len(bank.names) > 2 * GALLERY_COLUMNS
     gallery = gr.Gallery(label='one image per model (same initial noise)', columns=GALLERY_COLUMNS, height=440 if many else 'auto',
-                         elem_id='images')
+                         allow_preview=False, object_fit='contain', elem_id='images')  # no preview: it would blow a 32-px image up to the page's width
     with gr.Accordion('scores of every model', open=not many): table = gr.Markdown()
     strip = gr.Plot(label="Tweedie previews x0_hat(x_k) per step, with the task's reward of each", elem_id='strips')
     io = dict(fn=generate, inputs=[*settings, previews], outputs=[status, gallery, table, strip], **groups['generate'])
@@ -242,19 +248,25 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int):
 
 # %% ../nbs/08_app.ipynb #a91bb9e2
 def _report_tab(bank:ModelBank, groups:dict):
-    "The runs folder's report.json, one task at a time, reloaded on demand."
+    "The report.json of the runs folder (or the folder above), one task at a time, reloaded on demand: figures first, findings folded."
     import gradio as gr
     def report(task=None):
-        md, figs, tasks = report_view(bank.runs, task)
-        return md, gr.update(choices=tasks, value=task if task in tasks else tasks[0] if tasks else None, visible=bool(tasks)), \
+        head, md, figs, tasks = report_view(bank.runs, task)
+        return head, gr.update(label=_findings_label(md), visible=bool(md)), md, \
+            gr.update(choices=tasks, value=task if task in tasks else tasks[0] if tasks else None, visible=bool(tasks)), \
             *(gr.update(value=f, visible=f is not None) for f in figs)
-    md, figs, tasks = report_view(bank.runs)
+    head, md, figs, tasks = report_view(bank.runs)
     with gr.Row():
         rtask = gr.Dropdown(tasks, value=tasks[0] if tasks else None, label='task', visible=bool(tasks), elem_id='report-task')
         reload = gr.Button('Reload report')
-    rmd = gr.Markdown(md)
-    plots = [gr.Plot(f, label=k, visible=f is not None) for k, f in zip(REPORT_FIGURES, figs)]
-    gr.on([rtask.input, reload.click], report, rtask, [rmd, rtask, *plots], api_name='report', **groups['light'])
+    rhead = gr.Markdown(head, elem_id='report-head')
+    with gr.Accordion(_findings_label(md), open=False, visible=bool(md)) as fold: rmd = gr.Markdown(md, elem_id='findings')
+    plots = [gr.Plot(f, label=k, visible=f is not None, elem_id=f'report-{k}') for k, f in zip(REPORT_FIGURES, figs)]
+    gr.on([rtask.input, reload.click], report, rtask, [rhead, fold, rmd, rtask, *plots], api_name='report', **groups['light'])
+
+def _findings_label(md:str) -> str:
+    n = md.count('\n- ') + md.startswith('- ')
+    return f"the task's {n} finding{'s' if n != 1 else ''} (each comparison, its interval and verdict)"
 
 # %% ../nbs/08_app.ipynb #0bf8264e
 def _credit_tab(bank:ModelBank, settings:list, groups:dict):
@@ -270,29 +282,37 @@ def _credit_tab(bank:ModelBank, settings:list, groups:dict):
         cmodel = gr.Dropdown(bank.names, value=bank.names[0], label='model')
         csampler = gr.Dropdown(list(SAMPLERS[1:]), value='flow_sde', label='SDE sampler')
         cgo = gr.Button('Compute credit', variant='primary')
-    cstatus = gr.Markdown()
+    cstatus = gr.Markdown(elem_classes='status')
     gplot, pplot = gr.Plot(label='values, gains, advantages'), gr.Plot(label='previews per step')
     tps = gr.Dataframe(headers=['sample', 'k', 'rule', 'kept', 'trend'], label='turning points')
     cgo.click(credit, [settings[0], cmodel, *settings[1:4], csampler], [cstatus, gplot, pplot, tps], api_name='credit', **groups['credit'])
 
 # %% ../nbs/08_app.ipynb #cec51ff7
-def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare); None: the base model only
+def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare, results/study); None: the base model only
              bank:ModelBank|None=None,  # an already loaded bank (tests, notebooks)
              max_files:int=MAX_FILES,   # gallery images kept on disk
              **kw):                     # to `ModelBank` (base, policy, task, lanes, device)
-    "The Gradio Blocks app: Generate, Report and Credit tabs, queued in concurrency groups."
+    """The Gradio Blocks app: Generate, Report and Credit tabs, queued in concurrency groups. The Report tab comes first when
+    there is a report and no fine-tuned checkpoint (a committed study); the prompt and sampling controls show only on the tabs that read them."""
     import gradio as gr
     bank = bank or ModelBank(runs, **kw)
-    groups = _groups(bank)
+    groups, report_first = _groups(bank), not bank.models and find_report(bank.runs) is not None
     with gr.Blocks(title='flowgrpo_nb', delete_cache=(600, 3600)) as app:
-        gr.Markdown("# flowgrpo_nb: base vs fine-tuned\n\n" + bank.message())
-        settings = _settings(bank, groups)
-        with gr.Tab('Generate'): gallery = _generate_tab(bank, settings, groups, max_files)
-        with gr.Tab('Report'): _report_tab(bank, groups)
-        with gr.Tab('Credit'): _credit_tab(bank, settings, groups)
+        gr.Markdown("## flowgrpo_nb: base vs fine-tuned\n\n" + bank.message(), elem_id='found')
+        with gr.Column(visible=not report_first, elem_id='controls') as controls: settings = _settings(bank, groups)
+        with gr.Tabs(selected='report' if report_first else 'generate'):
+            with gr.Tab('Generate', id='generate') as tg: gallery = _generate_tab(bank, settings, groups, max_files)
+            with gr.Tab('Report', id='report') as tr: _report_tab(bank, groups)
+            with gr.Tab('Credit', id='credit') as tc: _credit_tab(bank, settings, groups)
+        for tab, shown in ((tg, True), (tr, False), (tc, True)):  # the controls only where they do something
+            tab.select(_visible(shown), None, controls, api_name=f'tab_{tab.id}', show_progress='hidden', **groups['light'])
     app.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     app.bank, app.gallery = bank, gallery
     return app
+
+def _visible(shown:bool):
+    import gradio as gr
+    return lambda: gr.update(visible=shown)
 
 class RefuseUploads:
     "ASGI middleware: every upload is answered 413 before its body is read, an empty one too (the app has no upload control)."
@@ -303,7 +323,10 @@ class RefuseUploads:
             return await send({'type': 'http.response.body', 'body': b'uploads are refused: this app takes no files'})
         await self.app(scope, receive, send)
 
-CSS = '#images .caption-label {white-space: normal; max-width: 100%}'  # gallery captions wrap instead of being cut
+CSS = ('#images .caption-label {white-space: normal; max-width: 100%; height: 2.6em; overflow: hidden; display: -webkit-box;'
+       ' -webkit-line-clamp: 2; -webkit-box-orient: vertical}'  # captions wrap, two lines for every image: the images keep one size
+       ' .status pre, .status pre code {white-space: pre-wrap !important; overflow-wrap: anywhere}'  # a message wraps at the page's edge
+       ' #images .grid-container {grid-template-columns: repeat(auto-fill, 200px) !important}')  # thumbnails of one size, one model or many
 
 def serve(app, host:str='127.0.0.1', port:int=7860, share:bool=False,
           block:bool=True, quiet:bool=False):  # block=False: return once the server is up (tests, notebooks)
@@ -330,7 +353,7 @@ def check_address(host:str, port:int):
 def _interrupt(*_): raise KeyboardInterrupt  # SIGTERM stops the server the way Ctrl-C does, clean-up included
 
 @call_parse
-def app_cli(runs:str=None,           # runs folder (e.g. runs/compare); none: the base model only
+def app_cli(runs:str=None,           # runs folder: runs/compare, or the committed results/study or results/compare (report and curves, no checkpoints); none: the base model only
             base:str=None,           # load only the runs of this base, e.g. 'tiny' or 'sd3:/models/sd35' (default: every base)
             host:str='127.0.0.1',    # address to serve on (0.0.0.0: every interface)
             port:int=7860,           # port, 1..65535
@@ -338,7 +361,7 @@ def app_cli(runs:str=None,           # runs folder (e.g. runs/compare); none: th
             lanes:int=2,             # 2: credit has its own copy of the networks and never blocks generate; 1: half the memory
             device:str=None,         # torch device of the base models (default: cuda when available for diffusers models)
             share:bool=False):       # a public gradio.live link
-    "Serve the app: base vs fine-tuned models side by side, the comparison report, credit of one trajectory."
+    "Serve the app: base vs fine-tuned models side by side, the comparison report, credit of one trajectory. The committed results: `flowgrpo app --runs results/study`."
     check_address(host, port)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0: raise ValueError(f"threads={threads!r}: allowed an integer >= 0")
     if threads: torch.set_num_threads(threads)

@@ -19,14 +19,16 @@ from .task import Task, MODELS, load_task, load_policy
 from .train import check_base
 
 # %% auto #0
-__all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'TASK_FIELDS', 'LANES', 'QUICK_STEPS', 'run_backend', 'base_label', 'base_label_of',
-           'parse_base', 'FineTuned', 'find_models', 'fake_runs', 'pick_bases', 'runs_task', 'CheapestFirst', 'Lane',
-           'ModelBank']
+__all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'KEPT', 'SHOWN_SKIPS', 'TASK_FIELDS', 'LANES', 'QUICK_STEPS', 'run_backend',
+           'base_label', 'base_label_of', 'parse_base', 'FineTuned', 'find_models', 'fake_runs', 'pick_bases',
+           'runs_task', 'CheapestFirst', 'Lane', 'ModelBank']
 
 # %% ../nbs/07b_bank.ipynb #ba4d8e76
 ADAPTER_FILES = (LORA_FILE, OLD_LORA_FILE)  # a checkpoint's LoRA file: diffusers' name first, then the older one
 DEFAULT_BASE = 'tiny'                       # the base label without runs: the shipped tiny model
-_BACKEND = {k: p.default for k, p in inspect.signature(load_policy).parameters.items() if k != 'device'}
+KEPT = 'kept without checkpoints'           # a finished run (summary.json) whose checkpoints were not kept, e.g. a committed study
+SHOWN_SKIPS = 5                             # runs skipped for other reasons listed one by one; the rest counted
+_BACKEND = {k: p.default for k, p in inspect.signature(load_policy).parameters.items() if k not in ('device', 'gradient_checkpointing')}  # a training option
 
 def run_backend(cfg:dict) -> dict:
     "The `load_policy` arguments (model, model_path, and the backend's options) a run's config names."
@@ -77,7 +79,8 @@ def find_models(runs:str|Path  # a runs folder (e.g. runs/compare) or one traine
         run = RunFolder(d)
         ckpts = [c for c in run.checkpoints() if any((c/f).is_file() for f in ADAPTER_FILES)]
         if not ckpts:
-            if (d/'checkpoints').exists() or run.file('metrics').exists(): skipped.append(f"{name}: no checkpoint yet")
+            if run.file('summary').exists(): skipped.append(f"{name}: {KEPT}")  # finished, its checkpoints not kept (a committed study)
+            elif (d/'checkpoints').exists() or run.file('metrics').exists(): skipped.append(f"{name}: no checkpoint yet")
             continue
         try:
             m = FineTuned(name, d, ckpts[-1], run.config())
@@ -238,11 +241,19 @@ class ModelBank:
                 m = self.by_name[name]
                 yield ln.nets[m.base, m.shape].load_lora_state_dict(m.lora)
 
+    @property
+    def kept(self) -> list[str]: return [k.removesuffix(f': {KEPT}') for k in self.skipped if k.endswith(f': {KEPT}')]
+
     def message(self) -> str:
-        "What was found under the runs folder and what scores it, in Markdown."
+        "What was found under the runs folder and what scores it, in Markdown: runs kept without checkpoints in one line."
         if self.runs is None: s = "No `--runs` folder: the base model only."
         elif not self.models: s = f"**No fine-tuned checkpoints under `{self.runs}`**: the base model only."
-        else: s = f"{len(self.models)} fine-tuned model(s) under `{self.runs}`: " + ', '.join(f'`{n}`' for n in self.names[len(self.base_names):])
-        if len(self.base_names) > 1: s += '. Bases: ' + ', '.join(f'`{n}`' for n in self.base_names)
-        s += f"\n\nScored by the task `{self.task.name}`" + (f" (also the runs configured for another: {', '.join(self.other_tasks)})" if self.other_tasks else '') + '.'
-        return s + ''.join(f"\n- skipped {k}" for k in self.skipped)
+        else: s = f"{len(self.models)} fine-tuned model(s) under `{self.runs}`: " + ', '.join(f'`{n}`' for n in self.names[len(self.base_names):]) + '.' 
+        if len(self.base_names) > 1: s += ' Bases: ' + ', '.join(f'`{n}`' for n in self.base_names) + '.' 
+        s += f" Scored by the task `{self.task.name}`" + (f" (also the runs configured for another: {', '.join(self.other_tasks)})" if self.other_tasks else '') + '.'
+        if kept := self.kept:
+            s += (f"\n\n{len(kept)} run{'s' if len(kept) > 1 else ''} kept without checkpoints (e.g. `{kept[0]}`): report and curves only;"
+                  " train one with `flowgrpo train --preset METHOD --out DIR` and open the app on DIR to generate images with it.")
+        other = [k for k in self.skipped if not k.endswith(f': {KEPT}')]
+        more = f"\n- and {len(other) - SHOWN_SKIPS} more skipped" if len(other) > SHOWN_SKIPS else ''
+        return s + ''.join(f"\n- skipped {k}" for k in other[:SHOWN_SKIPS]) + more

@@ -6,11 +6,11 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/config.html.md"""
 
 # %% auto #0
 __all__ = ['EARLY', 'PRESETS', 'LR_SCHEDULES', 'PROMPT_MIXES', 'REMOVED_FIELDS', 'ADDED_FIELDS', 'RESUMABLE_CHANGES',
-           'GRPOConfig', 'step_stds', 'trained_stds', 'degenerate_steps', 'preset_config', 'validate_config',
-           'config_diff', 'run_config', 'parse_overrides', 'config_help', 'lr_at']
+           'GRPOConfig', 'step_stds', 'trained_stds', 'degenerate_steps', 'preset_config', 'trackers', 'tracker',
+           'tracker_kwargs', 'validate_config', 'config_diff', 'run_config', 'parse_overrides', 'config_help', 'lr_at']
 
 # %% ../nbs/05c_config.ipynb #4a150b27
-import math, typing, warnings
+import math, os, typing, warnings
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 from fastcore.docments import docments
@@ -71,7 +71,7 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     save_every:int=10           # checkpoint every n steps (and at the end)
     keep_last:int=2             # checkpoints kept
     seed:int=0                  # everything random derives from it and the step
-    log_with:str='tensorboard'  # accelerate tracker: tensorboard or none
+    log_with:str='tensorboard'  # accelerate tracker: none, or one of accelerate's that is installed (tensorboard, wandb, mlflow, aim, comet_ml, ...)
     # -- backend and task
     model:str='tiny'            # backend: tiny (the shipped embedded model), sd3 or flux (a local diffusers folder)
     model_path:str|None=None    # the backend's weights: tiny checkpoint (None: the shipped one) or the SD3/FLUX folder
@@ -81,6 +81,7 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     resolution:int|None=None    # sd3/flux: image side in pixels (None: 512)
     dtype:str='auto'            # sd3/flux: weights' dtype: auto (bfloat16 on a GPU, float32 on a CPU), bfloat16, float16, float32
     t5:bool=True                # sd3: load the T5 text encoder (False: without it, zeros in its place)
+    gradient_checkpointing:bool=False  # sd3/flux: recompute the transformer's blocks in the backward pass (less memory, more compute; same gradient)
     fast:bool|str='auto'        # tiny: True: bf16 fast path (a bf16 copy without gradient, bf16 autocast for the update); False: fp32 eager; auto: whichever this machine runs faster (02b_precision)
 
     def __post_init__(self): validate_config(self)
@@ -106,10 +107,10 @@ class GRPOConfig(RolloutConfig, CreditConfig):
         a = s if self.train_start is None else self.train_start
         b = e if self.train_size is None else a + self.train_size
         return rc.trained & (torch.arange(self.K) >= a) & (torch.arange(self.K) < b)
-    def backend(self) -> dict:
-        "The keyword arguments of `load_policy` for this run's model."
+    def backend(self, train:bool=False) -> dict:
+        "The keyword arguments of `load_policy` for this run's model; `train`: with the options only training reads (gradient checkpointing)."
         return dict(model=self.model, model_path=self.model_path, resolution=self.resolution, dtype=self.dtype,
-                    t5=self.t5)
+                    t5=self.t5) | (dict(gradient_checkpointing=self.gradient_checkpointing) if train else {})
     def credit_config(self) -> CreditConfig:
         "The `CreditConfig` of this run's credit rule."
         return CreditConfig(**{f.name: getattr(self, f.name) for f in fields(CreditConfig)})
@@ -184,6 +185,34 @@ def preset_config(name:str, # a key of `PRESETS`, or several joined by '+' (late
 # %% ../nbs/05c_config.ipynb #9a8c4c61
 def _fail(name, value, allowed): bad_field('GRPOConfig', name, value, allowed)
 
+# %% ../nbs/05c_config.ipynb #92b3ca29
+def trackers() -> tuple[str, ...]:
+    "Every `log_with` value: none, then accelerate's trackers."
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+    return ('none', *LOGGER_TYPE_TO_CLASS)
+
+def tracker(name:str) -> str|None:
+    "The `log_with` accelerate gets for `name` (None for none), or ValueError naming the package that is missing."
+    from accelerate.tracking import get_available_trackers
+    if name == 'none': return None
+    if name not in trackers(): _fail('log_with', name, f"one of {', '.join(trackers())}")
+    have = [str(t.value) for t in get_available_trackers()]
+    if name not in have:
+        raise ValueError(f"log_with={name!r}: the {name} package is not installed; install it (pip install {name}) "
+                         f"or pick one that is: {', '.join(have + ['none'])}")
+    return name
+
+def _wandb_mode() -> str|None:
+    if os.environ.get('WANDB_MODE'): return None  # the user's choice
+    netrc = Path.home()/'.netrc'
+    keyed = os.environ.get('WANDB_API_KEY') or (netrc.is_file() and 'api.wandb.ai' in netrc.read_text(errors='ignore'))
+    return None if keyed else 'offline'
+
+def tracker_kwargs(name:str, run_dir:str|Path) -> dict:
+    "accelerate's `init_kwargs` for tracker `name`: wandb writes into the run folder, offline without an API key."
+    if name != 'wandb': return {}
+    return {'wandb': dict(dir=str(run_dir), name=Path(run_dir).name) | ({'mode': m} if (m := _wandb_mode()) else {})}
+
 # %% ../nbs/05c_config.ipynb #9bf706b8
 _AT_LEAST = dict(K=2, prompts_per_step=1, group_size=2, minibatch=1, updates_per_rollout=1, steps=1, lora_rank=1,
                  keep_last=1, calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0,
@@ -192,7 +221,7 @@ _POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 LR_SCHEDULES, PROMPT_MIXES = ('constant', 'cosine', 'linear'), ('category', 'prompt')
 _CHOICES = dict(method=METHODS, sampler=tuple(s for s in SAMPLERS if s != 'ode'), untrained=UNTRAINED,
-                group_size_one=GROUP_SIZE_ONE, log_with=('tensorboard', 'none'), dtype=DTYPES,
+                group_size_one=GROUP_SIZE_ONE, dtype=DTYPES,
                 ddim_schedule=tuple(DDIM_SCHEDULES), calib_no_signal=NO_SIGNAL, calib_stop=CALIB_STOP,
                 lr_schedule=LR_SCHEDULES, prompt_mix=PROMPT_MIXES)
 
@@ -201,6 +230,10 @@ def validate_config(c:GRPOConfig):
     if isinstance(c.lora_targets, list): c.lora_targets = tuple(c.lora_targets)
     if c.log_with is None: c.log_with = 'none'
     check_fields(c, _AT_LEAST, _POSITIVE, _NON_NEGATIVE, _CHOICES)
+    if c.log_with not in trackers(): _fail('log_with', c.log_with, f"one of {', '.join(trackers())} (accelerate's trackers, or none)")
+    if c.gradient_checkpointing not in (True, False): _fail('gradient_checkpointing', c.gradient_checkpointing, 'true or false')
+    if c.gradient_checkpointing and c.model == 'tiny':
+        _fail('gradient_checkpointing', True, "false for model='tiny' (the diffusers backends sd3 and flux have it)")
     if not 0 < c.ema_decay < 1: _fail('ema_decay', c.ema_decay, 'a number in (0, 1)')
     if c.fast not in FAST_CHOICES or not isinstance(c.fast, (bool, str)): _fail('fast', c.fast, "true, false or 'auto'")
     if not 0 <= c.min_std_ratio < 1: _fail('min_std_ratio', c.min_std_ratio, 'a number in [0, 1)')
@@ -264,8 +297,8 @@ def _check_noise(c:GRPOConfig):
 
 # %% ../nbs/05c_config.ipynb #71ef0ac1
 REMOVED_FIELDS = ('log_images',)  # written by older versions, read by nothing
-ADDED_FIELDS = dict(fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0)  # a config written before these fields existed ran with these values
-RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with')
+ADDED_FIELDS = dict(fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False)  # a config written before these fields existed ran with these values
+RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with', 'gradient_checkpointing')  # the same experiment
 
 def _known_fields(d:dict, source:str) -> dict:
     if not isinstance(d, dict):

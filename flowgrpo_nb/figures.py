@@ -157,7 +157,7 @@ def fig_gradient(report:Report, task:str|None=None) -> go.Figure:
         if r.grad_share:
             fig.add_bar(x=list(range(len(r.grad_share))), y=r.grad_share, name=display_name(m), marker_color=color(m, i))
     return _below(fig, barmode='group', title=f"{sec.task}: share of the gradient norm per denoising step",
-                  xaxis_title='denoising step k', yaxis_title='share of the gradient norm')
+                  xaxis=dict(title='denoising step k', tickmode='linear', tick0=0, dtick=1), yaxis_title='share of the gradient norm')
 
 # %% ../nbs/06f_figures.ipynb #b6d20cea
 def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
@@ -165,16 +165,18 @@ def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
     sec = _section(report, task)
     arms = [a for a in sec.arms if any(runs[a].psi_rounds for runs in sec.per_seed.values())]
     if not arms: return None
-    fig = make_subplots(1, len(arms), subplot_titles=[display_name(a) for a in arms], shared_yaxes=True)
+    fig, means = make_subplots(1, len(arms), subplot_titles=[display_name(a) for a in arms], shared_yaxes=True), []
     for i, a in enumerate(arms, 1):
         rounds = [runs[a].psi_rounds for runs in sec.per_seed.values() if runs[a].psi_rounds]
         n = max(map(len, rounds))
         mean = [np.mean([r[j] for r in rounds if len(r) > j], 0) for j in range(n)]  # [rounds][K]
+        means.append(mean)
         for k in range(len(mean[0])):
             if any(m[k] for m in mean):
                 fig.add_scatter(x=list(range(n)), y=[m[k] for m in mean], name=f'k = {k}', legendgroup=f'k{k}',
                                 showlegend=i == 1, mode='lines', row=1, col=i)
-    return fig.update_layout(title=f"{sec.task}: calibrated noise psi(k) per calibration round", xaxis_title='round',
+    fig.update_xaxes(title_text='round', tickformat='d', tick0=0, dtick=max(1, math.ceil(max(len(m) for m in means) / 12)))  # whole rounds
+    return fig.update_layout(title=f"{sec.task}: calibrated noise psi(k) per calibration round", legend_title_text='a line per trained step:',
                              yaxis_title='psi(k)', height=360)
 
 # %% ../nbs/06f_figures.ipynb #c6635132

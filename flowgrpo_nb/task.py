@@ -276,11 +276,13 @@ DTYPES = ('auto', 'bfloat16', 'float16', 'float32')
 def load_policy(model:str='tiny', model_path:str|None=None, device=None,
                 resolution:int|None=None,   # sd3/flux: image side in pixels (None: 512)
                 dtype:str='auto',           # sd3/flux: weights of transformer and text encoders (auto: bfloat16 on a GPU, else float32)
-                t5:bool=True) -> Policy:    # sd3: load the T5 text encoder (False: run without it)
+                t5:bool=True,               # sd3: load the T5 text encoder (False: run without it)
+                gradient_checkpointing:bool=False) -> Policy:  # sd3/flux: recompute the transformer's blocks in backward (training)
     "The policy of backend `model`: the shipped tiny model (or the tiny checkpoint `model_path`), or a local SD3 / FLUX folder."
     if model not in MODELS: raise ValueError(f"model={model!r}: allowed {', '.join(MODELS)}")
     if dtype not in DTYPES: raise ValueError(f"dtype={dtype!r}: allowed {', '.join(DTYPES)}")
     if model == 'tiny':
+        if gradient_checkpointing: raise ValueError("gradient_checkpointing=True: allowed for the diffusers backends sd3 and flux, not model='tiny'")
         from flowgrpo_nb.tiny import load_tiny, TinyPolicy
         return TinyPolicy(load_tiny(model_path).to(device or 'cpu'))
     if not model_path: raise ValueError(f"model={model!r} needs model_path: the local diffusers folder (save_pretrained)")
@@ -288,5 +290,5 @@ def load_policy(model:str='tiny', model_path:str|None=None, device=None,
     from flowgrpo_nb.flux import FluxPolicy
     device = torch.device(device or ('cuda' if torch.cuda.is_available() else 'cpu'))
     dt = getattr(torch, dtype if dtype != 'auto' else 'bfloat16' if device.type == 'cuda' else 'float32')
-    kw = dict(dtype=dt, device=device, resolution=resolution or 512) | (dict(t5=t5) if model == 'sd3' else {})
+    kw = dict(dtype=dt, device=device, resolution=resolution or 512, gradient_checkpointing=gradient_checkpointing) | (dict(t5=t5) if model == 'sd3' else {})
     return (SD3Policy if model == 'sd3' else FluxPolicy).from_pretrained(model_path, **kw)

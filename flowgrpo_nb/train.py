@@ -22,7 +22,7 @@ from .policy import Policy, PHASES, ema_of, ema_weights, seeded_generator, timed
 from .rollout import rollout, step_values, logprob_pairs
 from .credit import METHODS, compute_credit, calibrate_exploration, Calibration, credit_stats
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
-from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at
+from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker, tracker_kwargs
 from .precision import resolve_fast, path_name
 from .checkpoint import (write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint,
                                     clean_interrupted, flatten_optimizer, unflatten_optimizer, MetricsLog,
@@ -59,13 +59,13 @@ class GRPOTrainer:
         self.cfg, self.run_dir, self.folder, self.progress = cfg, Path(run_dir), RunFolder(run_dir), progress
         check_output_dir(self.run_dir)
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), project_dir=str(run_dir),
-                                              log_with=None if cfg.log_with == 'none' else cfg.log_with)
+                                              log_with=tracker(cfg.log_with))
         self._check_sizes()
         self.lock = self.folder.lock() if self.acc.is_main_process else None  # another writer of the folder: refused here
         try:
             self._check_run_dir(resume)
             self.task = task or load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)
-            self.policy = policy or load_policy(device=self.acc.device, **cfg.backend())
+            self.policy = policy or load_policy(device=self.acc.device, **cfg.backend(train=True))
             self._init_state(resume)
         except BaseException:
             if self.lock is not None: self.lock.release()
@@ -92,7 +92,7 @@ def _init_state(self:GRPOTrainer, resume:bool):
     if self.acc.is_main_process: self.folder.clean_interrupted()
     self.load(self.folder.latest_checkpoint()) if resume else self._start_run_dir()
     if self.acc.trackers == [] and cfg.log_with != 'none':
-        self.acc.init_trackers('grpo', config={k: str(v) for k, v in cfg.to_dict().items()})
+        self.acc.init_trackers('grpo', {k: str(v) for k, v in cfg.to_dict().items()}, tracker_kwargs(cfg.log_with, self.run_dir))
 
 # %% ../nbs/06_train.ipynb #f54384c7
 @patch

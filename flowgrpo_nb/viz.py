@@ -96,9 +96,10 @@ def turning_point_table(ro:Rollout, mc:MethodCredit,  # the turning_point rule's
 # %% ../nbs/07_viz.ipynb #976f4f2a
 def _colour(j:int) -> str: return qualitative.D3[j % len(qualitative.D3)]
 
-def _int_ticks(n:int) -> dict:
-    "Axis settings for integer positions 0..n (steps, rounds): whole-number ticks, about a dozen at most."
-    return dict(tick0=0, dtick=max(1, math.ceil(n / 12)), tickformat='d')
+def _int_ticks(n:int, most:int=12) -> dict:
+    "Axis settings for integer positions 0..n (steps, rounds): whole-number ticks at a round spacing (1, 2, 5, 10, 20, 25, 50, ...), `most` at most."
+    dtick = next(d * 10 ** e for e in range(12) for d in (1, 2, 2.5, 5) if d * 10 ** e >= n / most and (d * 10 ** e) % 1 == 0)
+    return dict(tick0=0, dtick=int(dtick), tickformat='d')
 
 _LEGEND_BELOW = dict(orientation='h', x=0, xanchor='left', y=-0.12, yanchor='top')
 
@@ -125,8 +126,8 @@ def gain_figure(ro:Rollout, credits:dict[str, MethodCredit],  # from `method_cre
     ops = list(dict.fromkeys(c.op for c in credits.values() if c.op))
     V = {op: next(c.V for c in credits.values() if c.op == op) for op in ops}
     n = max(2 * len(ops), len(credits))
-    titles = [f"V_k ({op})" for op in ops] + [f"gain V_k+1 - V_k ({op})" for op in ops] + [''] * (n - 2 * len(ops))
-    titles += [f"advantages: {m}" for m in credits] + [''] * (n - len(credits))
+    titles = [f"values V_k<br>({op})" for op in ops] + [f"gains V_k+1 − V_k<br>({op})" for op in ops] + [''] * (n - 2 * len(ops))
+    titles += [f"advantages<br>{m}" for m in credits] + [''] * (n - len(credits))  # two short lines each: none runs into the next
     fig = make_subplots(2, n, subplot_titles=titles, vertical_spacing=0.18, horizontal_spacing=0.04)
     K = ro.K
     for j, i in enumerate(rows):
@@ -146,8 +147,9 @@ def gain_figure(ro:Rollout, credits:dict[str, MethodCredit],  # from `method_cre
         _tp_markers(fig, mc, rows, mc.credit.advantages, 2, c, False)
         first = False
     fig.update_xaxes(**_int_ticks(K)); fig.update_xaxes(title_text='step k', row=2)
-    return fig.update_layout(title=f"{ro.prompts[rows[0]]!r}: {len(rows)} samples", width=min(80 + 215 * n, MAX_WIDTH), height=680,
-                             legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=80, b=40))
+    fig.update_annotations(font_size=12)
+    return fig.update_layout(title=f"{ro.prompts[rows[0]]!r}: {len(rows)} samples", width=min(80 + 215 * n, MAX_WIDTH), height=700,
+                             legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=110, b=40))
 
 # %% ../nbs/07_viz.ipynb #0131844f
 def load_calibration(run_dir:str|Path) -> tuple[Calibration, Tensor, float]:
@@ -179,8 +181,10 @@ def calibration_figure(cal:Calibration|str|Path,  # a `Calibration` or a run fol
     fig.add_trace(go.Scatter(x=k, y=s.tolist(), name=f'Flow-GRPO s_k (a={level:g})', line=dict(dash='dash', color='grey')), 1, 1)
     fig.add_trace(go.Scatter(x=k, y=cal.psi.tolist(), name='calibrated psi(k)', line=dict(color='black', width=3)), 1, 1)
     cols = sample_colorscale('Viridis', [r / max(R - 1, 1) for r in range(R)])
-    for r, h in enumerate(cal.history):
-        fig.add_trace(go.Scatter(x=k, y=h.psi.tolist(), name=f'round {r}', showlegend=False, mode='lines',
+    for r, h in enumerate(cal.history):  # the legend names the first, the last and the bold one (whose balance is on the right)
+        fig.add_trace(go.Scatter(x=k, y=h.psi.tolist(), name=f'psi, round {r}' + (' (bold: its balance →)' if r == round else ''),
+                                 showlegend=r in (0, round, R - 1), mode='lines', legendgroup='rounds',
+                                 legendgrouptitle_text='middle: psi(k) by round (dark → light)',
                                  line=dict(color=cols[r], width=4 if r == round else 1.5)), 1, 2)
     if R:
         h = cal.history[round]
@@ -199,18 +203,38 @@ def read_metrics(run_dir:str|Path) -> list[dict]:
 def _series(rows, key): return [r['step'] for r in rows if key in r], [r[key] for r in rows if key in r]
 
 # %% ../nbs/07_viz.ipynb #bf1d79c6
+def _config(d) -> dict:
+    try: return RunFolder(d).config()
+    except ValueError: return {}  # metrics without a config: nothing to say why a panel is empty
+
+_PANELS = dict(kl=('approx_kl', 'kl'), clip=('clipfrac',), norms=('adapter_norm', 'update_norm'), grad=('grad_norm',),
+               ratio=('ratio_std', 'zero_spread'))            # the training figure's panels that can be empty, and their metrics
+_PANEL_AT = dict(kl=3, clip=4, norms=7, grad=8, ratio=9)      # their subplot (1..9, row by row)
+
+def _why_flat(cfgs:list[dict], panel:str, logged:bool=True) -> str:
+    "Why a panel holds only zeros (from the runs' configs: beta, updates_per_rollout), or nothing at all."
+    if not logged: return "not in this run's metrics.jsonl<br>(logged by later versions)"
+    one = all(c.get('updates_per_rollout', 1) == 1 for c in cfgs)
+    if panel == 'kl':
+        return '0 at every step:' + ('<br>beta = 0 logs no KL to the reference;' if all(not c.get('beta', 0) for c in cfgs) else '') + \
+               ('<br>one update per batch: the policy<br>is still the one that sampled' if one else '')
+    return '0 at every step:' + ('<br>one update per batch: ratio 1,<br>nothing to clip' if one else '<br>no ratio left the clip range')
+
 def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or {name: run folder}
                    ) -> go.Figure:
-    "Reward, held-out scores, KL, clip fraction and seconds per phase of one or more runs."
+    "Reward, held-out scores, KL, clip fraction and seconds per phase of one or more runs; a panel that holds only zeros says why instead."
     if isinstance(runs, (str, Path)): runs = [runs]
     if not isinstance(runs, dict): runs = {Path(r).name: r for r in runs}
-    fig = make_subplots(3, 3, horizontal_spacing=0.07, vertical_spacing=0.11, subplot_titles=[
-        'training reward (batch mean ± std)', 'evaluation (overall ± SE)', 'KL to the reference',
-        'clip fraction', 'seconds per step, median by phase', 'NFE per trajectory',
-        'adapter norm (solid), update norm (dash)', 'gradient norm before clipping', 'ratio std (solid), zero-spread groups (dash)'])
+    data = {name: read_metrics(d) for name, d in runs.items()}
+    values = {p: [v for rows in data.values() for k in keys for v in _series(rows, k)[1]] for p, keys in _PANELS.items()}
+    flat = {p: not any(vs) for p, vs in values.items()}  # only zeros, or nothing logged: the panel says why instead
+    fig = make_subplots(3, 3, horizontal_spacing=0.07, vertical_spacing=0.13, subplot_titles=[
+        'training reward<br>(batch mean ± std)', 'evaluation<br>(overall ± SE)', 'KL to the sampling policy (solid),<br>to the reference (dash)',
+        'clip fraction', 'seconds per step<br>(median by phase)', 'NFE per trajectory',
+        'adapter norm (solid),<br>update norm (dash)', 'gradient norm<br>before clipping', 'ratio std (solid),<br>zero-spread groups (dash)'])
     last = 1
-    for j, (name, d) in enumerate(runs.items()):
-        rows, c = read_metrics(d), color(name, j)
+    for j, (name, rows) in enumerate(data.items()):
+        c = color(name, j)
         last = max(last, max(r['step'] for r in rows))
         st, r = _series(rows, 'reward'); _, sd = _series(rows, 'reward_std')
         fig.add_trace(go.Scatter(x=st, y=r, name=display_name(name), legendgroup=name, line=dict(color=c),
@@ -221,24 +245,36 @@ def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or 
         cats = [k[5:-3] for k in rows[0] if k.startswith('eval_') and k.endswith('_se') and k != 'eval_overall_se']  # categories have an SE, extras (partial, score) do not
         for cat in cats if len(runs) == 1 else ():
             fig.add_trace(go.Scatter(x=_series(rows, f'eval_{cat}')[0], y=_series(rows, f'eval_{cat}')[1], name=cat,
+                                     legendgroup='categories', legendgrouptitle_text='evaluation by category (dotted):',
                                      mode='lines+markers', line=dict(dash='dot')), 1, 2)
-        for key, dash in (('approx_kl', 'solid'), ('kl', 'dash')):
+        for key, dash in (('approx_kl', 'solid'), ('kl', 'dash')) if not flat['kl'] else ():
             fig.add_trace(go.Scatter(x=_series(rows, key)[0], y=_series(rows, key)[1], name=f'{name}: {key}', legendgroup=name,
                                      showlegend=False, line=dict(color=c, dash=dash)), 1, 3)
-        fig.add_trace(go.Scatter(x=_series(rows, 'clipfrac')[0], y=_series(rows, 'clipfrac')[1], name=name, legendgroup=name,
-                                 showlegend=False, line=dict(color=c)), 2, 1)
+        if not flat['clip']:
+            fig.add_trace(go.Scatter(x=_series(rows, 'clipfrac')[0], y=_series(rows, 'clipfrac')[1], name=name, legendgroup=name,
+                                     showlegend=False, line=dict(color=c)), 2, 1)
         med = [float(np.median(_series(rows, f'sec_{p}')[1] or [0])) for p in PHASES]
         fig.add_trace(go.Bar(x=list(PHASES), y=med, name=name, legendgroup=name, showlegend=False, marker_color=c), 2, 2)
         nfe = [float(np.median(_series(rows, f'nfe_{p}')[1] or [0])) for p in ('rollout', 'lookahead')]
         fig.add_trace(go.Bar(x=['rollout', 'lookahead'], y=nfe, name=name, legendgroup=name, showlegend=False, marker_color=c), 2, 3)
         for key, col, dash in (('adapter_norm', 1, 'solid'), ('update_norm', 1, 'dash'), ('grad_norm', 2, 'solid'),
                                ('ratio_std', 3, 'solid'), ('zero_spread', 3, 'dash')):
+            if not values[('norms', 'grad', 'ratio')[col - 1]]: continue
             fig.add_trace(go.Scatter(x=_series(rows, key)[0], y=_series(rows, key)[1], name=f'{name}: {key}', legendgroup=name,
                                      showlegend=False, line=dict(color=c, dash=dash)), 3, col)
-    for row, col in ((1, 1), (1, 2), (1, 3), (2, 1), (3, 1), (3, 2), (3, 3)): fig.update_xaxes(title_text='step', row=row, col=col, **_int_ticks(last))
+    for row, col in ((1, 1), (1, 2), (1, 3), (2, 1), (3, 1), (3, 2), (3, 3)): fig.update_xaxes(title_text='step', row=row, col=col, **_int_ticks(last, 6))
+    fig.update_annotations(font_size=12)  # the titles: two short lines each, none runs into its neighbour at 820 px
+    cfgs = [_config(d) for d in runs.values()]
+    for p, i in _PANEL_AT.items():
+        if not flat[p] or (p not in ('kl', 'clip') and values[p]): continue  # drawn, or zeros that are data (a norm of 0)
+        row, col = (i - 1) // 3 + 1, (i - 1) % 3 + 1
+        fig.update_xaxes(visible=False, row=row, col=col); fig.update_yaxes(visible=False, row=row, col=col)
+        x, y = (sum(fig.layout[f'{a}axis{i}'].domain) / 2 for a in 'xy')  # the panel's middle, on the page (its axes are hidden)
+        fig.add_annotation(text=_why_flat(cfgs, p, bool(values[p])), xref='paper', yref='paper', x=x, y=y, showarrow=False,
+                           xanchor='center', yanchor='middle', font=dict(size=11, color='grey'), name=f'empty: {p}')
     fig.update_yaxes(exponentformat='e', row=1, col=3)  # a KL of 1e-15 reads 1e-15, not '1f' (femto)
     fig.update_yaxes(type='log', row=3, col=1)           # the update is orders of magnitude smaller than the adapter
-    return fig.update_layout(height=960, barmode='group', legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=60, b=40))
+    return fig.update_layout(height=960, barmode='group', legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=80, b=40))
 
 # %% ../nbs/07_viz.ipynb #c0f31d75
 def grad_share_figure(runs:str|Path|list|dict) -> go.Figure:
@@ -251,6 +287,7 @@ def grad_share_figure(runs:str|Path|list|dict) -> go.Figure:
         ks = sorted({int(k[11:]) for r in rows for k in r if k.startswith('grad_share_')})
         fig.add_bar(x=ks, y=[float(np.mean([r.get(f'grad_share_{k}', 0.0) for r in rows])) for k in ks], name=display_name(name),
                     marker_color=color(name, j))
+    fig.update_xaxes(tickmode='linear', tick0=0, dtick=1)  # a tick on each step, none between
     return fig.update_layout(barmode='group', xaxis_title='denoising step k', yaxis_title='share of the gradient norm',
                              title='where the gradient comes from (mean over diagnostic steps)', height=340, width=640)
 

@@ -72,9 +72,9 @@ def test_models_found(bank):
 
 def test_every_event_has_api_name_and_group(app):
     groups = {f.api_name: (f.concurrency_id, f.concurrency_limit) for f in app.fns.values()}
-    assert set(groups) == {'generate', 'generate_submit', 'report', 'credit', 'example'}
+    assert set(groups) == {'generate', 'generate_submit', 'report', 'credit', 'example', 'tab_generate', 'tab_report', 'tab_credit'}
     assert groups['generate'] == groups['generate_submit'] == ('generate', app_mod.GENERATE_AT_ONCE) and groups['credit'] == ('credit', 1)
-    assert groups['report'][0] == groups['example'][0] == 'light'
+    assert groups['report'][0] == groups['example'][0] == groups['tab_report'][0] == 'light'
     assert app._queue.max_size == QUEUE_SIZE, 'the queue is bounded'
 
 def test_generate_handler(app, bank):
@@ -86,7 +86,7 @@ def test_generate_handler(app, bank):
     assert all(img.shape == (192, 192, 3) for img, _ in images)
     for name in bank.names: assert f'| {name} |' in table
     assert 'colors' in table and '| overall | partial | score |' in table
-    assert ('found: ' in images[0][1]) == hasattr(bank.task, 'describe')
+    assert ('| found |' in table) == hasattr(bank.task, 'describe') and not any('found' in c for _, c in images)
     assert strips.layout.xaxis.ticktext[-1].startswith(f'k={STEPS}<br>V=')
 
 def test_describe_hook(runs):
@@ -94,7 +94,7 @@ def test_describe_hook(runs):
     task.describe = describe_grid
     b = ModelBank(runs, task=task, lanes=1)
     images, table, _ = app_mod.samples_view(generate_all(b, 'two circles', seed=0, steps=2, models=['base']))
-    assert 'found: ' in images[0][1] and '| found |' in table
+    assert 'found' not in images[0][1] and '| found |' in table  # what the task reads: in the table; the caption stays short
 
 @pytest.mark.parametrize('typed', ['A RED Circle.', '  a red   circle ', 'a red circle!'])
 def test_prompt_normalised(app, bank, typed):
@@ -201,28 +201,28 @@ def test_lanes(bank, runs):
 def test_credit_handler(app):
     msg, gain, preview, rows = handler(app, 'credit')('a circle and a square', 'seed0/dense', 0, STEPS, 4.0, 'flow_sde')
     assert gain is not None and preview is not None, msg
-    assert {'advantages: dense', 'advantages: turning_point'} <= {a.text for a in gain.layout.annotations}
+    assert {'advantages<br>dense', 'advantages<br>turning_point'} <= {a.text for a in gain.layout.annotations}
     msg, gain, *_ = handler(app, 'credit')('a circle', 'base', 0, 1, 4.0, 'flow_sde')
     assert gain is None and 'at least 2 steps' in msg
 
 def test_report(app, runs, tmp_path):
     none = [None] * len(app_mod.REPORT_FIGURES)
-    md, figs, tasks = report_view(runs)
-    assert 'No `report.json`' in md and figs == none and tasks == []
+    head, md, figs, tasks = report_view(runs)
+    assert 'No `report.json`' in head and md == '' and figs == none and tasks == []
     report = json.loads((ROOT/'results'/'compare'/'report.json').read_text())  # the committed report
     (tmp_path/'report.json').write_text(json.dumps(report))
     for task in report['tasks']:  # every task of the report, each with its findings and its figures
-        md, figs, tasks = report_view(tmp_path, task)
-        assert tasks == list(report['tasks']) and f'task **{task}**' in md
+        head, md, figs, tasks = report_view(tmp_path, task)
+        assert tasks == list(report['tasks']) and f'task **{task}**' in head
         mine = [f for f in report['findings'] if f.startswith(f'[{task}] ')]
         assert mine and all(f.removeprefix(f'[{task}] ') in md for f in mine)
         assert all(f is not None and f.layout.title.text.startswith(f'{task}:') for f in figs), task
     (tmp_path/'report.json').write_text(json.dumps(dict(per_seed={}, methods={}, findings=['old'])))  # format 1: refused, with the fix
-    md, figs, _ = report_view(tmp_path)
-    assert 'cannot be read' in md and 'report format 1' in md and 'flowgrpo compare --out DIR' in md and figs == none
+    head, md, figs, _ = report_view(tmp_path)
+    assert 'cannot be read' in head and 'report format 1' in head and 'flowgrpo compare --out DIR' in head and figs == none
     (tmp_path/'report.json').write_text('{not json')
-    md, figs, _ = report_view(tmp_path)
-    assert 'cannot be read' in md and figs == none
+    head, md, figs, _ = report_view(tmp_path)
+    assert 'cannot be read' in head and figs == none
 
 def test_check_settings():
     assert check_settings(1, 10.0, 4, 'cps') == (1, 10, 4.0, 'cps', 0.7)
@@ -368,17 +368,82 @@ def test_browser_generate(served, bank, tmp_path):
         box.fill('a purple circle')
         page.locator('#generate').click()
         page.get_by_text("unknown words ['purple']").wait_for(timeout=120_000)
+        wide = page.evaluate("(() => { const p = document.querySelector('#status pre'), r = p.getBoundingClientRect();"
+                             " return [p.scrollWidth, p.clientWidth, r.right, window.innerWidth]; })()")
+        assert wide[0] <= wide[1] + 1 and wide[2] <= wide[3], wide  # the message wraps: no vocabulary off the right edge
         box.fill('A green triangle.')
         page.locator('#generate').click()
         n = len(bank.names)
         page.wait_for_function(f'document.querySelectorAll("#images img").length >= {n}', timeout=180_000)
         imgs = page.locator('#images img').count()
+        sizes = page.evaluate("[...document.querySelectorAll('#images img')].map(i => [i.getBoundingClientRect().width, i.getBoundingClientRect().height])")
         page.screenshot(path=str(tmp_path/'app.png'), full_page=True)
         browser.close()
     assert imgs == n, (imgs, n)
+    assert max(h for _, h in sizes) - min(h for _, h in sizes) <= 1, sizes  # captions of any length: every image one size
+    assert max(w for w, _ in sizes) < 1300 / app_mod.GALLERY_COLUMNS, sizes  # a thumbnail, not a 32-px image blown up to the page
 
 def test_cli_flags():
     from fastcore.script import anno_parser
     from flowgrpo_nb.app import app_cli
     a = anno_parser(app_cli).parse_args(['--runs', 'runs/compare', '--port', '7861', '--base', 'tiny'])
     assert (a.runs, a.base, a.host, a.port, a.threads, a.lanes, a.share) == ('runs/compare', 'tiny', '127.0.0.1', 7861, 1, 2, False)
+
+# --- the committed results: a study without checkpoints ---
+
+STUDY = ROOT/'results'/'study'
+
+@pytest.fixture(scope='module')
+def study_apps():
+    "The app on the committed study, opened on the study folder and on its runs folder."
+    return {str(p): make_app(bank=ModelBank(p, lanes=1)) for p in (STUDY, STUDY/'runs')}
+
+def test_committed_study_opens_on_its_report(study_apps):
+    finished = len(list((STUDY/'runs').rglob('summary.json')))  # the runs the study finished, their checkpoints not committed
+    assert finished > 10
+    for where, app in study_apps.items():
+        bank = app.bank
+        assert bank.names == ['base'] and len(bank.kept) == finished, (where, len(bank.kept))
+        msg = bank.message()
+        assert f'{finished} runs kept without checkpoints' in msg and 'report and curves only' in msg and 'flowgrpo train' in msg
+        assert 'skipped' not in msg and len(msg.splitlines()) <= 4, msg  # one line, not a bullet per run
+        head, md, figs, tasks = report_view(bank.runs)
+        assert head.startswith(f'Report: `{STUDY/"report.json"}`') and md.startswith('- ') and figs[0] is not None, head
+        controls = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'controls')
+        assert controls.visible is False, 'the prompt and sampling controls are hidden on the Report tab the app opens on'
+        assert handler(app, 'tab_generate')()['visible'] is True and handler(app, 'tab_report')()['visible'] is False
+
+@pytest.mark.chrome
+def test_browser_committed_study_first_screen(study_apps, tmp_path):
+    "At 1280 x 800 the committed study shows its report and its curves on the first screen, no list of skipped runs."
+    if not CHROMIUM.exists(): pytest.skip('needs Debian chromium at /usr/bin/chromium')
+    pw = pytest.importorskip('playwright.sync_api')
+    with pw.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        for i, (where, app) in enumerate(study_apps.items()):
+            port = free_port()
+            serve(app, port=port, block=False, quiet=True)
+            try:
+                page = browser.new_page(viewport=dict(width=1280, height=800))
+                page.route('**/*', lambda r: r.continue_() if r.request.url.startswith('http://127.0.0.1') else r.abort())
+                page.goto(f'http://127.0.0.1:{port}/', wait_until='load')
+                page.locator('#report-curve_steps .main-svg').first.wait_for(timeout=120_000)
+                head = page.locator('#report-head').bounding_box()
+                plot = page.locator('#report-curve_steps .main-svg').first.bounding_box()
+                text = page.locator('body').inner_text()
+                page.screenshot(path=str(tmp_path/f'study{i}.png'))
+                assert head and head['y'] + head['height'] < 800, (where, head)
+                assert plot and plot['y'] + plot['height'] / 2 < 800, (where, plot)  # the curves: at least half of them above the fold
+                assert 'skipped' not in text and 'No `report.json`' not in text and 'No report.json' not in text, where
+                assert not page.locator('#prompt').is_visible(), 'the prompt box is hidden on the Report tab'
+                page.get_by_role('tab', name='Generate').click()
+                page.locator('#prompt').wait_for(state='visible', timeout=30_000)
+                page.close()
+            finally: app.close()
+        browser.close()
+
+def test_help_says_how_to_open_the_committed_results():
+    from fastcore.script import anno_parser
+    from flowgrpo_nb.app import app_cli
+    assert 'flowgrpo app --runs results/study' in ' '.join(anno_parser(app_cli).format_help().split())
+    assert 'flowgrpo app --runs results/study' in (ROOT/'README.md').read_text()

@@ -79,3 +79,59 @@ def test_widgets_drawn_from_their_state():
     assert 'Plotly.newPlot' in html and 'in a tab' in html  # the figure, drawn with the page's plotly.js
     assert 'round' not in html  # a hidden control is not drawn
     assert "<label>run</label> <span class='w-value'>turning_point</span>" in html
+
+# --- figures read without guessing: titles that neither collide nor are cut, at the docs' output width ---
+
+FIG_PX = 848  # the width of a notebook's output area in JupyterLab at a 1280-px window (the issue's measure)
+RUN = ROOT/'results'/'study'/'runs'/'geneval'/'seed0'  # committed runs: metrics, calibration, no checkpoints
+
+def _figures() -> dict:
+    "gain_figure of one group of the shipped model (as the quickstart, 07_viz and the app's Credit tab draw it), the training dashboard, psi by round, gradient by step."
+    import torch
+    from flowgrpo_nb.task import load_task, load_policy
+    from flowgrpo_nb.rollout import RolloutConfig, rollout, step_values
+    from flowgrpo_nb.credit import method_credits
+    from flowgrpo_nb.viz import gain_figure, training_figure, calibration_figure, grad_share_figure
+    torch.set_num_threads(1)
+    policy, task = load_policy('tiny'), load_task('partial')
+    ro = rollout(policy, ['a red circle and a blue square'], RolloutConfig(K=6, group_size=4, sampler='flow_sde'), task.reward,
+                 torch.Generator().manual_seed(0))
+    values = {op: step_values(policy, ro, op, task.reward) for op in ('tweedie', 'ode:rest')}
+    return dict(gain=gain_figure(ro, method_credits(ro, values)), training=training_figure(RUN/'dense'),
+                calibration=calibration_figure(RUN/'dense_calib'), gradient=grad_share_figure(RUN/'dense'))
+
+@pytest.mark.chrome
+def test_figure_titles_neither_collide_nor_are_cut(tmp_path):
+    if not CHROMIUM.exists(): pytest.skip('needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)')
+    pw = pytest.importorskip('playwright.sync_api', reason='needs the playwright python package')
+    from plotly.offline import get_plotlyjs
+    figs = _figures()
+    body = ''.join(f"<div class='fig' id='{k}'>{f.to_html(full_html=False, include_plotlyjs=False)}</div>" for k, f in figs.items())
+    page_file = tmp_path/'figures.html'
+    page_file.write_text(f"<html><head><meta charset='utf-8'><script>{get_plotlyjs()}</script></head>"
+                         f"<body style='margin:0'><div style='width:{FIG_PX}px'>{body}</div></body></html>")
+    boxes = """id => { const d = document.getElementById(id), svg = d.querySelector('.main-svg').getBoundingClientRect();
+        const r = e => { const b = e.getBoundingClientRect(); return [e.textContent, b.left, b.top, b.right, b.bottom]; };
+        return {svg: [svg.left, svg.top, svg.right, svg.bottom],
+                texts: [...d.querySelectorAll('.annotation-text, .gtitle, .xtitle, .ytitle')].filter(e => e.textContent.trim()).map(r),
+                xticks: [...d.querySelectorAll('.xtick text')].map(e => e.textContent)}; }"""
+    with pw.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        page = browser.new_page(viewport=dict(width=1280, height=800))
+        page.route('**/*', lambda r: r.continue_() if r.request.url.startswith('file:') else r.abort())
+        page.goto(page_file.as_uri(), wait_until='load')
+        page.wait_for_function(f'document.querySelectorAll(".main-svg").length >= {len(figs)}', timeout=60_000)
+        drawn = {k: page.evaluate(boxes, k) for k in figs}
+        page.screenshot(path=str(tmp_path/'figures.png'), full_page=True)
+        browser.close()
+    overlap = lambda a, b: min(a[3], b[3]) - max(a[1], b[1]) > 1 and min(a[4], b[4]) - max(a[2], b[2]) > 1
+    for k, d in drawn.items():
+        texts, (left, top, right, bottom) = d['texts'], d['svg']
+        assert texts, k
+        clashes = [(a[0], b[0]) for i, a in enumerate(texts) for b in texts[i + 1:] if overlap(a, b)]
+        assert not clashes, (k, clashes)
+        cut = [t[0] for t in texts if t[1] < left - 1 or t[3] > right + 1 or t[2] < top - 1]
+        assert not cut, (k, cut, d['svg'])
+    assert any('one update per batch' in t[0] for t in drawn['training']['texts']), 'the empty panels say why'
+    assert all(t.lstrip('−-').isdigit() for t in drawn['gradient']['xticks'] + drawn['calibration']['xticks']), \
+        (drawn['gradient']['xticks'], drawn['calibration']['xticks'])  # whole steps on step axes

@@ -39,6 +39,8 @@ def run(tmp_path_factory):
     ('window_size=0', ['GRPOConfig.window_size=0', 'trains no step']),
     ('minibatch=3', ['GRPOConfig.minibatch=3', 'divisor']),
     ('learning_rate=1', ["override 'learning_rate=1'"]),
+    ('log_with=tensorbord', ["GRPOConfig.log_with='tensorbord'", 'wandb']),                       # a typo: accelerate's trackers listed
+    ('gradient_checkpointing=true', ['GRPOConfig.gradient_checkpointing=True', "model='tiny'"]),  # the diffusers backends' option
 ])
 def test_bad_config_is_refused_before_any_work(tmp_path, override, words):
     out = tmp_path/'x'

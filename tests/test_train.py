@@ -152,3 +152,30 @@ def test_loss_steps_apart_from_the_exploration_window(tmp_path):
     assert all(shares_four[f'grad_share_{k}'] == 0 for k in range(4, 9)) and sum(shares_four[f'grad_share_{k}'] for k in range(4)) == pytest.approx(1)
     assert sum(shares_full[f'grad_share_{k}'] for k in range(4, 9)) > 0.05
     for t in (full, four): t.lock.release()
+
+def _train_cmd(out, *sets):
+    return [sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(out), '--preset', 'flow_grpo+smoke', '--quiet',
+            '--set', 'steps=2', 'eval_images=8', *sets]
+
+def test_log_with_wandb_offline(tmp_path):
+    "`--set log_with=wandb` logs each step into the run folder, offline when no API key is at hand (nothing is online here)."
+    pytest.importorskip('wandb')
+    env = {k: v for k, v in ENV.items() if k not in ('WANDB_MODE', 'WANDB_API_KEY')} | dict(HOME=str(tmp_path/'home'))
+    r = subprocess.run(_train_cmd(tmp_path/'run', 'log_with=wandb'), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    logs = list((tmp_path/'run'/'wandb').glob('offline-run-*/*.wandb'))
+    assert len(logs) == 1, list((tmp_path/'run').rglob('*'))[:20]
+    row = json.loads((tmp_path/'run'/'metrics.jsonl').read_text().splitlines()[1])
+    assert all(k.encode() in logs[0].read_bytes() for k in row), 'every logged metric reached wandb'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['home', 'run'], 'nothing written outside the run folder'
+
+def test_log_with_a_tracker_not_installed_is_one_sentence(tmp_path):
+    from accelerate.tracking import get_available_trackers
+    from flowgrpo_nb.config import trackers
+    have = [str(t.value) for t in get_available_trackers()]
+    missing = next(t for t in trackers() if t not in have + ['none'])
+    r = subprocess.run(_train_cmd(tmp_path/'run', f'log_with={missing}'), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith('[transformers]') and 'torchvision' not in l]
+    assert r.returncode == 2 and lines == [f"flowgrpo train: log_with={missing!r}: the {missing} package is not installed; install it "
+                                           f"(pip install {missing}) or pick one that is: {', '.join(have + ['none'])}"], r.stderr
+    assert not (tmp_path/'run').exists(), 'nothing written'

@@ -48,3 +48,20 @@ def test_grid_reward_on_sd3_is_refused_early(folders, tmp_path):
                         '--model-path', str(folders/'sd3'), '--quiet'], cwd=ROOT, env=ENV, capture_output=True, text=True)
     assert r.returncode == 2 and "reward='partial' is the grid world's" in r.stderr and 'Traceback' not in r.stderr
     assert not (tmp_path/'x').exists()
+
+def test_gradient_checkpointing(folders, tmp_path):
+    "`--set gradient_checkpointing=true` reaches diffusers' transformer and changes no result; a run resumes with it switched off."
+    from flowgrpo_nb.config import preset_config
+    from flowgrpo_nb.task import load_policy
+    cfg = preset_config('flow_grpo+smoke', model='sd3', model_path=str(folders/'sd3'), prompts=str(folders/'prompts'),
+                        reward=f'clip:{folders/"clip"}', resolution=16, t5=False, gradient_checkpointing=True)
+    assert load_policy(device='cpu', **cfg.backend(train=True)).transformer.gradient_checkpointing is True  # what the trainer loads
+    assert load_policy(device='cpu', **cfg.backend()).transformer.gradient_checkpointing is False           # what evaluation loads
+    for name, flag in (('plain', 'false'), ('ckpt', 'true')):
+        r = train(folders, 'sd3', 'flow_grpo', tmp_path/name, f'gradient_checkpointing={flag}')
+        assert r.returncode == 0, r.stderr[-3000:]
+    a, b = (load_file(tmp_path/n/'checkpoints'/'ckpt-000002'/'pytorch_lora_weights.safetensors') for n in ('plain', 'ckpt'))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert any(a[k].abs().sum() > 0 for k in a if 'lora_B' in k), 'the adapter was trained'
+    r = train(folders, 'sd3', 'flow_grpo', tmp_path/'ckpt', 'gradient_checkpointing=false', '--resume', steps=3)
+    assert r.returncode == 0, r.stderr[-3000:]
