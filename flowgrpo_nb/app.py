@@ -135,7 +135,7 @@ def samples_view(samples:list[Sample], size:int=192,
     return [(_pixels(s.image, size), caption(s)) for s in samples], table, strip_figure(shown) if shown else None
 
 # %% ../nbs/08_app.ipynb #53a3bef6
-REPORT_FIGURES = ('curve_steps', 'curve_seconds', 'differences', 'categories', 'costs', 'gradient')
+REPORT_FIGURES = ('curve_steps', 'curve_seconds', 'differences', 'categories', 'category_curves', 'costs', 'gradient')
 
 def find_report(runs:str|Path|None) -> Path|None:
     "The `report.json` of a runs folder: in it, or in the folder above (a study keeps its runs in `runs/` beside its report)."
