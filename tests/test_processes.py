@@ -1,4 +1,4 @@
-"PNG export in one kaleido child: bounded in time, retried, and leaving no process behind."
+"PNG export in one kaleido child: bounded in time, retried, and leaving no process or folder behind."
 import sys
 import pytest
 
@@ -65,6 +65,7 @@ def test_write_png_failure_is_retried_then_a_warning(tmp_path, monkeypatch):
     (tmp_path/'count').write_text('')
     child = f"import sys; open({str(tmp_path/'count')!r}, 'a').write('x'); sys.exit('kaleido: no renderer')"
     monkeypatch.setattr(processes, '_PNG_CHILD', child)
+    monkeypatch.setattr(processes, 'find_browser', lambda: 'a browser')  # the fake child needs none
     with pytest.warns(UserWarning, match=r'bad.png: PNG skipped: the export failed \(kaleido: no renderer\) \(2 tries\)'):
         assert processes.write_png(go.Figure(), tmp_path/'bad.png') is False
     assert (tmp_path/'count').read_text() == 'xx' and not (tmp_path/'bad.png').exists()
@@ -79,6 +80,7 @@ def test_write_pngs_keeps_what_a_failed_try_finished_and_retries_only_the_rest(t
              f"open({str(log)!r}, 'a').write(f'{{len(items)}} '); "
              "[Path(o).write_bytes(b'\\x89PNG first') for s, o in items if o.endswith('0.png')]; sys.exit('kaleido: the second one fails')")
     monkeypatch.setattr(processes, '_PNG_CHILD', child)
+    monkeypatch.setattr(processes, 'find_browser', lambda: 'a browser')
     a, b = tmp_path/'a.png', tmp_path/'b.png'
     with pytest.warns(UserWarning, match=r'b.png: PNG skipped: the export failed \(kaleido: the second one fails\) \(2 tries\)') as w:
         assert processes.write_pngs({a: go.Figure(), b: go.Figure()}) == {a: True, b: False}
