@@ -189,6 +189,9 @@ def init_worker(parent:int):
     "What a worker does first: leave Ctrl-C to the command (`parent`, whose PID it is given) and die with it."
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_parent(parent)
+    with contextlib.suppress(ImportError):  # tqdm's own lock would be a named semaphore that a killed worker leaves to the resource tracker (a warning at exit)
+        from tqdm import tqdm
+        tqdm.set_lock(threading.RLock())
 
 def stop_pool(ex):
     "Cancel the queued jobs of `concurrent.futures.ProcessPoolExecutor` `ex` and kill its workers (and what they started); returns when they are gone."
