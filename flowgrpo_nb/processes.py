@@ -138,8 +138,20 @@ def start_fork_server(preload:list=WORKER_PRELOAD):
 
 def reap_fork_server_at_exit():
     "Stop and reap the fork server when this process exits, so that its CPU time and its workers' count as this process's children's."
-    stop = getattr(multiprocessing.forkserver._forkserver, '_stop', None)  # no public call stops it (see above)
-    if stop is not None: atexit.unregister(stop); atexit.register(stop)
+    fs = multiprocessing.forkserver._forkserver
+    stop = getattr(fs, '_stop', None)  # no public call stops it (see above)
+    if stop is None: return
+    def kill_and_reap():  # its workers are gone by now; a server that exits by itself tears down torch & co. (seconds)
+        if (pid := getattr(fs, '_forkserver_pid', None)):
+            with contextlib.suppress(OSError): os.kill(pid, signal.SIGKILL)
+        stop()
+    for h in [stop, *_at_exit]: atexit.unregister(h)
+    _at_exit[:] = [kill_and_reap]; atexit.register(kill_and_reap)
+
+_at_exit = []  # the one exit handler `reap_fork_server_at_exit` registered
+
+if sys.platform.startswith('linux') and 'from multiprocessing.forkserver import main' in ' '.join(getattr(sys, 'orig_argv', ())):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # in the fork server (it imports this module): PR_SET_PDEATHSIG, die with the command
 
 def worker_context():
     "The workers' multiprocessing context: forked from a server that imported `WORKER_PRELOAD`; spawn where fork is missing."
