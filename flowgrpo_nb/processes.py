@@ -118,7 +118,8 @@ def _export(left:list, tmp:dict, scale:float, timeout:float, err:Path, browser:s
     (items := err.with_name('items.json')).write_text(json.dumps([[str(tmp[p][0]), str(tmp[p][1])] for p in left]))
     with open(err, 'wb') as e:
         proc = subprocess.Popen([sys.executable, '-c', _PNG_CHILD, str(items), str(scale), str(PNG_WIDTH), browser, str(os.getpid())],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=e, start_new_session=True)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=e, start_new_session=True,
+                                env={**os.environ, 'TMPDIR': str(err.parent)})  # kaleido's and the browser's temporary files go in our folder
     try: done = _exited(proc, timeout, lambda: sum(tmp[p][1].is_file() for p in left))
     finally:
         kill_tree(proc.pid, also_group=True)  # the child and its browser, even on an interrupt
