@@ -88,6 +88,13 @@ def _start_fork_server(name:str, argv:list[str]):
     if name not in FORK_SERVER or {'-h', '--help', '--estimate'} & set(argv): return
     start_fork_server(FORK_SERVER[name])  # the comparison's worker_context reaps it at exit when the jobs run
 
+def _close_bars():
+    "Close the progress bars an interrupt left open (each ends its line), so that the stop's sentence has a line of its own."
+    from tqdm import tqdm
+    for bar in list(getattr(tqdm, '_instances', ())):  # tqdm keeps no public list of its open bars
+        try: bar.close()
+        except Exception: pass
+
 def _quiet_torchvision_notice():
     "transformers announces on every start that torchvision is missing (the package never needs it): drop that line only."
     import logging
@@ -118,6 +125,7 @@ def _main(argv:list[str]) -> int:
             if debug: traceback.print_exc()
             if isinstance(e, KeyboardInterrupt):
                 e = e if isinstance(e, Stopped) else Stopped()
+                _close_bars()
                 print(f"{prog}: {_one_line(e) if str(e) else f'stopped by {e.how}'}", file=sys.stderr)
                 return e.status
             print(f"{prog}: {_one_line(e)}", file=sys.stderr)

@@ -144,3 +144,15 @@ def test_compare_starts_the_fork_server_of_its_workers_first(monkeypatch):
     assert started == []
     cli._start_fork_server('compare', ['--seeds', '0'])
     assert started == [WORKER_PRELOAD] == [cli.FORK_SERVER['compare']]
+
+
+def test_a_stop_closes_open_progress_bars_first(monkeypatch, capsys):
+    from tqdm import tqdm
+    def fake(steps:int=3):
+        "A command stopped with a progress bar open."
+        bar = tqdm(total=3, desc='training'); bar.update(1)
+        raise KeyboardInterrupt
+    _fake(monkeypatch, fake)
+    assert cli.main(['fake']) == 130
+    err = capsys.readouterr().err
+    assert err.endswith('\nflowgrpo fake: stopped by Ctrl-C (SIGINT)\n') and 'training' in err, repr(err)  # the sentence on a line of its own
