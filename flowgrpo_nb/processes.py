@@ -49,6 +49,15 @@ def find_browser() -> str|None:
 NO_BROWSER = ("kaleido needs Chrome or Chromium and none was found: install one (Debian: apt-get install chromium; "
               "anywhere: kaleido_get_chrome) or set BROWSER_PATH to one")
 
+def _no_png_why() -> str:
+    "Why no PNG can be made here: kaleido 1.x missing (an environment older than this package's dependencies), or no browser."
+    from importlib.metadata import version, PackageNotFoundError
+    try: v = version('kaleido')
+    except PackageNotFoundError: v = None
+    if v is None or int(v.split('.')[0]) < 1:
+        return f"this environment has {f'kaleido {v}' if v else 'no kaleido'}; PNGs need kaleido 1.x: pip install 'kaleido>=1.1,<2'"
+    return NO_BROWSER
+
 def _exited(proc:subprocess.Popen, timeout:float, progress=lambda: 0) -> bool:
     "Wait for `proc` to exit until `timeout` s pass without `progress()` growing, without reaping it (its tree stays ours to kill)."
     deadline, seen = time.monotonic() + timeout, progress()
@@ -92,7 +101,7 @@ def write_pngs(figs:dict, scale:float=1.0,  # {path: go.Figure}
     if not figs: return {}
     if (browser := find_browser()) is None:
         where = str(next(iter(figs))) if len(figs) == 1 else f"{len(figs)} figures ({', '.join(sorted({str(p.parent) for p in figs}))})"
-        warnings.warn(f"{where}: PNG skipped: {NO_BROWSER}")
+        warnings.warn(f"{where}: PNG skipped: {_no_png_why()}")
         return {p: False for p in figs}
     _sweep_png_folders()
     with tempfile.TemporaryDirectory(prefix=f'flowgrpo-png-{os.getpid()}-') as d:

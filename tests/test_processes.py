@@ -141,3 +141,16 @@ def test_a_command_killed_mid_export_leaves_no_process_and_its_folder_is_swept(t
     assert left, 'the killed command left its folder (nothing of it could remove it)'
     _sweep_png_folders()
     assert not any(p.exists() for p in left)
+
+
+def test_without_kaleido_1_the_png_warning_says_to_install_it(tmp_path, monkeypatch):
+    import importlib.metadata, plotly.graph_objects as go
+    import flowgrpo_nb.processes as processes
+    monkeypatch.setattr(processes, 'find_browser', lambda: None)
+    monkeypatch.setattr(importlib.metadata, 'version', lambda name: '0.2.1')  # an environment made before the package needed kaleido 1.x
+    with pytest.warns(UserWarning, match=r"a.png: PNG skipped: this environment has kaleido 0.2.1; PNGs need kaleido 1.x: pip install 'kaleido>=1.1,<2'"):
+        assert processes.write_png(go.Figure(), tmp_path/'a.png') is False
+    monkeypatch.setattr(importlib.metadata, 'version', lambda name: '1.5.1')
+    with pytest.warns(UserWarning, match=r'a.png: PNG skipped: kaleido needs Chrome or Chromium and none was found'):
+        assert processes.write_png(go.Figure(), tmp_path/'a.png') is False
+    assert not (tmp_path/'a.png').exists()
