@@ -47,7 +47,7 @@ def check_prompt(prompt:str, task:Task|None=None) -> str:
 def check_settings(seed, steps, guidance, sampler:str, level=0.7) -> tuple[int, int, float, str, float]:
     "The sampling settings as (seed, steps, guidance, sampler, level), or ValueError naming the bad one."
     def num(name, v, lo, hi, integer):
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and lo <= v <= hi
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (isinstance(v, int) or np.isfinite(v)) and lo <= v <= hi  # an int of any size is finite
         if not ok or (integer and v != int(v)):
             raise ValueError(f"{name}={v!r}: allowed {'an integer' if integer else 'a number'} in [{lo}, {hi}]")
         return int(v) if integer else float(v)
@@ -333,6 +333,7 @@ def serve(app, host:str='127.0.0.1', port:int=7860, share:bool=False,
     "Launch `app` with every upload refused (`RefuseUploads`, and `max_file_size=UPLOAD_LIMIT` behind it)."
     from starlette.middleware import Middleware
     return app.launch(server_name=host, server_port=port, share=share, max_file_size=UPLOAD_LIMIT, css=CSS,
+                      show_error=True,  # an API call Gradio itself refuses (an argument missing, or of the wrong type) says why, not {"error": null}
                       app_kwargs=dict(middleware=[Middleware(RefuseUploads)]), prevent_thread_lock=not block, quiet=quiet)
 
 # %% ../nbs/08_app.ipynb #ef73ad83

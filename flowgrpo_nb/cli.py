@@ -12,7 +12,7 @@ import argparse, ast, importlib, importlib.util, inspect, math, os, sys, traceba
 from contextlib import contextmanager
 from pathlib import Path
 from fastcore.script import anno_parser
-from .processes import WORKER_PRELOAD, start_fork_server
+from .processes import WORKER_PRELOAD, start_fork_server, stop_on_signals, Stopped
 
 # %% ../nbs/10_cli.ipynb #cd896d72
 COMMANDS = {
@@ -88,15 +88,29 @@ def _start_fork_server(name:str, argv:list[str]):
     if name not in FORK_SERVER or {'-h', '--help', '--estimate'} & set(argv): return
     start_fork_server(FORK_SERVER[name])  # the comparison's worker_context reaps it at exit when the jobs run
 
+def _close_bars():
+    "Close the progress bars an interrupt left open (each ends its line), so that the stop's sentence has a line of its own."
+    from tqdm import tqdm
+    for bar in list(getattr(tqdm, '_instances', ())):  # tqdm keeps no public list of its open bars
+        try: bar.close()
+        except Exception: pass
+
 def _quiet_torchvision_notice():
     "transformers announces on every start that torchvision is missing (the package never needs it): drop that line only."
     import logging
     from transformers.utils import logging as tl
     for h in tl._get_library_root_logger().handlers: h.addFilter(lambda r: 'requires torchvision' not in r.getMessage())
 
-def main(argv:list[str]|None=None) -> int: # the exit status: 0 success, 2 bad input or OS error, 130 interrupted
+def main(argv:list[str]|None=None) -> int: # the exit status: 0 success, 2 bad input or OS error, 130 Ctrl-C, 143 SIGTERM
     "Run `flowgrpo COMMAND [options]`."
-    argv = sys.argv[1:] if argv is None else list(argv)
+    with stop_on_signals():  # SIGTERM unwinds like Ctrl-C: workers stopped, locks and temporary files let go
+        try: return _main(sys.argv[1:] if argv is None else list(argv))
+        except KeyboardInterrupt as e:  # before or after the command ran
+            e = e if isinstance(e, Stopped) else Stopped()
+            print(f"flowgrpo: stopped by {e.how}", file=sys.stderr)
+            return e.status
+
+def _main(argv:list[str]) -> int:
     if argv: _start_fork_server(argv[0], argv[1:])  # first: its imports run beside ours
     if argv and argv[0] not in ('-h', '--help', 'help'): _quiet_torchvision_notice()
     debug = '--debug' in argv or os.environ.get('FLOWGRPO_DEBUG', '') not in ('', '0')
@@ -109,9 +123,13 @@ def main(argv:list[str]|None=None) -> int: # the exit status: 0 success, 2 bad i
             fn(**_kwargs(argv[0], fn, argv[1:]))
         except (ValueError, OSError, KeyboardInterrupt) as e:
             if debug: traceback.print_exc()
-            interrupted = isinstance(e, KeyboardInterrupt)
-            print(f"{prog}: {'interrupted' if interrupted else _one_line(e)}", file=sys.stderr)
-            return 130 if interrupted else 2
+            if isinstance(e, KeyboardInterrupt):
+                e = e if isinstance(e, Stopped) else Stopped()
+                _close_bars()
+                print(f"{prog}: {_one_line(e) if str(e) else f'stopped by {e.how}'}", file=sys.stderr)
+                return e.status
+            print(f"{prog}: {_one_line(e)}", file=sys.stderr)
+            return 2
     return 0
 
 # %% ../nbs/10_cli.ipynb #c826cce6

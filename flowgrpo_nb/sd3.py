@@ -57,6 +57,17 @@ def tiny_sd3_pipeline(seed:int=0, # seeds the random weights
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
 # %% ../nbs/03b_sd3.ipynb #e679ed13
+def _model_index(folder:Path, pipeline:str) -> dict:
+    "The pipeline folder's model_index.json, or one ValueError saying why it cannot be read (missing, cut short, not an object)."
+    f = Path(folder)/'model_index.json'
+    if not f.is_file(): raise ValueError(f"folder={str(folder)!r}: no model_index.json there; expected a local diffusers {pipeline} folder")
+    try: d = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{f}: not readable as JSON ({' '.join(str(e).split())}); the folder is damaged or incomplete: copy or download it again") from None
+    if not isinstance(d, dict) or not d.get('_class_name'):
+        raise ValueError(f"{f}: not a diffusers model index (a JSON object with _class_name); expected a local diffusers {pipeline} folder")
+    return d
+
 class DiffusersPolicy(Policy):
     "A `Policy` over a diffusers pipeline: its modules, a fixed resolution, VAE decoding, an fp32 adapter, local loading."
     pipeline_cls = None        # the diffusers pipeline class `from_pretrained` loads
@@ -94,9 +105,7 @@ class DiffusersPolicy(Policy):
                         **kwargs):                             # passed to the policy
         "Load `cls.pipeline_cls` from a local folder (`local_files_only`)."
         folder = Path(folder)
-        if not (folder/'model_index.json').is_file():
-            raise ValueError(f"folder={str(folder)!r}: no model_index.json there; expected a local diffusers "
-                             f"{cls.pipeline_cls.__name__} folder")
+        _model_index(folder, cls.pipeline_cls.__name__)
         pipe = cls.pipeline_cls.from_pretrained(folder, dtype={'default': dtype, 'vae': vae_dtype}, local_files_only=True,
                                                 **(components or {}))
         return cls(pipe.to(device), **kwargs)
@@ -117,7 +126,7 @@ class SD3Policy(DiffusersPolicy):
                         vae_dtype:torch.dtype=torch.float32, **kwargs):
         "Load an SD3/SD3.5 pipeline from a local folder (`local_files_only`)."
         folder = Path(folder)
-        if t5 and (folder/'model_index.json').is_file() and not (folder/'text_encoder_3').is_dir():
+        if t5 and _model_index(folder, cls.pipeline_cls.__name__) and not (folder/'text_encoder_3').is_dir():
             raise ValueError(f"folder={str(folder)!r} has no text_encoder_3 (T5): pass t5=False to run without it")
         return super().from_pretrained(folder, dtype, device, vae_dtype,
                                        components=None if t5 else dict(text_encoder_3=None, tokenizer_3=None), **kwargs)

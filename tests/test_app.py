@@ -447,3 +447,18 @@ def test_help_says_how_to_open_the_committed_results():
     from flowgrpo_nb.app import app_cli
     assert 'flowgrpo app --runs results/study' in ' '.join(anno_parser(app_cli).format_help().split())
     assert 'flowgrpo app --runs results/study' in (ROOT/'README.md').read_text()
+
+def _api(served, name, data):
+    "Call the app's HTTP API as any client would (no gradio_client): the server-sent events of one call, as text."
+    import json as js, urllib.request
+    req = urllib.request.Request(f'{served}gradio_api/call/{name}', data=js.dumps(dict(data=data)).encode(), headers={'Content-Type': 'application/json'})
+    event = js.loads(urllib.request.urlopen(req, timeout=60).read())['event_id']
+    return urllib.request.urlopen(f'{served}gradio_api/call/{name}/{event}', timeout=120).read().decode()
+
+def test_api_refusals_say_why(served):
+    "A seed too large for numpy, an argument missing or of the wrong type: each answer names the problem (no TypeError, no `null`)."
+    big = _api(served, 'generate', ['A Cross.', 2**70, 2, 4.0, 'ode', ['base']])
+    assert 'seed=1180591620717411303424: allowed an integer in [0, 2147483647]' in big and 'TypeError' not in big, big
+    for data, why in ((['A Cross.'], 'needed: 6, got: 1'), (['A Cross.', 'abc', 2, 4.0, 'ode', ['base']], "was: 'abc'")):
+        out = _api(served, 'generate', data)
+        assert 'event: error' in out and 'data: null' not in out and why in out, (data, out)  # Gradio's own words (show_error)

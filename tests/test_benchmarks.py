@@ -1,5 +1,6 @@
 "The benchmark scripts run end to end at their smallest sizes and print what their docstrings promise (not timings)."
 import json, re, subprocess, sys
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,3 +49,11 @@ def test_precision_table():
     out = bench('precision.py', '--budget', 'smoke', '--methods', 'flow_grpo,dense', '--steps', '2', '--reps', '1')
     assert re.search(r'flow_grpo\s+fp32/bf16\s+[\d.]+×', out), out
     assert re.search(r'dense\s+values of one rollout \(ode:rest\): \d+/\d+ equal in fp32 and bf16', out), out
+
+@pytest.mark.chrome
+def test_png_export_under_load():
+    out = bench('png_export.py', '--calls', '2', '--figures', '2', '--at-once', '2', '--timeout', '120')
+    m = re.search(r'4 PNGs tried in 2 calls, 2 at a time, on \d+ CPUs \(load average before the end: [\d.]+\): (\d+) written; (\d+) hung '
+                  r'\(stopped at 120 s\), (\d+) other warnings or failures; a call took median [\d.]+ s, worst [\d.]+ s; \d+ s in all', out)
+    assert m and m.groups() == ('4', '0', '0'), out
+    assert 'left behind: nothing' in out, out

@@ -82,7 +82,26 @@ def test_interrupt_exits_130_with_one_line(monkeypatch, capsys):
         raise KeyboardInterrupt
     _fake(monkeypatch, fake)
     assert cli.main(['fake']) == 130
-    assert capsys.readouterr().err == 'flowgrpo fake: interrupted\n'
+    assert capsys.readouterr().err == 'flowgrpo fake: stopped by Ctrl-C (SIGINT)\n'
+
+
+def test_sigterm_exits_143_with_one_line_and_the_commands_own_sentence(monkeypatch, capsys):
+    import os, signal, time
+    from flowgrpo_nb.processes import Stopped
+    def fake(steps:int=3):
+        "A command a scheduler stops."
+        os.kill(os.getpid(), signal.SIGTERM); time.sleep(10)
+    _fake(monkeypatch, fake)
+    t0 = time.monotonic()
+    assert cli.main(['fake']) == 143 and time.monotonic() - t0 < 5
+    assert capsys.readouterr().err == 'flowgrpo fake: stopped by SIGTERM\n'
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # as before main
+    def says(steps:int=3):
+        "A command that says what finished."
+        raise Stopped(signal.SIGTERM, 'stopped by SIGTERM: 2 of 9 runs finished')
+    _fake(monkeypatch, says)
+    assert cli.main(['fake']) == 143
+    assert capsys.readouterr().err == 'flowgrpo fake: stopped by SIGTERM: 2 of 9 runs finished\n'
 
 
 def test_errors_become_one_line_and_bugs_keep_their_traceback(monkeypatch, capsys):
@@ -125,3 +144,15 @@ def test_compare_starts_the_fork_server_of_its_workers_first(monkeypatch):
     assert started == []
     cli._start_fork_server('compare', ['--seeds', '0'])
     assert started == [WORKER_PRELOAD] == [cli.FORK_SERVER['compare']]
+
+
+def test_a_stop_closes_open_progress_bars_first(monkeypatch, capsys):
+    from tqdm import tqdm
+    def fake(steps:int=3):
+        "A command stopped with a progress bar open."
+        bar = tqdm(total=3, desc='training'); bar.update(1)
+        raise KeyboardInterrupt
+    _fake(monkeypatch, fake)
+    assert cli.main(['fake']) == 130
+    err = capsys.readouterr().err
+    assert err.endswith('\nflowgrpo fake: stopped by Ctrl-C (SIGINT)\n') and 'training' in err, repr(err)  # the sentence on a line of its own

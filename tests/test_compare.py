@@ -312,3 +312,15 @@ def test_a_format_2_report_of_an_earlier_version_reads_and_renders():
     assert findings(rep) == d['findings']  # it says what it said when it was written
     md = results_markdown(rep)
     assert 'flow_grpo_first4' in md and all(f in md for f in d['findings'])
+
+
+def test_a_report_json_that_is_not_an_object_is_one_sentence(task, tmp_path):
+    from flowgrpo_nb.compare import earlier_invocations, read_invocations
+    (tmp_path/'report.json').write_text('[1, 2]')
+    with pytest.raises(ValueError, match=r"report.json holds a JSON list, not a comparison report \(an object\); move it away or use another --out$"):
+        compare(tmp_path, CompareConfig(**ONE), task=task, policy=load_policy('tiny'), progress=False, workers=1)
+    assert not (tmp_path/'invocations.jsonl').exists()  # refused before any work
+    (tmp_path/'report.json').write_text('{"timing": [3], "wall_seconds": 5}')  # an odd timing block is no timing
+    assert earlier_invocations(tmp_path) == [dict(wall_seconds=5, runs_trained=0)]
+    (tmp_path/'invocations.jsonl').write_text('[1]\n{"id": "a", "wall_seconds": 2}\n')  # a line that is not an object is skipped
+    assert read_invocations(tmp_path) == [dict(wall_seconds=2, runs_trained=None, id='a')]

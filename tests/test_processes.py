@@ -1,4 +1,4 @@
-"PNG export in one kaleido child: bounded in time, retried, and leaving no process behind."
+"PNG export in one kaleido child: bounded in time, retried, and leaving no process or folder behind."
 import sys
 import pytest
 
@@ -65,6 +65,7 @@ def test_write_png_failure_is_retried_then_a_warning(tmp_path, monkeypatch):
     (tmp_path/'count').write_text('')
     child = f"import sys; open({str(tmp_path/'count')!r}, 'a').write('x'); sys.exit('kaleido: no renderer')"
     monkeypatch.setattr(processes, '_PNG_CHILD', child)
+    monkeypatch.setattr(processes, 'find_browser', lambda: 'a browser')  # the fake child needs none
     with pytest.warns(UserWarning, match=r'bad.png: PNG skipped: the export failed \(kaleido: no renderer\) \(2 tries\)'):
         assert processes.write_png(go.Figure(), tmp_path/'bad.png') is False
     assert (tmp_path/'count').read_text() == 'xx' and not (tmp_path/'bad.png').exists()
@@ -79,6 +80,7 @@ def test_write_pngs_keeps_what_a_failed_try_finished_and_retries_only_the_rest(t
              f"open({str(log)!r}, 'a').write(f'{{len(items)}} '); "
              "[Path(o).write_bytes(b'\\x89PNG first') for s, o in items if o.endswith('0.png')]; sys.exit('kaleido: the second one fails')")
     monkeypatch.setattr(processes, '_PNG_CHILD', child)
+    monkeypatch.setattr(processes, 'find_browser', lambda: 'a browser')
     a, b = tmp_path/'a.png', tmp_path/'b.png'
     with pytest.warns(UserWarning, match=r'b.png: PNG skipped: the export failed \(kaleido: the second one fails\) \(2 tries\)') as w:
         assert processes.write_pngs({a: go.Figure(), b: go.Figure()}) == {a: True, b: False}
@@ -104,3 +106,51 @@ def test_the_package_drops_the_torchvision_notice_in_its_processes_and_workers(t
     r = subprocess.run([sys.executable, str(tmp_path/'job.py')], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert _NOTICE not in r.stderr, r.stderr[-2000:]
+
+
+# A command killed outright (SIGKILL) in the middle of an export: the export's child dies with it (parent-death signal),
+# its browser with the child, and the next export removes the temporary folder nobody could remove.
+_KILLED_MID_EXPORT = r'''
+import ctypes, json, os, signal, subprocess, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of the killed command stay visible here
+import psutil
+cmd = subprocess.Popen([sys.executable, '-c', "import plotly.graph_objects as go, sys; from flowgrpo_nb.processes import write_png; "
+                        "write_png(go.Figure(go.Bar(y=[1, 2])), sys.argv[1], timeout=300)", sys.argv[1]])
+t0 = time.monotonic()
+def tree(): return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+while not any('chrom' in p.name().lower() for p in tree()):  # the browser is up: the export is under way
+    assert time.monotonic() - t0 < 200, 'no browser started'
+    time.sleep(0.05)
+had = len(tree())
+cmd.kill(); cmd.wait(); t1 = time.monotonic()
+while tree() and time.monotonic() - t1 < 10: time.sleep(0.1)
+print(json.dumps(dict(pid=cmd.pid, had=had, left=[p.name() for p in tree()], sec=time.monotonic() - t1)))
+'''
+
+@pytest.mark.chrome
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='uses prctl')
+def test_a_command_killed_mid_export_leaves_no_process_and_its_folder_is_swept(tmp_path):
+    import json, subprocess, tempfile
+    from pathlib import Path
+    from flowgrpo_nb.processes import _sweep_png_folders
+    r = subprocess.run([sys.executable, '-c', _KILLED_MID_EXPORT, str(tmp_path/'k.png')], capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d['had'] >= 2 and d['left'] == [] and d['sec'] < 10, d  # the child and its browser were there, and are gone
+    left = list(Path(tempfile.gettempdir()).glob(f"flowgrpo-png-{d['pid']}-*"))
+    assert left, 'the killed command left its folder (nothing of it could remove it)'
+    _sweep_png_folders()
+    assert not any(p.exists() for p in left)
+
+
+def test_without_kaleido_1_the_png_warning_says_to_install_it(tmp_path, monkeypatch):
+    import importlib.metadata, plotly.graph_objects as go
+    import flowgrpo_nb.processes as processes
+    monkeypatch.setattr(processes, 'find_browser', lambda: None)
+    monkeypatch.setattr(importlib.metadata, 'version', lambda name: '0.2.1')  # an environment made before the package needed kaleido 1.x
+    with pytest.warns(UserWarning, match=r"a.png: PNG skipped: this environment has kaleido 0.2.1; PNGs need kaleido 1.x: pip install 'kaleido>=1.1,<2'"):
+        assert processes.write_png(go.Figure(), tmp_path/'a.png') is False
+    monkeypatch.setattr(importlib.metadata, 'version', lambda name: '1.5.1')
+    with pytest.warns(UserWarning, match=r'a.png: PNG skipped: kaleido needs Chrome or Chromium and none was found'):
+        assert processes.write_png(go.Figure(), tmp_path/'a.png') is False
+    assert not (tmp_path/'a.png').exists()

@@ -80,6 +80,19 @@ def test_bad_arguments(policy):
     with pytest.raises(ValueError, match='no model_index.json'): SD3Policy.from_pretrained('/nonexistent', device='cpu')
 
 
+def test_a_damaged_model_index_is_said(policy, tmp_path):
+    policy.pipe.save_pretrained(tmp_path)
+    index = (tmp_path/'model_index.json').read_text()
+    (tmp_path/'model_index.json').write_text(index[:len(index) // 2])  # cut short, as by a full disk or an interrupted copy
+    for t5 in (True, False):
+        with pytest.raises(ValueError, match=r'model_index.json: not readable as JSON \(.*\); the folder is damaged or incomplete') as e:
+            SD3Policy.from_pretrained(tmp_path, device='cpu', t5=t5)
+        assert '\n' not in str(e.value) and 'T5' not in str(e.value)
+    (tmp_path/'model_index.json').write_text('[1, 2]')
+    with pytest.raises(ValueError, match=r'not a diffusers model index \(a JSON object with _class_name\)'):
+        SD3Policy.from_pretrained(tmp_path, device='cpu')
+
+
 def test_from_pretrained_local_folder(policy, tmp_path):
     policy.pipe.save_pretrained(tmp_path)  # the tiny pipeline has no T5
     with pytest.raises(ValueError, match='has no text_encoder_3 \\(T5\\): pass t5=False'):
