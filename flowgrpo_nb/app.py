@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/app.html.md"""
 
 # %% ../nbs/08_app.ipynb #c51fab2b
 from __future__ import annotations
-import errno, json, os, shutil, signal, socket, tempfile
+import errno, json, os, shutil, signal, socket, tempfile, threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,16 +181,23 @@ GENERATE_AT_ONCE = 16  # Generate requests admitted at once; the lane's Cheapest
 PREVIEWS = 3           # models whose Tweedie previews the Generate tab draws until the user picks others
 GALLERY_COLUMNS = 6
 
+_PRUNING = threading.Lock()  # Generate requests run at once: one prunes at a time, so none sees a file vanish mid-sort
+
+def _mtime(f:str) -> float|None:
+    try: return os.path.getmtime(f)
+    except OSError: return None  # deleted meanwhile (by `delete_cache`, or a user)
+
 def prune_files(component, keep:int=MAX_FILES) -> int:
     "Delete the oldest files `component` wrote to Gradio's cache beyond the newest `keep` (and their emptied folders); how many."
-    files = sorted((f for f in list(component.temp_files) if os.path.isfile(f)), key=os.path.getmtime)
-    old = files[:max(0, len(files) - keep)]
-    for f in old:
-        component.temp_files.discard(f)
-        Path(f).unlink(missing_ok=True)
-        try: Path(f).parent.rmdir()  # Gradio puts each file in a folder named by its hash
-        except OSError: pass
-    return len(old)
+    with _PRUNING:
+        dated = [(t, f) for f in list(component.temp_files) if (t := _mtime(f)) is not None]
+        old = [f for _, f in sorted(dated)[:max(0, len(dated) - keep)]]
+        for f in old:
+            component.temp_files.discard(f)
+            Path(f).unlink(missing_ok=True)
+            try: Path(f).parent.rmdir()  # Gradio puts each file in a folder named by its hash
+            except OSError: pass
+        return len(old)
 
 def _error(e:Exception) -> str:
     "The message of a failed request in Markdown: a code block (a grammar keeps its columns) that `CSS` wraps at the page's edge."
@@ -225,8 +232,9 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int):
     "One image per model from the same noise, their scores, Tweedie previews of the models picked; returns the gallery."
     import gradio as gr
     def generate(prompt, seed, steps, guidance, sampler, previews=None):
+        try: prune_files(gallery, max_files)
+        except OSError: pass  # housekeeping: an undeletable file never fails the request
         try:
-            prune_files(gallery, max_files)
             samples = generate_all(bank, prompt, seed, steps, guidance, sampler)
             images, table, strips = samples_view(samples, previews=bank.names[:PREVIEWS] if previews is None else previews)
             return f"{len(images)} model{'s' if len(images) > 1 else ''}, seed {int(seed)}, {int(steps)} steps, CFG {float(guidance):g}, {sampler}", images, table, strips
