@@ -60,6 +60,8 @@ CANDIDATES = {
 COMMON = dict(steps=STEPS, eval_every=EVAL_EVERY, eval_images=EVAL_IMAGES, save_every=EVAL_EVERY, keep_last=1,
               log_with='none', fast='auto')
 
+METRIC_NAMES = dict(final='final', last_mean2='mean of last 2', last_mean3='mean of last 3', auc='AUC', gain='gain over base')
+
 def run_dir(out:Path, recipe:str, seed:int) -> Path: return out / recipe / f'seed{seed}'
 
 def train(out:Path, recipe:str, seed:int) -> str:
@@ -120,6 +122,23 @@ def live_eval(d:Path) -> float|None:
     f.write_text(json.dumps(r))
     return r['overall']
 
+def metric_values(r:dict, horizon:int=H) -> dict:
+    """A run's candidate metrics for the confirmatory study, read on its held-out curve cut at `horizon` (the steps the
+    confirmatory runs will train): the final evaluation (the EMA model's where kept), the mean of the last 2 and 3
+    evaluations, the area under the curve (`summary.curve_auc`) and the gain over the run's own base evaluation."""
+    from flowgrpo_nb.results import CurvePoint
+    from flowgrpo_nb.summary import curve_auc, last_mean
+    pts = [CurvePoint(step=s, seconds=0.0, eval=y, se=0.0, base=s == 0) for s, y in r['curve'] if s <= horizon]
+    if not pts or pts[-1].step != horizon: return {}
+    return dict(final=pts[-1].eval, last_mean2=last_mean(pts, 2), last_mean3=last_mean(pts, 3), auc=curve_auc(pts),
+                gain=pts[-1].eval - pts[0].eval)
+
+def metric_sds(rs:list[dict], horizon:int=H) -> dict:
+    "Seed-to-seed mean and SD of each candidate metric (`metric_values`) over runs `rs` at `horizon`: what the pre-registration plans with."
+    vals = [v for r in rs if (v := metric_values(r, horizon))]
+    if len(vals) < 2: return {}
+    return {m: dict(mean=statistics.mean(v[m] for v in vals), sd=statistics.stdev(v[m] for v in vals), n=len(vals)) for m in vals[0]}
+
 def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
     rows, runs = {}, {}
     for recipe in CANDIDATES:
@@ -136,6 +155,7 @@ def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
                             clipfrac_max=max(r['clipfrac_max'] for r in rs), kl_logged=all(r['kl_mean'] is not None for r in rs),
                             cpu_per_step=statistics.median(r['cpu_per_step'] for r in rs), nfe_per_step=rs[0]['nfe_per_step'],
                             ema_minus_live=statistics.mean(ema_gain) if ema_gain else None,
+                            metrics_at_H=metric_sds(rs), metrics_at_2H=metric_sds(rs, STEPS),
                             recipe=CANDIDATES[recipe])
         rows[recipe]['accepted'] = (len(rs) >= 8 and rows[recipe]['collapses'] == 0 and rows[recipe]['final_sd'] is not None
                                     and rows[recipe]['final_sd'] <= SD_MAX)
@@ -150,6 +170,12 @@ def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
         lines.append(f"| {k} | {len(r['seeds'])} | {r['collapses']} | {f(r['final_mean'])} | {f(r['final_sd'])} | {f(r['plateau_mean'])} | "
                      f"{f(r['counting_base'])} → {f(r['counting_final_mean'])} | {f(r['clipfrac_max'])} | {'yes' if r['kl_logged'] else 'no'} | {f(r['ema_minus_live'])} | "
                      f"{f(r['cpu_per_step'], 2)} | {r['nfe_per_step']:.0f} | {'yes' if r['accepted'] else 'no'} |")
+    lines += ['', f'Seed-to-seed mean ± SD of the candidate metrics of the held-out strict score at the confirmatory horizon H = {H} '
+              f'(and at 2H = {STEPS}): what the pre-registration plans its seeds with.', '',
+              '| recipe | seeds | ' + ' | '.join(METRIC_NAMES.values()) + ' |', '|---|---|' + '---|' * len(METRIC_NAMES)]
+    for k, r in rows.items():
+        for at, ms in ((H, r['metrics_at_H']), (STEPS, r['metrics_at_2H'])):
+            if ms: lines.append(f"| {k} (at {at}) | {ms['final']['n']} | " + ' | '.join(f"{ms[m]['mean']:.3f} ± {ms[m]['sd']:.3f}" for m in METRIC_NAMES) + ' |')
     (dest / 'table.md').write_text('\n'.join(lines) + '\n')
     for recipe, rs in runs.items():  # the runs' small files
         for s in CONFIRM_SEEDS:

@@ -57,3 +57,15 @@ def test_png_export_under_load():
                   r'\(stopped at 120 s\), (\d+) other warnings or failures; a call took median [\d.]+ s, worst [\d.]+ s; \d+ s in all', out)
     assert m and m.groups() == ('4', '0', '0'), out
     assert 'left behind: nothing' in out, out
+
+def test_pilot_metrics_at_the_horizon():
+    "The pilot's candidate metrics read a run's curve cut at the confirmatory horizon, with the package's own definitions."
+    sys.path.insert(0, str(ROOT/'benchmarks'))
+    import pilot
+    run = dict(curve=[[0, 0.2], [25, 0.3], [50, 0.4], [75, 0.3], [100, 0.5], [125, 0.9]])
+    v = pilot.metric_values(run, horizon=100)
+    assert v['final'] == 0.5 and v['last_mean2'] == pytest.approx(0.4) and v['last_mean3'] == pytest.approx(0.4)
+    assert v['auc'] == pytest.approx((0.25 + 0.35 + 0.35 + 0.4) * 25 / 100) and v['gain'] == pytest.approx(0.3)
+    assert pilot.metric_values(dict(curve=[[0, 0.2], [25, 0.3]]), horizon=100) == {}, 'a run that stopped before H has none'
+    sds = pilot.metric_sds([run, dict(curve=[[s, y + 0.1] for s, y in run['curve']])], horizon=100)
+    assert sds['final']['sd'] == pytest.approx(0.1 / 2 ** 0.5) and sds['gain']['sd'] == pytest.approx(0.0, abs=1e-12)
