@@ -44,3 +44,13 @@ def test_readme_has_the_two_commands():
     assert 'bash tools/main.sh' in cmds and 'bash tools/test.sh' in cmds, cmds
     readme = (ROOT/'README.md').read_text()
     for c in ('bash tools/main.sh', 'bash tools/test.sh'): assert c in readme, f"{c!r} is not in README.md"
+
+def test_readme_first_screen():
+    "The README's first screen: the commands, where results land, how to open them, then the study's verdicts; the quick job's findings folded."
+    lines = (ROOT/'README.md').read_text().splitlines()
+    top = '\n'.join(lines[:45])
+    for s in ('bash tools/env.sh', 'bash tools/main.sh', 'runs/compare/report.html', 'flowgrpo app --runs runs/compare',
+              'claims tested', 'glossary.ipynb'):
+        assert s in top, f"{s!r} is not in the README's first 45 lines"
+    readme = '\n'.join(lines)
+    assert '<details><summary>' in readme and '</details>' in readme, "the quick comparison's findings are not folded"

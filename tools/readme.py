@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def _text(v): return ''.join(v) if isinstance(v, list) else v
 
 def from_root(md:str) -> str:
-    "Links to notebooks, relative to nbs/ in the index (as the docs site reads them), made relative to README.md's folder."
+    """Links to notebooks, relative to nbs/ in the index (as the docs site reads them), made relative to README.md's folder
+    (in the markdown cells and in the markdown the code cells write)."""
     return re.sub(r'\]\((?!https?:|#|/)([^)\s]+\.ipynb(?:#[^)\s]*)?)\)', r'](nbs/\1)', md)
 
 def cell_markdown(cell):
@@ -30,7 +31,7 @@ def cell_markdown(cell):
         if o.get('output_type') == 'stream': parts.append(f'```\n{_text(o["text"]).rstrip()}\n```')
         elif 'data' in o:
             data = o['data']
-            if 'text/markdown' in data: parts.append(_text(data['text/markdown']).strip())
+            if 'text/markdown' in data: parts.append(from_root(_text(data['text/markdown']).strip()))
             elif 'text/plain' in data: parts.append(f'```\n{_text(data["text/plain"]).rstrip()}\n```')
     return '\n\n'.join(parts)
 
