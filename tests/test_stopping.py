@@ -199,3 +199,17 @@ def test_fidelity_stopped_says_what_it_kept(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.splitlines()[-1] == (f"flowgrpo fidelity: stopped by Ctrl-C (SIGINT): 1 of 2 runs measured, kept in {out}; "
                                                         f"continue with: flowgrpo fidelity --compare {comp} --seeds 0")
     with FolderLock(out, 'the test'): pass  # released
+
+@pytest.mark.parametrize('name,target,kept', [
+    ('eval-tiny', 'flowgrpo_nb.card.base_scores', ': nothing was kept (it writes no file: the scores are printed at its end)'),
+    ('train-score', 'flowgrpo_nb.score.train_score', ': nothing was kept ({out} is written at its end)'),
+    ('demo', 'flowgrpo_nb.flow.compare_samplers', ''),  # seconds long: the command says nothing more, the CLI gives the command again
+])
+def test_the_short_commands_stopped_say_so_and_give_the_command_again(tmp_path, monkeypatch, capsys, name, target, kept):
+    from flowgrpo_nb import cli
+    def stop(*a, **k): raise KeyboardInterrupt
+    monkeypatch.setattr(target, stop)
+    args = {'eval-tiny': ['--n', '6'], 'train-score': ['--steps', '3', '--out', str(tmp_path/'s.safetensors')], 'demo': ['--out', str(tmp_path/'d')]}[name]
+    assert cli.main([name, *args]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (f"flowgrpo {name}: stopped by Ctrl-C (SIGINT){kept.format(out=tmp_path/'s.safetensors')}; "
+                                                        f"continue with: {shlex.join(['flowgrpo', name, *args])}")
