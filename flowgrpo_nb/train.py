@@ -506,8 +506,8 @@ def train_cli(preset:str='flow_grpo',   # preset(s) joined by '+' (`flowgrpo_nb.
     cfg = _cli_config(preset, set, model=model, model_path=model_path, prompts=prompts, eval_prompts=eval_prompts, reward=reward)
     with resumable(out, ['--resume']):  # Ctrl-C, SIGTERM: one sentence naming the checkpoint kept and the command that resumes from it
         trainer = GRPOTrainer(cfg, out, resume=resume, progress=not quiet)
-        s = trainer.train()
-    trainer.acc.end_training()
+        try: s = trainer.train()
+        finally: trainer.acc.end_training()  # the trackers flushed and closed, after a stop too
     if trainer.acc.is_main_process: print(result_line(s, out))
 
 train_cli.epilog = train_cli.__wrapped__.epilog = 'GRPOConfig fields (--set FIELD=VALUE):\n' + config_help()
