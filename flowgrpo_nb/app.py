@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/app.html.md"""
 
 # %% ../nbs/08_app.ipynb #c51fab2b
 from __future__ import annotations
-import errno, json, os, shutil, signal, socket, tempfile, threading
+import errno, json, os, shutil, signal, socket, tempfile, threading, time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 from .results import Report
 from .figures import report_figures
 from .bank import ModelBank, QUICK_STEPS
+from .processes import stop_on_signals, stopped
 
 # %% auto #0
 __all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'GENERATE_AT_ONCE',
@@ -359,8 +360,6 @@ def check_address(host:str, port:int):
         raise ValueError(f"port {port} on {host} cannot be served ({e.strerror or e}): {why}; pick another with --port") from None
 
 # %% ../nbs/08_app.ipynb #47b74223
-def _interrupt(*_): raise KeyboardInterrupt  # SIGTERM stops the server the way Ctrl-C does, clean-up included
-
 @call_parse
 def app_cli(runs:str=None,           # runs folder: runs/compare, or the committed results/study or results/compare (report and curves, no checkpoints); none: the base model only
             base:str=None,           # load only the runs of this base, e.g. 'tiny' or 'sd3:/models/sd35' (default: every base)
@@ -376,8 +375,13 @@ def app_cli(runs:str=None,           # runs folder: runs/compare, or the committ
     if threads: torch.set_num_threads(threads)
     own = None if os.environ.get('GRADIO_TEMP_DIR') else tempfile.mkdtemp(prefix='flowgrpo-app-')
     if own: os.environ['GRADIO_TEMP_DIR'] = own  # Gradio's files (images, uploads) go there, removed on exit
-    old = signal.signal(signal.SIGTERM, _interrupt)
-    try: serve(make_app(runs, base=base, lanes=lanes, device=device), host, port, share)
+    try:
+        with stop_on_signals():  # SIGTERM stops the server the way Ctrl-C does, clean-up included
+            app = make_app(runs, base=base, lanes=lanes, device=device)
+            try:
+                serve(app, host, port, share, block=False)
+                while app.is_running: time.sleep(0.1)  # not Gradio's wait, which takes Ctrl-C as a success (exit 0) with its own line
+            finally: app.close(verbose=False)
+    except KeyboardInterrupt as e: raise stopped(e, f"the server on {host}:{port} is closed") from None
     finally:
-        signal.signal(signal.SIGTERM, old)
         if own: os.environ.pop('GRADIO_TEMP_DIR', None); shutil.rmtree(own, ignore_errors=True)

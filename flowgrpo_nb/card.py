@@ -15,6 +15,7 @@ from fastcore.script import call_parse
 from safetensors.torch import load_file
 
 from .tiny import ASSETS, TinyFlowModel, generate, load_tiny, tiny_meta
+from .processes import stopped, invoked
 from .world import CATEGORIES, geneval_report, mini_geneval, parse_prompt, prompt_split
 
 # %% auto #0
@@ -53,7 +54,8 @@ def evaluate_cli(path:str=None,        # checkpoint .safetensors (default: the s
                  threads:int=1):       # torch CPU threads
     "Base scores of the tiny model on held-out prompts (`flowgrpo eval-tiny`); reproduces the model card."
     torch.set_num_threads(threads)
-    rep = base_scores(load_tiny(path), n=n, K=K, guidance=guidance, seed=seed, split=split)
+    try: rep = base_scores(load_tiny(path), n=n, K=K, guidance=guidance, seed=seed, split=split)
+    except KeyboardInterrupt as e: raise stopped(e, 'nothing was kept (it writes no file: the scores are printed at its end)', invoked()) from None
     print(f"strict mini-GenEval, {split} prompts, n={n}, Euler ODE K={K}, guidance={guidance}, seed={seed}\n")
     print(rep._repr_markdown_())
     return rep

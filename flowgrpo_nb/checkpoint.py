@@ -7,8 +7,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/checkpoint.html.md"""
 # %% auto #0
 __all__ = ['CKPT_PREFIX', 'LOCK_FILE', 'RUN_FILES', 'flatten_optimizer', 'unflatten_optimizer', 'CheckpointError',
            'list_checkpoints', 'write_checkpoint', 'verify_checkpoint', 'read_checkpoint', 'latest_checkpoint',
-           'clean_interrupted', 'MetricsLog', 'read_json', 'write_json', 'check_output_dir', 'FolderLocked',
-           'FolderLock', 'RunFolder']
+           'clean_interrupted', 'resumable', 'MetricsLog', 'read_json', 'write_json', 'check_output_dir',
+           'FolderLocked', 'FolderLock', 'RunFolder']
 
 # %% ../nbs/00c_checkpoint.ipynb #3694947e
 import contextlib, hashlib, json, os, shutil, time, warnings
@@ -17,6 +17,7 @@ import torch
 from fastcore.basics import patch
 from safetensors import SafetensorError
 from safetensors.torch import save, load_file
+from .processes import Stopped, stopped, invoked, running_as
 try: import fcntl
 except ImportError: fcntl = None  # no advisory locks (Windows): folders are written unlocked, with a warning
 
@@ -212,6 +213,16 @@ def clean_interrupted(run_dir:str|Path) -> list[Path]:
     for p in sorted(run_dir.glob('.tmp-*')):  # `write_json` and `MetricsLog` rewrites
         if p.is_file(): p.unlink(); removed.append(p)
     return removed
+
+# %% ../nbs/00c_checkpoint.ipynb #3a2d1e18
+@contextlib.contextmanager
+def resumable(run_dir:str|Path, resume=()):  # the run folder; the options its command needs to resume (added once a checkpoint exists)
+    "Within: an interrupt (Ctrl-C, SIGTERM) becomes a `Stopped` saying which checkpoint of `run_dir` is kept and the command line that continues."
+    try: yield
+    except KeyboardInterrupt as e:
+        ks = list_checkpoints(run_dir)
+        kept = f"its checkpoint of step {_step_of(ks[-1])} is kept in {run_dir}" if ks else f"it had no checkpoint yet in {run_dir}, so it starts over"
+        raise stopped(e, kept, invoked(resume if ks else ())) from None
 
 # %% ../nbs/00c_checkpoint.ipynb #53b95676
 def _atomic_write(path:Path, data:bytes, what:str):

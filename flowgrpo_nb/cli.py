@@ -12,7 +12,7 @@ import argparse, ast, importlib, importlib.util, inspect, math, os, sys, traceba
 from contextlib import contextmanager
 from pathlib import Path
 from fastcore.script import anno_parser
-from .processes import WORKER_PRELOAD, start_fork_server, stop_on_signals, Stopped
+from .processes import WORKER_PRELOAD, start_fork_server, stop_on_signals, Stopped, stopped, running_as, invoked
 
 # %% ../nbs/10_cli.ipynb #cd896d72
 COMMANDS = {
@@ -117,16 +117,16 @@ def _main(argv:list[str]) -> int:
     argv = [a for a in argv if a != '--debug']
     if not argv or argv[0] in ('-h', '--help', 'help'): print(usage()); return 0
     prog = f'flowgrpo {argv[0]}' if argv[0] in COMMANDS else 'flowgrpo'
-    with _warnings_as_lines(prog):
+    with _warnings_as_lines(prog), running_as(['flowgrpo', *argv]):  # the command line a stopped command says continues it
         try:
             fn = _command(argv[0])
             fn(**_kwargs(argv[0], fn, argv[1:]))
         except (ValueError, OSError, KeyboardInterrupt) as e:
             if debug: traceback.print_exc()
             if isinstance(e, KeyboardInterrupt):
-                e = e if isinstance(e, Stopped) else Stopped()
+                e = e if isinstance(e, Stopped) and str(e) else stopped(e, again=invoked())  # the command's own sentence, or the same command again
                 _close_bars()
-                print(f"{prog}: {_one_line(e) if str(e) else f'stopped by {e.how}'}", file=sys.stderr)
+                print(f"{prog}: {_one_line(e)}", file=sys.stderr)
                 return e.status
             print(f"{prog}: {_one_line(e)}", file=sys.stderr)
             return 2

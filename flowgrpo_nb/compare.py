@@ -21,7 +21,7 @@ import flowgrpo_nb
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
 from typing import Annotated
-from .processes import write_pngs, worker_context, init_worker, stop_pool, Stopped
+from .processes import write_pngs, worker_context, init_worker, stop_pool, Stopped, stopped
 from .policy import Policy
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from .config import GRPOConfig, config_diff, parse_overrides, run_config
@@ -315,8 +315,8 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: what finished is kept, the same command continues
             e = e if isinstance(e, Stopped) else Stopped()
             log_invocation(out, id=me, wall_seconds=time.perf_counter() - t0, runs_trained=(n := trained()), stopped=e.how)
-            raise Stopped(e.signum, f"stopped by {e.how}: {n + len(reused)} of {len(runs)} runs finished, kept in {out} (a stopped run resumes "
-                                    f"from its last checkpoint); continue with: {command_line(ccfg, out)}") from None
+            raise stopped(e, f"{n + len(reused)} of {len(runs)} runs finished, kept in {out} (a stopped run resumes from its last checkpoint)",
+                          command_line(ccfg, out)) from None
         finally: beat.set()
         bases = {k: v for k, v in done.items() if k[0] == 'base'}
         report = build_report(ccfg, out, tasks, bases, given is not None, fidelity)

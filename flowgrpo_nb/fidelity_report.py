@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/fidelity_report.html.md"""
 
 # %% ../nbs/06i_fidelity_report.ipynb #470c205b
 from __future__ import annotations
-import json, warnings
+import json, time, warnings
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -18,7 +18,7 @@ from fastcore.script import call_parse
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .processes import write_pngs
+from .processes import write_pngs, stopped, invoked
 from .display import STYLES, color, display_name
 from .policy import Policy
 from .credit import METHODS
@@ -231,12 +231,16 @@ def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowg
     if not runs: raise ValueError(f"compare={str(compare)!r}: no finished run of seeds {list(seeds)} there (a folder of flowgrpo compare --out)")
     rows, left = [], []
     with FolderLock(out, 'a fidelity measurement'):
-        for t, s, a, d in tqdm(runs, desc='fidelity', disable=not progress):
-            f = out/t/f'seed{s}'/f'{a}.json'
-            if not f.exists() and not RunFolder(d).checkpoints(): left.append(f'{t}/seed{s}/{a}'); continue
-            res = _run_fidelity(f, d, a, cfg)
-            rows += [dict(task=t, seed=s, arm=a, **{k: r.get(k) for k in ROW}, cpu_seconds=res['cost']['total']['cpu_seconds'])
-                     for r in res['stats'] if r['quantity'] == 'advantage' and r['step'] == 'all']
+        try:
+            for t, s, a, d in tqdm(runs, desc='fidelity', disable=not progress):
+                f = out/t/f'seed{s}'/f'{a}.json'
+                if not f.exists() and not RunFolder(d).checkpoints(): left.append(f'{t}/seed{s}/{a}'); continue
+                res = _run_fidelity(f, d, a, cfg)
+                rows += [dict(task=t, seed=s, arm=a, **{k: r.get(k) for k in ROW}, cpu_seconds=res['cost']['total']['cpu_seconds'])
+                         for r in res['stats'] if r['quantity'] == 'advantage' and r['step'] == 'all']
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: each run's result is a file written whole; the same command measures the rest
+            n = sum((out/t/f'seed{s}'/f'{a}.json').exists() for t, s, a, _ in runs)
+            raise stopped(e, f"{n} of {len(runs)} runs measured, kept in {out}", invoked()) from None
         write_json(out/'fidelity.json', dict(rows=rows, fidelity_config=asdict(cfg), compare=str(compare)), 'the fidelity rows')
     if left: warnings.warn(f"{len(left)} finished runs have neither a checkpoint nor a fidelity result, left out: {', '.join(left)}")
     return rows
@@ -271,8 +275,12 @@ def fidelity_cli(out:str=None,             # output folder (default: runs/fideli
         if run is not None: raise ValueError("give --run (one run) or --compare (every run of a comparison), not both")
         rows = compare_fidelity(compare, out, cfg, ss, arms=None if arms is None else [a.strip() for a in arms.split(',')])
         return print(compare_fidelity_summary(rows) + f"\nwrote {out or Path(compare)/'fidelity'}/fidelity.json")
-    out = out or 'runs/fidelity'
-    results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png)
+    out, t0 = out or 'runs/fidelity', time.time()
+    try: results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png)
+    except KeyboardInterrupt as e:  # the results are written once every model is measured, then the figures
+        done = (f := Path(out)/'fidelity.json').exists() and f.stat().st_mtime >= t0
+        raise stopped(e, f"{f} is written, not every figure" if done else f"no result of this measurement was written to {out} "
+                      "(they are written at its end)", invoked()) from None
     for name, res in results.items(): print(fidelity_summary(name, res))
     print(f"wrote {out}/fidelity.json and figures")
 

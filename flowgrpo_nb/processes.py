@@ -7,10 +7,10 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/child_processes.html.md"""
 # %% auto #0
 __all__ = ['PNG_WIDTH', 'NO_BROWSER', 'WORKER_PRELOAD', 'find_browser', 'kill_tree', 'write_pngs', 'write_png',
            'start_fork_server', 'reap_fork_server_at_exit', 'worker_context', 'Stopped', 'stop_on_signals',
-           'watch_parent', 'init_worker', 'stop_pool']
+           'running_as', 'invoked', 'stopped', 'watch_parent', 'init_worker', 'stop_pool']
 
 # %% ../nbs/00_child_processes.ipynb #c7f9281b
-import atexit, contextlib, ctypes, json, multiprocessing, multiprocessing.forkserver, os, re, select, shutil, signal, subprocess, sys, tempfile, threading, time, warnings
+import atexit, contextlib, ctypes, json, multiprocessing, multiprocessing.forkserver, os, re, select, shlex, shutil, signal, subprocess, sys, tempfile, threading, time, warnings
 from pathlib import Path
 import psutil
 
@@ -193,6 +193,27 @@ def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM), quiet:float=3.0):
     try: yield
     finally:
         for s, h in old.items(): signal.signal(s, h)
+
+# %% ../nbs/00_child_processes.ipynb #3aa9c9fd
+_command_line = []  # the command line this process runs as `flowgrpo ...` (`running_as`): what a stopped command says continues it
+
+@contextlib.contextmanager
+def running_as(argv:list):
+    "Within: `invoked` gives the command line `argv` (e.g. ['flowgrpo', 'train', '--out', 'runs/x'])."
+    _command_line.append([str(a) for a in argv])
+    try: yield
+    finally: _command_line.pop()
+
+def invoked(add=()) -> str|None:
+    "The command line of `running_as`, shell-quoted, with the options of `add` it lacks appended; None outside `running_as`."
+    if not _command_line: return None
+    argv = _command_line[-1]
+    return shlex.join(argv + [a for a in add if a not in argv])
+
+def stopped(e:BaseException, kept:str='', again:str|None=None) -> Stopped:
+    "The `Stopped` of interrupt `e` (a `Stopped`; any other: Ctrl-C) whose message is one sentence: the signal, what was `kept`, the command `again` that continues."
+    e = e if isinstance(e, Stopped) else Stopped()
+    return Stopped(e.signum, f"stopped by {e.how}" + (f": {kept}" if kept else '') + (f"; continue with: {again}" if again else ''))
 
 # %% ../nbs/00_child_processes.ipynb #8e2d3c3b
 def watch_parent(pid:int, every:float=0.5):

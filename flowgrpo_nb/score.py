@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
+from .processes import stopped, invoked
 from .world import (CATEGORIES, GRID, MAX_WORDS, N_CLASSES, SIZE, VOCAB, all_prompts, cells_to_scenes,
     draw_prompts, geneval_cells, mini_geneval, perturb, prompt_rows, prompt_split, render_cells, sample_scene, scenes_to_cells,
     show_images, tokenize)
@@ -194,7 +195,8 @@ def train_score_cli(steps:int=900, # optimizer steps
     "Train the learned score on the grid world and save it with its retrieval accuracy."
     torch.set_num_threads(threads)
     t0 = time.time()
-    model, losses = train_score(steps, batch, lr, seed)
+    try: model, losses = train_score(steps, batch, lr, seed)
+    except KeyboardInterrupt as e: raise stopped(e, f"nothing was kept ({out} is written at its end)", invoked()) from None
     metrics = {s: retrieval_accuracy(model, s) for s in ('train', 'heldout')}
     meta = {'command': f"python -m flowgrpo_nb.score --steps {steps} --batch {batch} --lr {lr} --seed {seed} --threads {threads}",
             'train_seconds': round(time.time() - t0), 'final_loss': float(np.mean(losses[-50:])), 'metrics': metrics}

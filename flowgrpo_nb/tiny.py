@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 import flowgrpo_nb
 from .checkpoint import (clean_interrupted, flatten_optimizer, latest_checkpoint, read_checkpoint,
-                                    unflatten_optimizer, write_checkpoint)
+                                    unflatten_optimizer, write_checkpoint, MetricsLog, resumable)
 from .flow import flow_sigmas
 from .policy import Policy, ema_weights
 from .world import (CATEGORIES, MAX_WORDS, SIZE, VOCAB, geneval_report, mini_geneval, parse_prompt,
@@ -375,6 +375,7 @@ def pretrain(run_dir:str|Path='pretrain_run',  # run folder: checkpoints and log
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     ema = EMAModel(model.parameters(), decay=ema_decay, use_ema_warmup=True, power=2/3)
     start, spent = _load_state(run, model, ema, opt)
+    MetricsLog(run/'log.jsonl').truncate(start or None)  # the steps after the checkpoint run again: logged once
     acc = Accelerator()
     model, opt = acc.prepare(model, opt)
     ema.to(acc.device)
@@ -448,4 +449,4 @@ def pretrain_cli(run_dir:str='pretrain_run',  # run folder (resumes from it)
                  threads:int=1,        # torch CPU threads (1 is fastest on a busy machine)
                  save_every:int=100):  # steps between checkpoints
     "Pretrain the tiny model (`flowgrpo pretrain`)."
-    pretrain(run_dir, steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads, save_every=save_every)
+    with resumable(run_dir): pretrain(run_dir, steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads, save_every=save_every)

@@ -24,9 +24,8 @@ from .credit import METHODS, compute_credit, calibrate_exploration, Calibration,
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
 from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker, tracker_kwargs
 from .precision import resolve_fast, path_name
-from .checkpoint import (write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint,
-                                    clean_interrupted, flatten_optimizer, unflatten_optimizer, MetricsLog,
-                                    check_output_dir, RunFolder)
+from .checkpoint import (write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint, clean_interrupted,
+                                    flatten_optimizer, unflatten_optimizer, MetricsLog, check_output_dir, RunFolder, resumable)
 
 # %% ../nbs/06_train.ipynb #c31c22a1
 def step_prompts(cfg:GRPOConfig, step:int, prompts:list[str],
@@ -505,9 +504,10 @@ def train_cli(preset:str='flow_grpo',   # preset(s) joined by '+' (`flowgrpo_nb.
         import diffusers, transformers
         diffusers.utils.logging.disable_progress_bar(); transformers.utils.logging.disable_progress_bar()
     cfg = _cli_config(preset, set, model=model, model_path=model_path, prompts=prompts, eval_prompts=eval_prompts, reward=reward)
-    trainer = GRPOTrainer(cfg, out, resume=resume, progress=not quiet)
-    s = trainer.train()
-    trainer.acc.end_training()
+    with resumable(out, ['--resume']):  # Ctrl-C, SIGTERM: one sentence naming the checkpoint kept and the command that resumes from it
+        trainer = GRPOTrainer(cfg, out, resume=resume, progress=not quiet)
+        try: s = trainer.train()
+        finally: trainer.acc.end_training()  # the trackers flushed and closed, after a stop too
     if trainer.acc.is_main_process: print(result_line(s, out))
 
 train_cli.epilog = train_cli.__wrapped__.epilog = 'GRPOConfig fields (--set FIELD=VALUE):\n' + config_help()

@@ -350,7 +350,7 @@ def test_cli_exit_code():
     assert r.returncode == 2 and lines == ['flowgrpo app: port=70000: allowed an integer in [1, 65535]'], (r.returncode, r.stderr)
 
 def test_cli_serves_and_leaves_nothing(runs, tmp_path):
-    "`flowgrpo app` in its own process: it serves, refuses uploads, and on SIGTERM exits 0 with its temporary folder gone."
+    "`flowgrpo app` in its own process: it serves, refuses uploads, and on SIGTERM exits 143 with one sentence and its temporary folder gone."
     from gradio_client import Client
     import httpx
     tmp = tmp_path/'tmp'; tmp.mkdir()
@@ -369,7 +369,8 @@ def test_cli_serves_and_leaves_nothing(runs, tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out[-2000:]
+    assert proc.returncode == 143, out[-2000:]
+    assert out.splitlines()[-1] == f'flowgrpo app: stopped by SIGTERM: the server on 127.0.0.1:{port} is closed', out[-2000:]
     assert not private[0].exists(), f'left behind: {list(private[0].rglob("*"))}'
 
 # --- a real browser ---

@@ -82,7 +82,7 @@ def test_interrupt_exits_130_with_one_line(monkeypatch, capsys):
         raise KeyboardInterrupt
     _fake(monkeypatch, fake)
     assert cli.main(['fake']) == 130
-    assert capsys.readouterr().err == 'flowgrpo fake: stopped by Ctrl-C (SIGINT)\n'
+    assert capsys.readouterr().err == 'flowgrpo fake: stopped by Ctrl-C (SIGINT); continue with: flowgrpo fake\n'
 
 
 def test_sigterm_exits_143_with_one_line_and_the_commands_own_sentence(monkeypatch, capsys):
@@ -94,7 +94,7 @@ def test_sigterm_exits_143_with_one_line_and_the_commands_own_sentence(monkeypat
     _fake(monkeypatch, fake)
     t0 = time.monotonic()
     assert cli.main(['fake']) == 143 and time.monotonic() - t0 < 5
-    assert capsys.readouterr().err == 'flowgrpo fake: stopped by SIGTERM\n'
+    assert capsys.readouterr().err == 'flowgrpo fake: stopped by SIGTERM; continue with: flowgrpo fake\n'
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # as before main
     def says(steps:int=3):
         "A command that says what finished."
@@ -155,4 +155,4 @@ def test_a_stop_closes_open_progress_bars_first(monkeypatch, capsys):
     _fake(monkeypatch, fake)
     assert cli.main(['fake']) == 130
     err = capsys.readouterr().err
-    assert err.endswith('\nflowgrpo fake: stopped by Ctrl-C (SIGINT)\n') and 'training' in err, repr(err)  # the sentence on a line of its own
+    assert err.endswith('\nflowgrpo fake: stopped by Ctrl-C (SIGINT); continue with: flowgrpo fake\n') and 'training' in err, repr(err)  # the sentence on a line of its own

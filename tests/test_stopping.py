@@ -1,5 +1,6 @@
-"A comparison stopped by Ctrl-C, SIGTERM or a kill of its main process at a random moment of training leaves nothing running or locked, and its rerun gives the uninterrupted run's results."
-import json, os, random, re, signal, subprocess, sys, time
+"""A comparison stopped by Ctrl-C, SIGTERM or a kill of its main process at a random moment of training leaves nothing running or locked, and its rerun gives the uninterrupted run's results.
+Every other command stopped by Ctrl-C or SIGTERM exits 130 or 143 within seconds with one sentence naming what it kept and the command that continues, leaving no child and no lock."""
+import json, os, random, re, shlex, signal, socket, subprocess, sys, time
 from pathlib import Path
 
 import psutil, pytest
@@ -85,3 +86,130 @@ def test_a_stopped_comparison_leaves_nothing_and_resumes_to_the_same_results(tmp
     inv = json.loads((b/'report.json').read_text())['timing']['invocations']
     assert len(inv) == 4 and all(inv[i]['wall_seconds'] > 0 for i in (0, 1, 3)), inv  # the stopped invocations count their time
     assert [i.get('stopped') for i in inv] == ['Ctrl-C (SIGINT)', 'SIGTERM', None, None]
+
+
+# --- every other command: one sentence naming what was kept and the command that continues (fast: smoke sizes, 1 thread)
+
+from test_run_errors import ENV, GATED, ROOT, SMOKE  # `flowgrpo train` at smoke size, and a child that waits before step 2 until a file exists
+
+CLI = [sys.executable, '-m', 'flowgrpo_nb.cli']
+NO_STEP = ("import pathlib, sys, time, flowgrpo_nb.tiny as t, flowgrpo_nb.cli as cli\n"  # `flowgrpo pretrain` that waits before its step 3
+           "loss, calls = t.flow_loss, []\n"
+           "def gated(*a, **k):\n"
+           "    calls.append(1)\n"
+           "    while len(calls) == 3 and not pathlib.Path(sys.argv[1]).exists(): time.sleep(0.05)\n"
+           "    return loss(*a, **k)\n"
+           "t.flow_loss = gated\n"
+           "sys.exit(cli.main(sys.argv[2:]))")
+
+def stop_when(proc:subprocess.Popen, ready, sig:int, err:Path) -> tuple[int, list[str], float]:
+    "Send `sig` to `proc` once `ready()`; (its exit status, its stderr lines, seconds from the signal to the exit); none of its children left."
+    t0 = time.monotonic()
+    while not ready():
+        assert proc.poll() is None and time.monotonic() - t0 < 300, err.read_text()[-3000:]
+        time.sleep(0.05)
+    family = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    t1 = time.monotonic()
+    proc.send_signal(sig)
+    rc = proc.wait(30)
+    took = time.monotonic() - t1
+    assert alive(family) == [], alive(family)
+    return rc, err.read_text().splitlines(), took
+
+def one_sentence(lines:list[str], prog:str) -> str:
+    "The stop's sentence: the last line of stderr, no traceback before it."
+    assert lines and not any('Traceback' in l for l in lines), lines[-30:]
+    assert lines[-1].startswith(f'{prog}: stopped by '), lines[-5:]
+    return lines[-1]
+
+def again(line:str) -> list[str]:
+    "The command line after 'continue with: ', to run here."
+    cmd = shlex.split(line.split('; continue with: ', 1)[1])
+    assert cmd[0] == 'flowgrpo', cmd
+    return CLI + cmd[1:]
+
+def test_train_stopped_names_its_checkpoint_and_the_command_resumes_it(tmp_path):
+    out, err = tmp_path/'r', tmp_path/'err.txt'
+    args = ['train', '--out', str(out), *SMOKE, 'steps=4']
+    with open(err, 'w') as f:
+        proc = subprocess.Popen([sys.executable, '-c', GATED, str(tmp_path/'gate'), *args], cwd=ROOT, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+    rc, lines, took = stop_when(proc, lambda: (out/'checkpoints'/'ckpt-000002').exists(), signal.SIGINT, err)
+    line = one_sentence(lines, 'flowgrpo train')
+    assert rc == 130 and took < 10, (rc, took)
+    assert line == (f"flowgrpo train: stopped by Ctrl-C (SIGINT): its checkpoint of step 2 is kept in {out}; continue with: "
+                    f"{shlex.join(['flowgrpo', *args, '--resume'])}"), line
+    with FolderLock(out, 'the test'): pass  # released
+    r = subprocess.run(again(line), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [json.loads(l)['step'] for l in (out/'metrics.jsonl').read_text().splitlines()] == [1, 2, 3, 4]
+
+def test_pretrain_stopped_by_sigterm_names_its_checkpoint_and_the_same_command_resumes(tmp_path):
+    run, err = tmp_path/'p', tmp_path/'err.txt'
+    args = ['pretrain', '--run-dir', str(run), '--steps', '4', '--batch-size', '2', '--save-every', '2']
+    with open(err, 'w') as f:
+        proc = subprocess.Popen([sys.executable, '-c', NO_STEP, str(tmp_path/'gate'), *args], cwd=ROOT, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+    rc, lines, took = stop_when(proc, lambda: (run/'checkpoints'/'ckpt-000002').exists(), signal.SIGTERM, err)
+    line = one_sentence(lines, 'flowgrpo pretrain')
+    assert rc == 143 and took < 10, (rc, took)
+    assert line == f"flowgrpo pretrain: stopped by SIGTERM: its checkpoint of step 2 is kept in {run}; continue with: {shlex.join(['flowgrpo', *args])}", line
+    r = subprocess.run(again(line), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [json.loads(l)['step'] for l in (run/'log.jsonl').read_text().splitlines()] == [1, 2, 3, 4]  # step 3 logged once
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+def listens(port:int) -> bool:
+    with socket.socket() as s: return s.connect_ex(('127.0.0.1', port)) == 0
+
+def test_app_stopped_closes_the_server_and_says_so(tmp_path):
+    port, err = free_port(), tmp_path/'err.txt'
+    env = {k: v for k, v in ENV.items() if k != 'GRADIO_TEMP_DIR'} | dict(TMPDIR=str(tmp_path), GRADIO_ANALYTICS_ENABLED='False')
+    with open(err, 'w') as f:
+        proc = subprocess.Popen([*CLI, 'app', '--port', str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=f,
+                                start_new_session=True)
+    rc, lines, took = stop_when(proc, lambda: listens(port), signal.SIGINT, err)
+    assert rc == 130 and took < 10, (rc, took)
+    assert one_sentence(lines, 'flowgrpo app') == f"flowgrpo app: stopped by Ctrl-C (SIGINT): the server on 127.0.0.1:{port} is closed"
+    assert not listens(port) and not list(tmp_path.glob('flowgrpo-app-*'))  # the port and the temporary folder let go
+
+# flowgrpo fidelity measures in its own process (its one child, the PNG export, is killed whole by `write_pngs`): in-process
+def test_fidelity_stopped_says_what_it_kept(tmp_path, monkeypatch, capsys):
+    from flowgrpo_nb import cli, fidelity_report as fr
+    def stop(*a, **k): os.kill(os.getpid(), signal.SIGTERM); time.sleep(10)
+    monkeypatch.setattr(fr, 'fidelity_report', stop)
+    t0 = time.monotonic()
+    assert cli.main(['fidelity', '--out', str(tmp_path/'f'), '--seed', '3']) == 143 and time.monotonic() - t0 < 5
+    assert capsys.readouterr().err.splitlines()[-1] == (f"flowgrpo fidelity: stopped by SIGTERM: no result of this measurement was written to "
+                                                        f"{tmp_path/'f'} (they are written at its end); continue with: flowgrpo fidelity --out {tmp_path/'f'} --seed 3")
+    comp, out = tmp_path/'c', tmp_path/'c'/'fidelity'
+    for arm in ('flow_grpo', 'dense'):  # two finished runs with a checkpoint each
+        (comp/'geneval'/'seed0'/arm/'checkpoints'/'ckpt-000002').mkdir(parents=True)
+        (comp/'geneval'/'seed0'/arm/'checkpoints'/'ckpt-000002'/'state.json').write_text('{}')
+        (comp/'geneval'/'seed0'/arm/'summary.json').write_text('{}')
+    def one_then_stop(f, d, a, cfg):  # the first run measured (its file written whole), Ctrl-C in the second
+        if a == 'flow_grpo': raise KeyboardInterrupt  # the runs go in name order: dense first
+        f.parent.mkdir(parents=True, exist_ok=True); f.write_text('{}')
+        return dict(stats=[], cost=dict(total=dict(cpu_seconds=0.0)))
+    monkeypatch.setattr(fr, '_run_fidelity', one_then_stop)
+    assert cli.main(['fidelity', '--compare', str(comp), '--seeds', '0']) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (f"flowgrpo fidelity: stopped by Ctrl-C (SIGINT): 1 of 2 runs measured, kept in {out}; "
+                                                        f"continue with: flowgrpo fidelity --compare {comp} --seeds 0")
+    with FolderLock(out, 'the test'): pass  # released
+
+@pytest.mark.parametrize('name,target,kept', [
+    ('eval-tiny', 'flowgrpo_nb.card.base_scores', ': nothing was kept (it writes no file: the scores are printed at its end)'),
+    ('train-score', 'flowgrpo_nb.score.train_score', ': nothing was kept ({out} is written at its end)'),
+    ('demo', 'flowgrpo_nb.flow.compare_samplers', ''),  # seconds long: the command says nothing more, the CLI gives the command again
+])
+def test_the_short_commands_stopped_say_so_and_give_the_command_again(tmp_path, monkeypatch, capsys, name, target, kept):
+    from flowgrpo_nb import cli
+    def stop(*a, **k): raise KeyboardInterrupt
+    monkeypatch.setattr(target, stop)
+    args = {'eval-tiny': ['--n', '6'], 'train-score': ['--steps', '3', '--out', str(tmp_path/'s.safetensors')], 'demo': ['--out', str(tmp_path/'d')]}[name]
+    assert cli.main([name, *args]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (f"flowgrpo {name}: stopped by Ctrl-C (SIGINT){kept.format(out=tmp_path/'s.safetensors')}; "
+                                                        f"continue with: {shlex.join(['flowgrpo', name, *args])}")
