@@ -137,7 +137,12 @@ def metric_sds(rs:list[dict], horizon:int=H) -> dict:
     "Seed-to-seed mean and SD of each candidate metric (`metric_values`) over runs `rs` at `horizon`: what the pre-registration plans with."
     vals = [v for r in rs if (v := metric_values(r, horizon))]
     if len(vals) < 2: return {}
-    return {m: dict(mean=statistics.mean(v[m] for v in vals), sd=statistics.stdev(v[m] for v in vals), n=len(vals)) for m in vals[0]}
+    base = [r['curve'][0][1] for r in rs if metric_values(r, horizon)]
+    # sd_paired: sqrt(2) x the SD of (metric - the run's own base evaluation). Two arms of one seed share that evaluation
+    # (its prompts and noise) and differ in training only, so this is the paired SD of two arms with this recipe's spread.
+    return {m: dict(mean=statistics.mean(v[m] for v in vals), sd=statistics.stdev(v[m] for v in vals), n=len(vals),
+                    sd_paired=2 ** 0.5 * statistics.stdev(v[m] - b for v, b in zip(vals, base)) if m != 'gain' else None)
+            for m in vals[0]}
 
 def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
     rows, runs = {}, {}

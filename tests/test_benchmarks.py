@@ -69,3 +69,30 @@ def test_pilot_metrics_at_the_horizon():
     assert pilot.metric_values(dict(curve=[[0, 0.2], [25, 0.3]]), horizon=100) == {}, 'a run that stopped before H has none'
     sds = pilot.metric_sds([run, dict(curve=[[s, y + 0.1] for s, y in run['curve']])], horizon=100)
     assert sds['final']['sd'] == pytest.approx(0.1 / 2 ** 0.5) and sds['gain']['sd'] == pytest.approx(0.0, abs=1e-12)
+    assert sds['final']['sd_paired'] == pytest.approx(0.0, abs=1e-12), "a shift of the whole curve (the seed's evaluation) cancels in a pair"
+    other = dict(curve=[[s, y + (0.1 if s == 100 else 0)] for s, y in run['curve']])
+    assert pilot.metric_sds([run, other], horizon=100)['final']['sd_paired'] == pytest.approx(0.1)
+
+def test_prereg_plan_from_a_pilot_table(tmp_path):
+    "The pre-registration's planning SDs and level metric come from the pilot table; seeds are sized at the Holm level."
+    sys.path.insert(0, str(ROOT/'benchmarks'))
+    import prereg
+    from flowgrpo_nb.design import seeds_for, holm_level
+    ms = lambda final, lm2: dict(final=dict(sd=.02, sd_paired=final, n=8), last_mean2=dict(sd=.02, sd_paired=lm2, n=8),
+                                 auc=dict(sd=.02, sd_paired=.012, n=8))
+    pilot = tmp_path/'pilot.json'
+    pilot.write_text(json.dumps(dict(candidates=dict(safe=dict(metrics_at_H=ms(.03, .02))))))
+    rows = prereg.plan('safe', pilot)
+    d1, d1v = (next(r for r in rows if r['id'] == i) for i in ('D1', 'D1v'))
+    assert (d1['metric'], d1['k'], d1['sd']) == ('last_mean', 2, .02), 'the mean of the last two is steadier here'
+    assert (d1v['metric'], d1v['sd']) == ('auc', .012)
+    d3 = next(r for r in rows if r['id'] == 'D3')
+    assert d3['task'] == 'score' and 'exploratory study' in d3['sd_from'] and d3['sd'] > 0
+    text = prereg.toml_text(rows, dict(geneval=[2000, 2001], score=[3000, 3001]), 'safe')
+    (tmp_path/'p.toml').write_text(text)
+    from flowgrpo_nb.design import load_prereg, prereg_seeds
+    plan = prereg_seeds(load_prereg(tmp_path/'p.toml'))
+    m = sum(r.get('family', 'primary') == 'primary' for r in prereg.CLAIMS)
+    assert plan['m'] == m and plan['level'] == holm_level(0.05, m)
+    assert next(r for r in plan['rows'] if r['id'] == 'D1')['seeds'] == seeds_for('superiority', .02, prereg.LEVEL, holm_level(0.05, m))
+    with pytest.raises(SystemExit, match='not in'): prereg.plan('fast', pilot)
