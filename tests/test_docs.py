@@ -1,6 +1,9 @@
-"Docs checks that need no Quarto: the notebooks go through nbdev's processors, and README.md is in sync with nbs/index.ipynb."
-import re, shutil, subprocess, sys
+"""Docs checks that need no Quarto: the notebooks go through nbdev's processors, README.md is in sync with
+nbs/index.ipynb, and the offline site of `tools/docs.py` (two pages built) reads from disk: no link to another host, every
+local link and anchor resolves, no prompts, one title a page, a progress bar and no warnings while it builds."""
+import html, importlib.util, os, re, shutil, subprocess, sys
 from pathlib import Path
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT/'.venv'/'bin'
@@ -54,3 +57,101 @@ def test_readme_first_screen():
         assert s in top, f"{s!r} is not in the README's first 45 lines"
     readme = '\n'.join(lines)
     assert '<details><summary>' in readme and '</details>' in readme, "the quick comparison's findings are not folded"
+
+# --- the offline site (tools/docs.py without Quarto) --------------------------------------------------------------
+
+# The index (API links into most notebooks, the arms table) and 05c_config, whose show_doc and prose link to symbols of
+# other notebooks (05_credit, 04_rollout): about a minute each on a loaded core.
+PAGES = ('index.ipynb', '05c_config.ipynb')
+
+def _docs():
+    spec = importlib.util.spec_from_file_location('docs', ROOT/'tools'/'docs.py')
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    return mod
+
+@pytest.fixture(scope='module')
+def site(tmp_path_factory):
+    "The two pages, built by the command line as a user runs it; (folder, what the build printed)."
+    out = tmp_path_factory.mktemp('site')
+    r = subprocess.run([sys.executable, str(ROOT/'tools'/'docs.py'), '--out', str(out), '--only', *PAGES], cwd=ROOT,
+                       capture_output=True, text=True, timeout=1200, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out, r.stdout + r.stderr
+
+def _built(out): return sorted(out.rglob('*.html'))
+
+URL_ATTR = re.compile(r'''\s(?:href|src|action|poster|data)\s*=\s*(["'])(.*?)\1''', re.S)
+OTHER_HOST = re.compile(r'\s*([a-z][a-z0-9+.-]*:)?//', re.I)
+
+def test_build_shows_progress_and_no_warning(site):
+    _, log = site
+    assert f'{len(PAGES)}/{len(PAGES)}' in log, log[-2000:]  # tqdm's bar, one step a page
+    assert not re.search(r'warn', log, flags=re.I), log[-3000:]  # the kernel's "running over TCP" among them
+
+def test_no_link_to_another_host(site):
+    "No href or src (a, script, link, img...) and no CSS url() or @import leads to another host."
+    out, _ = site
+    for page in _built(out):
+        s = page.read_text()
+        other = [u for _, u in URL_ATTR.findall(s) if OTHER_HOST.match(u)]
+        other += re.findall(r'''url\(\s*["']?\s*(?:https?:)?//[^)]*\)''', s) + re.findall(r'''@import\s+(?:url\()?["']?(?:https?:)?//[^"')]*''', s)
+        assert not other, (page.name, sorted(set(other))[:10])
+
+def test_local_links_and_anchors_resolve(site):
+    """Every link to a page (with or without an anchor) leads to a file, and an anchor to an element id of that file;
+    a page `--only` left out must at least be a page of the site (it is there after a full build)."""
+    out, _ = site
+    docs = _docs()
+    site_pages = {p.with_suffix('.html').as_posix() for p in docs.pages()}
+    ids = {p.resolve(): {html.unescape(i) for i in docs.IDS.findall(p.read_text())} for p in _built(out)}
+    across = 0
+    for page in _built(out):
+        for _, url in URL_ATTR.findall(page.read_text()):
+            url = html.unescape(url)
+            if url.startswith(('data:', 'javascript:', 'mailto:')) or OTHER_HOST.match(url): continue
+            path, _, anchor = url.partition('#')
+            dest = (page.parent/path).resolve() if path else page.resolve()
+            if path and not path.endswith('.html'):
+                assert dest.exists(), (page.name, url); continue
+            if dest not in ids:
+                assert dest.relative_to(out.resolve()).as_posix() in site_pages, (page.name, url); continue
+            assert not anchor or anchor in ids[dest], (page.name, url, 'no such id')
+            across += bool(anchor and dest != page.resolve())
+    assert across >= 3, across  # the index's API links into 05c_config were among them
+    assert re.search(r'''href=["']05c_config\.html#grpoconfig["']''', (out/'index.html').read_text())  # `GRPOConfig`
+
+def test_no_prompts(site):
+    out, _ = site
+    for page in _built(out):
+        m = re.search(r'.{0,80}\b(In|Out)(&nbsp;|\s)*\[\s*\d*\s*\]', page.read_text())
+        assert not m, (page.name, m.group(0))
+
+def test_one_title_a_page(site):
+    out, _ = site
+    docs = _docs()
+    name = docs.site_name()
+    want = {'index.html': name, '05c_config.html': f"{docs.title_of(ROOT/'nbs'/'05c_config.ipynb')} – {name}"}
+    for page, title in want.items():
+        assert re.findall(r'<title>(.*?)</title>', (out/page).read_text(), flags=re.S) == [html.escape(title)], page
+    assert name == 'flowgrpo_nb'
+
+def test_source_links_only_when_asked():
+    "show_doc's source links (to the code host) are dropped unless `--source-links`; a paper's link becomes its text and address."
+    docs = _docs()
+    st = docs._settings()
+    body = (f'<p><a href="{st["git"]}blob/main/flowgrpo_nb/credit.py#L82">source</a></p><h3>compute_credit</h3>'
+            f'<a href="{st["doc"]}credit.html#compute_credit"><code>compute_credit</code></a>'
+            '<a href="https://arxiv.org/abs/2505.05470">Flow-GRPO</a>')
+    pages = [Path('index.ipynb'), Path('05_credit.ipynb'), Path('tutorials/quickstart.ipynb')]
+    off = docs.offline_links(body, Path('tutorials/quickstart.ipynb'), pages)
+    assert st['git'] not in off and 'source' not in off and '<p>' not in off
+    assert '<a href="../05_credit.html#compute_credit"><code>compute_credit</code></a>' in off
+    assert "Flow-GRPO</span> <span class='ext-url'>(arxiv.org/abs/2505.05470)</span>" in off and 'href="https://arxiv' not in off
+    assert f'{st["git"]}blob/main/flowgrpo_nb/credit.py#L82' in docs.offline_links(body, Path('index.ipynb'), pages, source_links=True)
+
+def test_heading_ids_are_quartos():
+    docs = _docs()
+    assert [docs.slug(t) for t in ('GRPOTrainer', 'GRPOTrainer.step', "The workers' fork server", '2. Speed', 'step_spans')] == \
+        ['grpotrainer', 'grpotrainer.step', 'the-workers-fork-server', 'speed', 'step_spans']
+    assert docs.heading_ids('<h2>Speed</h2><h2>Speed</h2><h3 id="x">X</h3>') == \
+        '<h2 id="speed">Speed</h2><h2 id="speed-1">Speed</h2><h3 id="x">X</h3>'

@@ -94,3 +94,19 @@ def test_wheel_builds_without_warnings_and_ships_the_assets(tmp_path):
     assert 'Warning' not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     names = zipfile.ZipFile(next((tmp_path/'whl').glob('*.whl'))).namelist()
     assert {'flowgrpo_nb/assets/tiny.safetensors', 'flowgrpo_nb/assets/tiny.json', 'flowgrpo_nb/display.py'} <= set(names)
+
+def test_clean_keeps_every_notebooks_kernelspec(tmp_path):
+    """`nbdev-clean` (run on a copy of nbs/ and the settings) leaves every notebook, tutorials included, a Python 3
+    kernelspec: the docs build and `nbdev-test` start the kernel it names."""
+    import shutil, subprocess, sys
+    shutil.copytree(ROOT/'nbs', tmp_path/'nbs', ignore=shutil.ignore_patterns('.ipynb_checkpoints'))
+    shutil.copy(ROOT/'pyproject.toml', tmp_path/'pyproject.toml')
+    clean = Path(sys.executable).parent/'nbdev-clean'
+    r = subprocess.run([str(clean) if clean.exists() else 'nbdev-clean'], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    nbs = sorted((tmp_path/'nbs').rglob('*.ipynb'))
+    assert len(nbs) == len([p for p in (ROOT/'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts])
+    assert any(p.parent.name == 'tutorials' for p in nbs)
+    missing = [p.relative_to(tmp_path/'nbs').as_posix() for p in nbs
+               if json.loads(p.read_text()).get('metadata', {}).get('kernelspec', {}).get('name') != 'python3']
+    assert not missing, f'no python3 kernelspec after nbdev-clean: {missing}'

@@ -11,11 +11,15 @@ built in plain Python:
    become HTML that draws with the one `plotly.min.js` the site ships (copied from the installed plotly), and a
    dashboard's widgets are drawn from their stored state (tabs, boxes, the controls' values, the figures in them);
 4. every page gets the navbar of `nbs/_quarto.yml` and the sidebar nbdev would generate (index first, then the
-   numbered notebooks, then each folder as a section), and links to notebooks point to their pages.
+   numbered notebooks, then each folder as a section), and links to notebooks point to their pages;
+5. the pages are for reading offline: nbdev's API links (written for the published site, `doc_host`/`doc_baseurl`)
+   lead to the local page and heading (headings get Quarto's ids), a link to another host becomes its text with the
+   address shown, the "source" links to the code host are left out (`--source-links` keeps them), no prompts.
 
 Nothing is fetched: the pages open from disk, offline (`_docs/index.html`). `--only` builds some pages (the others
-still appear in the navigation), which is what the test does."""
-import argparse, html, json, os, re, shutil, subprocess, sys, time, warnings
+still appear in the navigation), which is what the tests do."""
+import argparse, html, json, os, re, shutil, subprocess, sys, tempfile, time, unicodedata, warnings
+from urllib.parse import urljoin
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,8 +65,12 @@ def _execute(path:Path, timeout:int):
     skipped = {}
     for c in nb.cells:
         if c.cell_type == 'code' and c.id not in keep: skipped[c.id], c.source = c.source, ''
-    NotebookClient(nb, timeout=timeout, kernel_name='python3', store_widget_state=True, allow_errors=False,
-                   resources={'metadata': {'path': str(path.parent)}}).execute()
+    from traitlets.config import Config
+    with tempfile.TemporaryDirectory(prefix='docs-kernel-') as sockets:
+        c = Config()  # the kernel talks over local sockets (ipc), not unencrypted TCP: no port open, nothing to warn about
+        if os.name == 'posix': c.KernelManager.transport, c.KernelManager.ip = 'ipc', str(Path(sockets)/'k')
+        NotebookClient(nb, timeout=timeout, kernel_name='python3', store_widget_state=True, allow_errors=False, config=c,
+                       resources={'metadata': {'path': str(path.parent)}}).execute()
     for c in nb.cells:
         if c.id in skipped: c.source, c.outputs = skipped[c.id], []
     return nb
@@ -196,6 +204,8 @@ main .description{font-size:1.1em;color:#555}
 .jp-InputPrompt,.jp-OutputPrompt,.jp-InputArea-prompt,.jp-OutputArea-prompt{display:none}
 pre{background:#f7f7f7;padding:.5em;overflow-x:auto}
 table{border-collapse:collapse} th,td{border:1px solid #ddd;padding:.2em .5em}
+main table{display:block;max-width:100%;overflow-x:auto;width:max-content}
+.ext-url{color:#666;font-size:.9em}
 .w-hbox{display:flex;gap:1em;flex-wrap:wrap} .w-control{margin:.2em 0;color:#444} .w-control label{font-weight:600}
 .w-tab-heads{border-bottom:1px solid #ccc;margin:.5em 0} .w-tab-head{border:1px solid #ccc;border-bottom:none;background:#f3f3f3;
 padding:.3em .8em;cursor:pointer} .w-tab-head.on{background:#fff;font-weight:600}
@@ -206,7 +216,25 @@ t.querySelectorAll(':scope>.w-tab-heads>.w-tab-head').forEach((h,j)=>h.classList
 t.querySelectorAll(':scope>.w-tab-panel').forEach((p,j)=>p.style.display=j===i?'block':'none');
 window.dispatchEvent(new Event('resize'));}"""
 
-def page_html(rel:Path, title:str, desc:str, body:str, all_pages:list, titles:dict, nav:list) -> str:
+def figure_css() -> str:
+    "Figures as wide as the output area, up to the width they are designed for (`display.MAX_WIDTH`, JupyterLab's)."
+    from flowgrpo_nb.display import MAX_WIDTH
+    return f".plotly-graph-div{{max-width:{MAX_WIDTH}px}}"
+
+def site_name(nbs:Path=NBS) -> str:
+    "The site's title (`website.title` of `nbs/nbdev.yml`, else the repository's name)."
+    import yaml
+    f = nbs/'nbdev.yml'
+    cfg = (yaml.safe_load(f.read_text()) or {}) if f.exists() else {}
+    return cfg.get('website', {}).get('title') or ROOT.name
+
+def page_title(rel:Path, title:str, site:str) -> str:
+    "The `<title>`: the site's name on the index, '<notebook title> – <site>' elsewhere."
+    title = title or rel.stem
+    return site if rel == Path('index.ipynb') or title == site else f'{title} – {site}'
+
+def page_html(rel:Path, title:str, desc:str, body:str, all_pages:list, titles:dict, nav:list, site:str='flowgrpo_nb',
+              source_links:bool=False) -> str:
     "One page: the navbar, the sidebar, the title and the notebook's HTML; links between notebooks lead to pages."
     up = '../' * (len(rel.parts) - 1)
     href = lambda p: up + str(Path(p).with_suffix('.html'))
@@ -218,12 +246,97 @@ def page_html(rel:Path, title:str, desc:str, body:str, all_pages:list, titles:di
     top = ''.join(f"<a href='{href(h)}'>{html.escape(t)}</a>" for t, h in nav)
     body = re.sub(r'''(href=["'])(?!https?:|#|mailto:)([^"'#]+?)\.ipynb(#[^"']*)?(["'])''', r'\1\2.html\3\4', body)
     body = re.sub(r'\{target="_blank"[^}]*\}', '', body)  # Quarto's link attributes in show_doc's markdown
+    body = offline_links(heading_ids(body), rel, all_pages, source_links)
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width,initial-scale=1'>"
-            f"<title>{html.escape(title or rel.stem)} – flowgrpo_nb</title><script src='{up}plotly.min.js'></script>"
-            f"<style>{CSS}</style><script>{TAB_JS}</script></head><body>"
-            f"<header><a class='site' href='{href('index.ipynb')}'>flowgrpo_nb</a>{top}</header><div class='layout'>"
+            f"<title>{html.escape(page_title(rel, title, site))}</title><script src='{up}plotly.min.js'></script>"
+            f"<style>{CSS}{figure_css()}</style><script>{TAB_JS}</script></head><body>"
+            f"<header><a class='site' href='{href('index.ipynb')}'>{html.escape(site)}</a>{top}</header><div class='layout'>"
             f"<nav class='sidebar'>{''.join(side)}</nav><main><h1>{html.escape(title)}</h1>"
             + (f"<p class='description'>{html.escape(desc)}</p>" if desc else '') + f"{body}</main></div></body></html>")
+
+# ---------------------------------------------------------------------------------------------- 5. links, offline
+
+IDS = re.compile(r'''\sid=["']([^"']+)["']''')
+
+def slug(text:str) -> str:
+    "Pandoc's (so Quarto's) id of a heading's text: lower case, words joined by '-', only letters, digits and `_-.` kept."
+    s = '-'.join(unicodedata.normalize('NFC', text).lower().split())
+    s = ''.join(ch for ch in s if ch.isalnum() or ch in '_-.')
+    i = next((i for i, ch in enumerate(s) if ch.isalpha()), len(s))  # an id starts with a letter
+    return s[i:] or 'section'
+
+def _text(fragment:str) -> str: return html.unescape(re.sub(r'<[^>]+>', '', fragment))
+
+def heading_ids(body:str) -> str:
+    "Every heading without an id gets Quarto's (`### GRPOTrainer` -> `grpotrainer`; a repeated one `-1`, `-2`...)."
+    seen = set(IDS.findall(body))
+    def add(m):
+        if IDS.search(m.group(2) or ''): return m.group(0)
+        base = slug(_text(m.group(3))); i, id_ = 0, base
+        while id_ in seen: i += 1; id_ = f'{base}-{i}'
+        seen.add(id_)
+        return f'<h{m.group(1)} id="{id_}"{m.group(2) or ""}>{m.group(3)}</h{m.group(1)}>'
+    return re.sub(r'<h([1-6])(\s[^>]*)?>(.*?)</h\1>', add, body, flags=re.S)
+
+def nbpath2html(p) -> Path:
+    "nbdev's name of a notebook's page on the published site (numeric prefix dropped): `05_credit.ipynb` -> `credit.html`."
+    from nbdev.config import nbpath2html as f
+    return f(p)
+
+def _settings() -> dict:
+    "The addresses nbdev made the links with: the published site's (`doc_host` + `doc_baseurl`), the code host's."
+    from nbdev.config import get_config
+    cfg = get_config(ROOT)
+    return {'doc': urljoin(cfg.doc_host.rstrip('/') + '/', cfg.doc_baseurl.strip('/') + '/'), 'git': cfg.git_url.rstrip('/') + '/'}
+
+OTHER_HOST = re.compile(r'^\s*(?:[a-z][a-z0-9+.-]*:)?//', re.I)
+HREF = re.compile(r'''\shref=(["'])(.*?)\1''', re.S)
+
+def offline_links(body:str, rel:Path, all_pages:list, source_links:bool=False) -> str:
+    """Links for reading from disk: an API link to the published site leads to the local page (`05_credit.html#...`),
+    a source link to the code host is dropped (kept with `source_links`), any other link to another host becomes its
+    text, followed by the address where the text is not code (so that a paper can still be looked up)."""
+    st, up = _settings(), '../' * (len(rel.parts) - 1)
+    local = {nbpath2html(p).as_posix(): p for p in all_pages}
+    docs = {st['doc'], re.sub(r'^https:', 'http:', st['doc']), re.sub(r'^http:', 'https:', st['doc'])}
+    def fix(m):
+        attrs, text = m.group(1), m.group(2)
+        h = HREF.search(attrs)
+        if not h or not OTHER_HOST.match(h.group(2)): return m.group(0)
+        url = html.unescape(h.group(2)).strip()
+        base = next((b for b in docs if url.startswith(b)), None)
+        if base:
+            page, _, anchor = url[len(base):].partition('#')
+            if page in local:
+                target = up + local[page].with_suffix('.html').as_posix() + (f'#{anchor}' if anchor else '')
+                return f'<a href="{html.escape(target)}">{text}</a>'
+        if url.startswith(st['git']): return m.group(0) if source_links else ''
+        if '<code' in text or _text(text).strip() == url: return text
+        shown = re.sub(r'^[a-z]+://(www\.)?', '', url).rstrip('/')
+        return f"<span title='{html.escape(url)}'>{text}</span> <span class='ext-url'>({html.escape(shown)})</span>"
+    body = re.sub(r'<a\b([^>]*)>(.*?)</a>', fix, body, flags=re.S)
+    return body if source_links else re.sub(r'<p>\s*</p>', '', body)  # the paragraphs the source links stood in
+
+def check_anchors(out:Path, written:list) -> int:
+    """A link whose anchor is not on the page it leads to (a symbol without a heading of its own) leads to the page;
+    an in-page link to a missing anchor becomes text. The number of links changed."""
+    ids, changed = {}, 0
+    def known(path:Path):
+        if path not in ids: ids[path] = set(IDS.findall(path.read_text())) if path.exists() else None
+        return ids[path]
+    link = re.compile(r'''<a href=(["'])([^"'#:]*?\.html)?#([^"']+)\1([^>]*)>(.*?)</a>''', re.S)
+    for page in written:
+        s = page.read_text()
+        def fix(m):
+            nonlocal changed
+            q, target, anchor = m.group(1), m.group(2), html.unescape(m.group(3))
+            have = known((page.parent/target).resolve() if target else page.resolve())
+            if have is None or anchor in have: return m.group(0)
+            changed += 1
+            return f'<a href={q}{target}{q}{m.group(4)}>{m.group(5)}</a>' if target else m.group(5)
+        new = link.sub(fix, s)
+        if new != s: page.write_text(new)
+    return changed
 
 def notebook_body(nb) -> str:
     "The notebook's cells as HTML (nbconvert, lab styles, no page wrapper)."
@@ -234,8 +347,10 @@ def notebook_body(nb) -> str:
     c.TagRemovePreprocessor.remove_input_tags = {'remove_input'}
     c.TagRemovePreprocessor.remove_all_outputs_tags = {'remove_output'}
     c.TagRemovePreprocessor.remove_cell_tags = {'remove_cell'}
-    body, _ = HTMLExporter(config=c, template_name='lab', exclude_anchor_links=True).from_notebook_node(nb)
+    body, _ = HTMLExporter(config=c, template_name='lab', exclude_anchor_links=True, exclude_input_prompt=True,
+                           exclude_output_prompt=True).from_notebook_node(nb)
     style = '\n'.join(re.findall(r'<style[^>]*>.*?</style>', body, flags=re.S))
+    style = re.sub(r'/\*.*?\*/\s*', '', style, flags=re.S)  # JupyterLab's CSS comments (credits, notes on prompts)
     m = re.search(r'<body[^>]*>(.*)</body>', body, flags=re.S)
     return style + (m.group(1) if m else body)
 
@@ -247,33 +362,40 @@ def title_of(path:Path) -> str:
             if m: return m.group(1).strip()
     return path.stem
 
-def build_page(rel:Path, out:Path, all_pages:list, titles:dict, nav:list, nbs:Path=NBS) -> Path:
+def build_page(rel:Path, out:Path, all_pages:list, titles:dict, nav:list, nbs:Path=NBS, site:str='flowgrpo_nb',
+               source_links:bool=False) -> Path:
     "Execute, process and write one page; its path."
     title, desc, nb = process(execute(nbs/rel), nbs/rel)
     body = notebook_body(render_outputs(tag_cells(nb)))
     dest = out/rel.with_suffix('.html')
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(page_html(rel, title or titles.get(rel, ''), desc, body, all_pages, titles, nav))
+    dest.write_text(page_html(rel, title or titles.get(rel, ''), desc, body, all_pages, titles, nav, site, source_links))
     return dest
 
-def build(out:Path, only:list|None=None, nbs:Path=NBS, log=print) -> list[Path]:
-    "The static site in `out` (every page, or those in `only`); the pages written."
+def build(out:Path, only:list|None=None, nbs:Path=NBS, log=None, progress:bool=False, source_links:bool=False) -> list[Path]:
+    """The static site in `out` (every page, or those in `only`); the pages written. `progress`: a progress bar, one
+    step per page; `log`: called with a line per page built; `source_links`: keep the links to the code host."""
+    from tqdm.auto import tqdm
     out.mkdir(parents=True, exist_ok=True)
     import plotly
     shutil.copy(Path(plotly.__file__).parent/'package_data'/'plotly.min.js', out/'plotly.min.js')
     all_pages, nav = pages(nbs), navbar(nbs)
-    titles = {p: title_of(nbs/p) for p in all_pages}
+    titles, site = {p: title_of(nbs/p) for p in all_pages}, site_name(nbs)
     todo = [Path(p) for p in only] if only else all_pages
     unknown = [str(p) for p in todo if p not in all_pages]
     if unknown: raise SystemExit(f"--only {' '.join(unknown)}: not a notebook of the site; allowed: {' '.join(map(str, all_pages))}")
     written = []
-    for p in todo:
+    bar = tqdm(todo, desc='pages', unit='page', disable=not progress, dynamic_ncols=True)
+    for p in bar:
+        bar.set_postfix_str(str(p))
         t = time.perf_counter()
-        try: written.append(build_page(p, out, all_pages, titles, nav, nbs))
+        try: written.append(build_page(p, out, all_pages, titles, nav, nbs, site, source_links))
         except Exception as e:
             if type(e).__name__ not in ('CellExecutionError', 'CellTimeoutError', 'DeadKernelError'): raise
+            bar.close()
             raise SystemExit(f"{p}: a cell failed while its page was built:\n{e}") from None
-        log(f"  {p} ({time.perf_counter() - t:.0f} s)")
+        if log: log(f"  {p} ({time.perf_counter() - t:.0f} s)")
+    check_anchors(out, written)
     return written
 
 def main(argv=None):
@@ -281,12 +403,13 @@ def main(argv=None):
     ap.add_argument('--out', default=str(ROOT/'_docs'), help='folder of the site (default: _docs)')
     ap.add_argument('--only', nargs='+', help='build only these notebooks, e.g. tutorials/quickstart.ipynb 07_viz.ipynb')
     ap.add_argument('--quarto', action='store_true', help='use Quarto (nbdev-docs); the default where quarto is installed')
+    ap.add_argument('--source-links', action='store_true', help="keep show_doc's 'source' links to the code host (off: the pages are for reading offline)")
     a = ap.parse_args(argv)
     if a.quarto or shutil.which('quarto'):
         return subprocess.run([str(Path(sys.executable).parent/'nbdev-docs')], cwd=ROOT, check=True)
     t = time.perf_counter()
     print(f"building the site without Quarto into {a.out}")
-    written = build(Path(a.out), a.only)
+    written = build(Path(a.out), a.only, progress=True, source_links=a.source_links)
     print(f"{len(written)} pages in {time.perf_counter() - t:.0f} s: open {Path(a.out)/'index.html'}")
 
 if __name__ == '__main__': main()
