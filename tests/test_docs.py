@@ -155,3 +155,24 @@ def test_heading_ids_are_quartos():
         ['grpotrainer', 'grpotrainer.step', 'the-workers-fork-server', 'speed', 'step_spans']
     assert docs.heading_ids('<h2>Speed</h2><h2>Speed</h2><h3 id="x">X</h3>') == \
         '<h2 id="speed">Speed</h2><h2 id="speed-1">Speed</h2><h3 id="x">X</h3>'
+
+def test_the_kernel_client_waits_in_slices():
+    "The docs build's channels ask zmq for at most a slice at a time (a missed wakeup costs a slice, not the cell's timeout), and still time out."
+    import asyncio
+    from queue import Empty
+    docs = _docs()
+    class Channel:  # answers on the fourth look
+        def __init__(self): self.asked = []
+        async def get_msg(self, timeout=None):
+            self.asked.append(timeout)
+            if len(self.asked) < 4: await asyncio.sleep(0.01); raise Empty
+            return 'reply'
+        def is_alive(self): return True
+    docs._Polled.SLICE = 0.05
+    ch = Channel(); polled = docs._Polled(ch)
+    assert asyncio.run(polled.get_msg(timeout=600)) == 'reply' and max(ch.asked) <= 0.05 and len(ch.asked) == 4
+    ch = Channel(); assert asyncio.run(docs._Polled(ch).get_msg()) == 'reply' and max(ch.asked) <= 0.05, 'no timeout: slices too'
+    class Never(Channel):
+        async def get_msg(self, timeout=None): self.asked.append(timeout); await asyncio.sleep(timeout); raise Empty
+    with pytest.raises(Empty): asyncio.run(docs._Polled(Never()).get_msg(timeout=0.2))
+    assert docs._Polled(ch).is_alive(), "everything else is the channel's"

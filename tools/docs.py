@@ -57,6 +57,33 @@ def execute(path:Path, timeout:int=600, tries:int=2):
         except (CellTimeoutError, DeadKernelError):  # a kernel that stalls (seen now and then on a loaded machine): once more
             if i == tries - 1: raise
 
+class _Polled:
+    """A kernel client's channel whose `get_msg` waits in slices of `SLICE` seconds. zmq's asyncio poll now and then misses
+    the event of a message that has arrived: on 07_viz's dashboard cells the client and the kernel both sat idle for the
+    whole cell timeout (150 s of 150, 600 of 600), then the reply was read at once. A wait that looks at the socket again
+    every slice loses at most a slice."""
+    SLICE = 1.0
+    def __init__(self, channel): self._channel = channel
+    def __getattr__(self, name): return getattr(self._channel, name)
+    async def get_msg(self, timeout=None):
+        from queue import Empty
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = self.SLICE if end is None else min(self.SLICE, max(0.0, end - time.monotonic()))
+            try: return await self._channel.get_msg(timeout=left)
+            except Empty:
+                if end is not None and time.monotonic() >= end: raise
+
+def PollingClient(*args, **kw):
+    "An nbclient `NotebookClient` whose shell and IOPub channels wait in slices (`_Polled`); `execute()` only (the async path)."
+    from nbclient import NotebookClient
+    class Client(NotebookClient):
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            kc._shell_channel, kc._iopub_channel = _Polled(kc.shell_channel), _Polled(kc.iopub_channel)
+            return kc
+    return Client(*args, **kw)
+
 def _execute(path:Path, timeout:int):
     import nbformat
     from nbclient import NotebookClient
@@ -69,8 +96,8 @@ def _execute(path:Path, timeout:int):
     with tempfile.TemporaryDirectory(prefix='docs-kernel-') as sockets:
         c = Config()  # the kernel talks over local sockets (ipc), not unencrypted TCP: no port open, nothing to warn about
         if os.name == 'posix': c.KernelManager.transport, c.KernelManager.ip = 'ipc', str(Path(sockets)/'k')
-        NotebookClient(nb, timeout=timeout, kernel_name='python3', store_widget_state=True, allow_errors=False, config=c,
-                       resources={'metadata': {'path': str(path.parent)}}).execute()
+        PollingClient(nb, timeout=timeout, kernel_name='python3', store_widget_state=True, allow_errors=False, config=c,
+                      resources={'metadata': {'path': str(path.parent)}}).execute()
     for c in nb.cells:
         if c.id in skipped: c.source, c.outputs = skipped[c.id], []
     return nb
