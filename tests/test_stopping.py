@@ -122,6 +122,15 @@ def one_sentence(lines:list[str], prog:str) -> str:
     assert lines[-1].startswith(f'{prog}: stopped by '), lines[-5:]
     return lines[-1]
 
+def run_and_stop(script:str, args:list, tmp_path, ready, sig) -> tuple:
+    "Run `flowgrpo ARGS` through the gating `script`, send `sig` once `ready()`; (exit code, its stop sentence, seconds to exit)."
+    err = tmp_path/'err.txt'
+    with open(err, 'w') as f:
+        proc = subprocess.Popen([sys.executable, '-c', script, str(tmp_path/'gate'), *args], cwd=ROOT, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+    rc, lines, took = stop_when(proc, ready, sig, err)
+    return rc, one_sentence(lines, f'flowgrpo {args[0]}'), took
+
 def again(line:str) -> list[str]:
     "The command line after 'continue with: ', to run here."
     cmd = shlex.split(line.split('; continue with: ', 1)[1])
@@ -129,13 +138,9 @@ def again(line:str) -> list[str]:
     return CLI + cmd[1:]
 
 def test_train_stopped_names_its_checkpoint_and_the_command_resumes_it(tmp_path):
-    out, err = tmp_path/'r', tmp_path/'err.txt'
+    out = tmp_path/'r'
     args = ['train', '--out', str(out), *SMOKE, 'steps=4']
-    with open(err, 'w') as f:
-        proc = subprocess.Popen([sys.executable, '-c', GATED, str(tmp_path/'gate'), *args], cwd=ROOT, env=ENV,
-                                stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
-    rc, lines, took = stop_when(proc, lambda: (out/'checkpoints'/'ckpt-000002').exists(), signal.SIGINT, err)
-    line = one_sentence(lines, 'flowgrpo train')
+    rc, line, took = run_and_stop(GATED, args, tmp_path, lambda: (out/'checkpoints'/'ckpt-000002').exists(), signal.SIGINT)
     assert rc == 130 and took < 10, (rc, took)
     assert line == (f"flowgrpo train: stopped by Ctrl-C (SIGINT): its checkpoint of step 2 is kept in {out}; continue with: "
                     f"{shlex.join(['flowgrpo', *args, '--resume'])}"), line
@@ -145,13 +150,9 @@ def test_train_stopped_names_its_checkpoint_and_the_command_resumes_it(tmp_path)
     assert [json.loads(l)['step'] for l in (out/'metrics.jsonl').read_text().splitlines()] == [1, 2, 3, 4]
 
 def test_pretrain_stopped_by_sigterm_names_its_checkpoint_and_the_same_command_resumes(tmp_path):
-    run, err = tmp_path/'p', tmp_path/'err.txt'
+    run = tmp_path/'p'
     args = ['pretrain', '--run-dir', str(run), '--steps', '4', '--batch-size', '2', '--save-every', '2']
-    with open(err, 'w') as f:
-        proc = subprocess.Popen([sys.executable, '-c', NO_STEP, str(tmp_path/'gate'), *args], cwd=ROOT, env=ENV,
-                                stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
-    rc, lines, took = stop_when(proc, lambda: (run/'checkpoints'/'ckpt-000002').exists(), signal.SIGTERM, err)
-    line = one_sentence(lines, 'flowgrpo pretrain')
+    rc, line, took = run_and_stop(NO_STEP, args, tmp_path, lambda: (run/'checkpoints'/'ckpt-000002').exists(), signal.SIGTERM)
     assert rc == 143 and took < 10, (rc, took)
     assert line == f"flowgrpo pretrain: stopped by SIGTERM: its checkpoint of step 2 is kept in {run}; continue with: {shlex.join(['flowgrpo', *args])}", line
     r = subprocess.run(again(line), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
