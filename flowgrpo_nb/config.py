@@ -68,6 +68,7 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     eval_images:int=256         # images per evaluation (0: no evaluation)
     eval_start:bool=True        # evaluate the base model before the first step (a comparison does it once for all runs)
     diag_every:int=8            # per-step gradient-norm shares every n steps (0: never; one extra pass over one minibatch)
+    kl_every:int=1              # with beta = 0, log the KL to the reference every n steps (0: never; a no-grad pass over one minibatch, with and without the adapter)
     save_every:int=10           # checkpoint every n steps (and at the end)
     keep_last:int=2             # checkpoints kept
     seed:int=0                  # everything random derives from it and the step
@@ -216,7 +217,7 @@ def tracker_kwargs(name:str, run_dir:str|Path) -> dict:
 # %% ../nbs/05c_config.ipynb #9bf706b8
 _AT_LEAST = dict(K=2, prompts_per_step=1, group_size=2, minibatch=1, updates_per_rollout=1, steps=1, lora_rank=1,
                  keep_last=1, calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0,
-                 window_start=0, window_slide=0, diag_every=0, lr_warmup=0)
+                 window_start=0, window_slide=0, diag_every=0, kl_every=0, lr_warmup=0)
 _POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance', 'eps', 'calib_eps1', 'calib_eps2')
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 LR_SCHEDULES, PROMPT_MIXES = ('constant', 'cosine', 'linear'), ('category', 'prompt')
@@ -297,8 +298,8 @@ def _check_noise(c:GRPOConfig):
 
 # %% ../nbs/05c_config.ipynb #71ef0ac1
 REMOVED_FIELDS = ('log_images',)  # written by older versions, read by nothing
-ADDED_FIELDS = dict(fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False)  # a config written before these fields existed ran with these values
-RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with', 'gradient_checkpointing')  # the same experiment
+ADDED_FIELDS = dict(fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0)  # a config written before these fields existed ran with these values
+RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with', 'gradient_checkpointing', 'kl_every')  # the same experiment
 
 def _known_fields(d:dict, source:str) -> dict:
     if not isinstance(d, dict):

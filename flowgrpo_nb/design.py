@@ -340,6 +340,7 @@ def step_cost(cfg:GRPOConfig, levels:str='few', timings:dict|None=None) -> dict:
     la = lookahead_nfe(cfg.lookahead, cfg.K, (s, e), cfg.group_size, cfg.shared_noise) if cfg.lookahead else 0
     skips = cfg.method in ('dense', 'turning_point') and cfg.beta == 0 and cfg.skip_zero_adv
     diag = cfg.minibatch / (B * cfg.diag_every) if cfg.diag_every else 0  # one more pass over a minibatch every n steps
+    diag += cfg.minibatch / (B * cfg.kl_every) if cfg.kl_every and cfg.beta == 0 else 0  # the KL diagnostic: two no-grad passes, about one
     c = unit_costs(cfg, timings)
     return dict(rollout=B * cfg.K * c['rollout'], values=B * la * c['lookahead'],
                 update=B * (e - s) * c['update'] * (1 - ZERO_SHARE[levels] * skips + diag))

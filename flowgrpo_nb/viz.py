@@ -216,7 +216,7 @@ def _why_flat(cfgs:list[dict], panel:str, logged:bool=True) -> str:
     if not logged: return "not in this run's metrics.jsonl<br>(logged by later versions)"
     one = all(c.get('updates_per_rollout', 1) == 1 for c in cfgs)
     if panel == 'kl':
-        return '0 at every step:' + ('<br>beta = 0 logs no KL to the reference;' if all(not c.get('beta', 0) for c in cfgs) else '') + \
+        return '0 at every step:' + ('<br>beta = 0, kl_every = 0: no KL<br>to the reference logged;' if all(not c.get('beta', 0) and not c.get('kl_every', 0) for c in cfgs) else '') + \
                ('<br>one update per batch: the policy<br>is still the one that sampled' if one else '')
     return '0 at every step:' + ('<br>one update per batch: ratio 1,<br>nothing to clip' if one else '<br>no ratio left the clip range')
 

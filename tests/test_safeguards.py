@@ -9,8 +9,8 @@ from flowgrpo_nb.policy import ema_weights
 
 def trainer(base, tmp_path, name, **kw):
     pol, task = base
-    cfg = preset_config('flow_grpo+smoke', log_with='none', eval_images=12, prompts_per_step=4, group_size=4, minibatch=4,
-                        fast=False, lr=5e-3, **kw)
+    cfg = preset_config('flow_grpo+smoke', **dict(log_with='none', eval_images=12, prompts_per_step=4, group_size=4, minibatch=4,
+                                                  fast=False, lr=5e-3) | kw)
     return GRPOTrainer(cfg, tmp_path/name, policy=copy.deepcopy(pol), task=task, progress=False)
 
 def test_collapse_rule_on_a_hand_made_curve():
@@ -83,3 +83,15 @@ def test_lr_schedule_is_set_on_every_optimizer_step(base, tmp_path):
     c = t.collect(0)
     s = t.update(c['rollout'], c['advantages'])
     assert s['lr'] == pytest.approx((lr_at(t.cfg, 0) + lr_at(t.cfg, 1)) / 2) and t.opt.param_groups[0]['lr'] == lr_at(t.cfg, 1) == t.cfg.lr
+
+@pytest.mark.parametrize('fast', [False, True])
+def test_kl_diagnostic_at_beta_zero_is_logged_and_changes_nothing(base, tmp_path, fast):
+    """With beta = 0 the KL to the base model is logged every kl_every steps (0 before the first update, > 0 after);
+    it is only a measurement: the adapter after three steps is bitwise the one of a run that does not log it."""
+    on, off = (trainer(base, tmp_path, f'kl{n}{fast}', kl_every=n, fast=fast) for n in (1, 0))
+    logged = [on.train_step() for _ in range(3)]
+    plain = [off.train_step() for _ in range(3)]
+    assert logged[0]['kl'] == 0.0 and logged[2]['kl'] > 0 and math.isfinite(logged[2]['kl'])
+    assert all('kl' not in m for m in plain)
+    assert all(torch.equal(a, b) for a, b in zip(on.params, off.params))
+    assert [m['reward'] for m in logged] == [m['reward'] for m in plain]
