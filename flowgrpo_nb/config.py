@@ -44,23 +44,23 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     calib_no_signal:str='hold'  # a step with n+ + n- < calib_eps1 (no gain either way): hold psi, or raise it (the literal rule)
     calib_stop:str='rounds'     # rounds: calib_iters rounds of +-calib_eps2; stable: halve a step's increment when it reverses, until psi stops moving
     # -- batch and loss
-    prompts_per_step:int=8      # prompts per rollout batch
+    prompts_per_step:int=4      # prompts per rollout batch
     prompt_mix:str='category'   # how a step draws its prompts: category (each of the task's categories equally likely, then a prompt) or prompt (every prompt equally likely)
     minibatch:int=16            # samples per backward pass (per process)
-    updates_per_rollout:int=1   # optimizer steps taken on one rollout batch
+    updates_per_rollout:int=2   # optimizer steps taken on one rollout batch (each on its share of the samples: from the second on, the ratio leaves 1 and the clip acts)
     clip_range:float=1e-4       # PPO ratio clip (Flow-GRPO: 1e-4)
     beta:float=0.0              # weight of the KL to the adapter-disabled reference
     max_grad_norm:float=1.0     # gradient-norm clipping
-    lr:float=2e-3               # AdamW learning rate (its peak, with a schedule)
+    lr:float=1e-3               # AdamW learning rate (its peak, with a schedule)
     lr_schedule:str='constant'  # the lr over optimizer steps: constant, cosine or linear (to 0 at the last), after lr_warmup
     lr_warmup:int=0             # optimizer steps of linear warmup from 0 to lr
-    weight_decay:float=0.0      # AdamW weight decay
+    weight_decay:float=1e-4     # AdamW weight decay (Flow-GRPO: 1e-4)
     skip_zero_adv:bool=True     # leave (sample, step) pairs with advantage exactly 0 out of the update (only when beta = 0)
     # -- adapter
     lora_rank:int=16            # LoRA rank
     lora_alpha:float=16.0       # LoRA alpha
     lora_targets:tuple=LORA_TARGETS  # module names that get an adapter (comma-separated on the command line)
-    ema:bool=False              # keep an EMA of the adapter and evaluate with it
+    ema:bool=True               # keep an EMA of the adapter, evaluate and save it (Flow-GRPO does)
     ema_decay:float=0.9         # the EMA's decay
     # -- schedule
     steps:int=40                # rollout batches to train on
@@ -68,7 +68,7 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     eval_images:int=256         # images per evaluation (0: no evaluation)
     eval_start:bool=True        # evaluate the base model before the first step (a comparison does it once for all runs)
     diag_every:int=8            # per-step gradient-norm shares every n steps (0: never; one extra pass over one minibatch)
-    kl_every:int=1              # with beta = 0, log the KL to the reference every n steps (0: never; a no-grad pass over one minibatch, with and without the adapter)
+    kl_every:int=4              # with beta = 0, log the KL to the reference every n steps (0: never; a no-grad pass over one minibatch, with and without the adapter)
     save_every:int=10           # checkpoint every n steps (and at the end)
     keep_last:int=2             # checkpoints kept
     seed:int=0                  # everything random derives from it and the step
@@ -171,7 +171,7 @@ PRESETS = {
     'turning_point_early': _TP | EARLY,
     # a few seconds on a CPU: for tests and smoke runs
     'smoke':         dict(K=4, prompts_per_step=2, group_size=4, minibatch=4, steps=4, eval_every=0, eval_images=16,
-                          save_every=2, calib_iters=2, calib_samples=4, lora_rank=4),
+                          save_every=2, calib_iters=2, calib_samples=4, lora_rank=4, kl_every=1),
 }
 
 def preset_config(name:str, # a key of `PRESETS`, or several joined by '+' (later ones win), e.g. 'dense+smoke'

@@ -73,6 +73,18 @@ def test_pilot_metrics_at_the_horizon():
     other = dict(curve=[[s, y + (0.1 if s == 100 else 0)] for s, y in run['curve']])
     assert pilot.metric_sds([run, other], horizon=100)['final']['sd_paired'] == pytest.approx(0.1)
 
+def test_pilot_screening_rule():
+    "The screen's choice: no collapse on its screening seeds, then the highest mean final score; confirmation seeds do not count."
+    sys.path.insert(0, str(ROOT/'benchmarks'))
+    import pilot
+    run = lambda seed, final, collapse=None, cpu=1.0: dict(seed=seed, final=final, collapse=collapse, cpu_per_step=cpu)
+    s0, s1 = pilot.SCREEN_SEEDS
+    runs = dict(a=[run(s0, 0.30), run(s1, 0.32)], b=[run(s0, 0.40), run(s1, 0.45, collapse=dict(step=200))],
+                c=[run(s0, 0.32), run(s1, 0.32), run(1007, 0.0)], d=[run(s0, 0.50)])
+    assert pilot.screen_choice(runs) == 'c', 'b collapsed, d is not screened on every seed, c beats a; a later seed does not count'
+    assert pilot.screen_choice(dict(a=runs['a'], e=[run(s0, 0.30, cpu=0.5), run(s1, 0.32, cpu=0.5)])) == 'e', 'a tie: the cheaper'
+    assert pilot.screen_choice(dict(b=runs['b'])) is None
+
 def test_prereg_plan_from_a_pilot_table(tmp_path):
     "The pre-registration's planning SDs and level metric come from the pilot table; seeds are sized at the Holm level."
     sys.path.insert(0, str(ROOT/'benchmarks'))

@@ -135,8 +135,8 @@ def test_a_second_job_on_the_same_out_is_refused_before_any_work(task, tmp_path,
 
 def test_a_folder_of_other_settings_is_not_reused(task, tmp_path):
     cfg = CompareConfig(**ONE).train_config('flow_grpo', 0)
-    RunFolder(tmp_path/'run').write('config', cfg.to_dict() | dict(lr=1e-3))
-    with pytest.raises(ValueError, match=r"run holds a run with other settings \(lr: 0.001 -> 0.002\)"):
+    RunFolder(tmp_path/'run').write('config', cfg.to_dict() | dict(lr=5e-4))
+    with pytest.raises(ValueError, match=r"run holds a run with other settings \(lr: 0.0005 -> 0.001\)"):
         _train_one(cfg, tmp_path/'run', None, task, False)
 
 def _tensors(run_dir):
@@ -181,7 +181,7 @@ def test_workers_need_a_picklable_task(task, tmp_path):
 def _fake_run(d, method, wall, cpu, nfe, final=0.5, steps=2, calibration=None, turning_points=None, score=None):
     "A run folder with `steps` steps of the given wall / CPU seconds and NFE per sample, and a final evaluation."
     run = RunFolder(d)
-    run.write('config', dict(prompts_per_step=2, group_size=4, minibatch=8, method=method, eval_images=4))
+    run.write('config', dict(prompts_per_step=2, group_size=4, minibatch=8, updates_per_rollout=1, method=method, eval_images=4))
     run.write('summary', dict(steps=steps, calibration_cost=calibration))
     ms = [dict(step=i + 1, sec_total=(i + 1) * wall, reward=0.5, nfe_rollout=nfe, nfe_lookahead=0.0,
                **({} if turning_points is None else dict(turning_points=turning_points)),

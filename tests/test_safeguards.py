@@ -24,7 +24,7 @@ def test_collapse_rule_on_a_hand_made_curve():
 def test_second_update_of_a_batch_leaves_ratio_one_and_clips(base, tmp_path):
     """With one optimizer step per rollout batch the ratio is exactly 1 (eager path): the clip never acts. With two,
     the second step's samples are scored by weights the first step moved: the ratio leaves 1 and the clip acts."""
-    one, two = trainer(base, tmp_path, 'one'), trainer(base, tmp_path, 'two', updates_per_rollout=2)
+    one, two = trainer(base, tmp_path, 'one', updates_per_rollout=1), trainer(base, tmp_path, 'two', updates_per_rollout=2)
     c = one.collect(0)
     s1 = one.update(c['rollout'], c['advantages'])
     assert s1['ratio_std'] == 0.0 and s1['clipfrac'] == 0.0 and s1['approx_kl'] == 0.0
@@ -42,7 +42,7 @@ def test_second_update_of_a_batch_leaves_ratio_one_and_clips(base, tmp_path):
 
 def test_kl_to_reference_is_zero_at_step_zero_and_positive_after_an_update(base, tmp_path):
     "The adapter starts at zero (peft's init): the first step's KL to the adapter-free reference is 0; after an update it is > 0."
-    t = trainer(base, tmp_path, 'kl', beta=0.04)
+    t = trainer(base, tmp_path, 'kl', beta=0.04, updates_per_rollout=1)  # one update: the first step's KL is the base model's
     c = t.collect(0)
     s0 = t.update(c['rollout'], c['advantages'])
     assert s0['kl'] == 0.0

@@ -36,7 +36,8 @@ def test_all_pairs_skipped_still_steps_adam(base, tmp_path, fast):
     """Advantages all zero: the skip gives zero gradients and AdamW still steps (its moments move the adapter), exactly
     as without the skip on the eager path; on the bf16 path the first step's rounding (see above) leaves the two
     adapters apart, so there the zero-advantage step is checked to be a step of Adam's moments alone."""
-    a, b = trainer(base, tmp_path, 'skip0', skip_zero_adv=True, fast=fast), trainer(base, tmp_path, 'full0', skip_zero_adv=False, fast=fast)
+    one = dict(updates_per_rollout=1)  # one Adam step per update call
+    a, b = trainer(base, tmp_path, 'skip0', skip_zero_adv=True, fast=fast, **one), trainer(base, tmp_path, 'full0', skip_zero_adv=False, fast=fast, **one)
     c = a.collect(0)
     for t in (a, b): t.update(c['rollout'], c['advantages'])      # a first step that moves the adapter
     zero = torch.zeros_like(c['advantages'])
@@ -64,7 +65,7 @@ def test_grad_shares_are_a_diagnostic(base, tmp_path):
 
 def test_update_logs_what_a_collapse_shows_first(base, tmp_path):
     "The adapter's norm and the update's, the ratio's mean and spread, the share of groups without reward spread."
-    a = trainer(base, tmp_path, 'norms', fast=False)
+    a = trainer(base, tmp_path, 'norms', fast=False, updates_per_rollout=1)
     c = a.collect(0)
     assert 0 <= c['stats']['zero_spread'] <= 1
     s = a.update(c['rollout'], c['advantages'])
