@@ -28,7 +28,8 @@ neither collapsed: a candidate that moves faster with every safeguard on is scre
 Pilot seeds: 1000..1007. The exploratory study used 0..7; the confirmatory study will use 2000 and up.
 
 Runs go to `--out` (default /work/pilot: outside the repository, resumable: a finished run is read, a run with a
-checkpoint is resumed, `--jobs` one-thread workers in parallel). `--table` writes results/pilot/pilot.json and
+checkpoint is resumed, `--jobs` one-thread workers in parallel); a run recorded in results/pilot (an earlier session's)
+is not run again. `--table` writes results/pilot/pilot.json and
 results/pilot/table.md from whatever runs have finished, with each run's small files copied beside them.
 
     .venv/bin/python benchmarks/pilot.py screen                # 2 seeds x every candidate, one worker
@@ -64,9 +65,21 @@ METRIC_NAMES = dict(final='final', last_mean2='mean of last 2', last_mean3='mean
 
 def run_dir(out:Path, recipe:str, seed:int) -> Path: return out / recipe / f'seed{seed}'
 
+def recorded(recipe:str, seed:int, dest:Path=ROOT / 'results' / 'pilot') -> dict|None:
+    """The committed record of a finished run (its small files under results/pilot/runs, or, for runs of sessions before
+    those were committed, its entry in results/pilot/pilot.json): `--out` lives outside the repository and does not
+    outlive a session, the record does."""
+    if (r := read_run(run_dir(dest / 'runs', recipe, seed))):
+        if (f := run_dir(dest / 'runs', recipe, seed) / 'live_eval.json').exists(): r['live_final'] = json.loads(f.read_text())['overall']
+        return r
+    f = dest / 'pilot.json'
+    rs = json.loads(f.read_text()).get('runs', {}).get(recipe, []) if f.exists() else []
+    return next((r for r in rs if r['seed'] == seed), None)
+
 def train(out:Path, recipe:str, seed:int) -> str:
     d = run_dir(out, recipe, seed)
     if (d / 'summary.json').exists(): return f'{d}: done'
+    if recorded(recipe, seed): return f'{recipe}/seed{seed}: done (recorded in results/pilot)'
     resume = ['--resume'] if list((d / 'checkpoints').glob('ckpt-*')) else []
     sets = [f'{k}={v}' for k, v in (CANDIDATES[recipe] | COMMON | dict(seed=seed)).items()]
     d.mkdir(parents=True, exist_ok=True)
@@ -154,10 +167,13 @@ def screen_choice(runs:dict) -> str|None:
 def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
     rows, runs = {}, {}
     for recipe in CANDIDATES:
-        rs = [r for s in CONFIRM_SEEDS if (r := read_run(run_dir(out, recipe, s)))]
+        rs = []
+        for s in CONFIRM_SEEDS:
+            if (r := read_run(run_dir(out, recipe, s))): r['live_final'] = live_eval(run_dir(out, recipe, s))
+            elif (r := recorded(recipe, s, dest)) is None: continue
+            rs.append(r)
         if not rs: continue
         runs[recipe] = rs
-        for r in rs: r['live_final'] = live_eval(run_dir(out, recipe, r['seed']))
         ema_gain = [r['final'] - r['live_final'] for r in rs if r['live_final'] is not None]
         finals = [r['final'] for r in rs]
         rows[recipe] = dict(seeds=[r['seed'] for r in rs], collapses=sum(r['collapse'] is not None for r in rs),
