@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 FIRST_SEED = dict(geneval=2000, score=3000)
 LEVEL, SPEED = 0.02, 0.01   # margins: held-out strict score points (level: at H; speed: the curve's mean over 0..H)
+CPU_HOURS = 12.0            # what the study may spend, on the machine that runs it (issue 38)
+SECONDARY_SEEDS = 3         # seeds of a task none of whose claims stays primary: reported, underpowered, said so
 CLAIMS = [  # one row per question; family primary (Holm over these) or secondary (reported as such)
     dict(id='D1', question='Does DenseGRPO end higher than Flow-GRPO on mini-GenEval?', arm='dense', other='flow_grpo', claim='level'),
     dict(id='T1', question='Does TP-GRPO end higher than Flow-GRPO on mini-GenEval?', arm='turning_point', other='flow_grpo', claim='level'),
@@ -33,15 +35,18 @@ CLAIMS = [  # one row per question; family primary (Holm over these) or secondar
     dict(id='D1v', question='Does DenseGRPO learn faster than Flow-GRPO (a higher held-out curve over 0..H)?', arm='dense', other='flow_grpo', claim='speed'),
     dict(id='T1v', question='Does TP-GRPO learn faster than Flow-GRPO (a higher held-out curve over 0..H)?', arm='turning_point', other='flow_grpo', claim='speed'),
     dict(id='S1v', question='Does Stepwise-Flow-GRPO learn faster than Flow-GRPO (a higher held-out curve over 0..H)?', arm='stepwise', other='flow_grpo', claim='speed'),
-    dict(id='D3', question="Does DenseGRPO's noise calibration help under a continuous reward (the learned score)?", arm='dense', other='dense_nocal',
-         claim='level', task='score', score='learned'),
-    dict(id='D2', question="Is DenseGRPO's per-step credit what helps (against Flow-GRPO trained on the same steps)?", arm='dense',
-         other='flow_grpo_train4', claim='level', family='secondary'),
-    dict(id='T2', question="Does TP-GRPO's turning-point rule help (against the same credit without it)?", arm='turning_point',
+    dict(id='D3', question="Does DenseGRPO's noise calibration help under a continuous reward (the learned score, the paper's setting)?",
+         arm='dense', other='dense_nocal', claim='level', task='score', score='learned'),
+    dict(id='D2', question="Does DenseGRPO's noise calibration help under the few-level reward?", arm='dense', other='dense_nocal',
+         claim='level', family='secondary'),
+    dict(id='T2', question="Does TP-GRPO's turning-point rule help (against the same ODE-completion credit without it)?", arm='turning_point',
          other='dense_nocal', claim='level', family='secondary'),
-    dict(id='S2', question="Is Stepwise's per-step credit what helps (against Flow-GRPO on its sampler)?", arm='stepwise',
+    dict(id='S2', question="Is Stepwise's per-step credit what helps (against Flow-GRPO's credit on Stepwise's sampler)?", arm='stepwise',
          other='flow_grpo_ddim', claim='level', family='secondary'),
 ]
+# Not in this study, for its CPU budget (each about 0.1-0.5 CPU-hours per seed more on an AVX2/AVX-512 CPU in fp32): TP-GRPO
+# without its sign constraint or its balancing, Stepwise's ODE values (stepwise_ode), Flow-GRPO at DenseGRPO's NFE
+# (flow_grpo_nfe), Flow-GRPO trained on the short window (flow_grpo_first4, flow_grpo_train4). The exploratory study ran them.
 
 def load_pilot(path:Path, recipe:str) -> dict:
     "The chosen recipe's row of the pilot table, refused in one sentence if it is missing or was not accepted."
@@ -85,40 +90,90 @@ def plan(recipe:str, pilot_path:Path=ROOT / 'results' / 'pilot' / 'pilot.json') 
         rows.append(r)
     return rows
 
-def toml_text(rows:list[dict], seeds:dict, recipe:str, alpha:float=0.05, power:float=0.8) -> str:
+def toml_text(rows:list[dict], seeds:dict, recipe:str, alpha:float=0.05, power:float=0.8, header:list|None=None) -> str:
     q = lambda v: json.dumps(v) if isinstance(v, (str, list)) else repr(v)
     lines = [f'# The confirmatory study\'s pre-registration, written by benchmarks/prereg.py --recipe {recipe} --write',
              f'# from results/pilot/pilot.json before any confirmatory run. Horizon, recipe and world: see the pilot table.',
+             *(f'# {h}' for h in header or ()),
              f'alpha = {alpha}', f'power = {power}', 'endpoints = ["collapses", "per_category", "cost"]', '', '[seeds]']
     lines += [f'{t} = {json.dumps(list(s))}' for t, s in seeds.items()]
     for r in rows:
         lines += ['', '[[claim]]'] + [f'{key} = {q(v)}' for key, v in r.items() if v is not None]
     return '\n'.join(lines) + '\n'
 
+def seed_cost(task:str, arms, timings:dict|None=None) -> float:
+    "Expected CPU seconds of one seed of `task` under the confirm budget: a run of each arm and the base evaluation (`design.run_cost`)."
+    from flowgrpo_nb.design import BUDGETS, TASKS, COSTS, arm_config, run_cost, eval_cost, unit_costs
+    b = BUDGETS['confirm']
+    fields = {**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'], 'eval_start': False,
+              'save_every': b['steps'], 'seed': FIRST_SEED[task], 'reward': TASKS[task]['reward']}
+    cfgs = [arm_config(a, **fields) for a in arms]
+    return sum(sum(run_cost(c, TASKS[task]['levels'], timings).values()) for c in cfgs) + \
+        eval_cost(cfgs[0].eval_images, cfgs[0].K, unit_costs(cfgs[0], timings)) + COSTS['run']
+
+def fit_budget(rows:list[dict], hours:float=CPU_HOURS, cost=seed_cost, secondary_seeds:int=SECONDARY_SEEDS) -> tuple[list, dict, list]:
+    """The rule that sizes the study to its budget, stated before the file is written: (1) the primary family's seeds at the
+    Holm level (`design.prereg_seeds`); while its arms x seeds cost more than `hours`, the primary claim asking the most seeds
+    (the later one on a tie) moves to the secondary family, with a note, and the family is sized again; (2) secondary claims
+    join in the listed order (the moved ones last) while the total stays within `hours` (a task no primary claim sizes runs `secondary_seeds`
+    seeds); the others are left out and listed. Returns (rows kept, seeds per task, left out)."""
+    from flowgrpo_nb.design import load_prereg, prereg_seeds
+    rows = [dict(r) for r in rows]
+    tmp = ROOT / 'design' / '.prereg_plan.toml'
+    tmp.parent.mkdir(exist_ok=True)
+    def sized(rs):
+        tmp.write_text(toml_text(rs, {}, 'plan'))
+        try: return prereg_seeds(load_prereg(tmp))
+        finally: tmp.unlink()
+    arms = lambda rs, t: list(dict.fromkeys(['flow_grpo'] + [a for r in rs if r['task'] == t for a in (r['arm'], r['other'])]))
+    while True:
+        p = sized(rows)
+        n = {t: k for t, k in p['task_seeds'].items() if k}
+        prim = [r for r in rows if r['family'] == 'primary']
+        spend = sum(cost(t, arms(prim, t)) * k for t, k in n.items())
+        if spend <= hours * 3600 and None not in p['task_seeds'].values(): break
+        need = {x['id']: (x['seeds'] if x['seeds'] is not None else 10 ** 9) for x in p['rows']}
+        worst = max(reversed(prim), key=lambda r: need[r['id']])
+        worst.update(family='secondary', note=f"moved to the secondary family: it asks {need[worst['id']]} seeds at the Holm level "
+                     f"alpha / {p['m']} = {p['level']:.4f}, which the study's {hours:g} CPU-hours do not buy")
+        if len(prim) == 1: sys.exit('prereg.py: no primary claim fits the budget: nothing to run')
+    kept, out = [r for r in rows if r['family'] == 'primary'], []
+    for r in sorted((r for r in rows if r['family'] == 'secondary'), key=lambda r: 'note' in r):  # the moved ones last: they asked most
+        trial = kept + [r]
+        seeds = n | {t: secondary_seeds for t in {x['task'] for x in trial} if t not in n}
+        total = sum(cost(t, arms(trial, t)) * k for t, k in seeds.items())
+        if total <= hours * 3600: kept.append(r)
+        else: out.append(r)
+    seeds = n | {t: secondary_seeds for t in {x['task'] for x in kept} if t not in n}
+    order = [r['id'] for r in rows]
+    return sorted(kept, key=lambda r: order.index(r['id'])), {t: list(range(FIRST_SEED[t], FIRST_SEED[t] + k)) for t, k in seeds.items()}, out
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--recipe', default='safe', help="the pilot's chosen recipe (a row of results/pilot/pilot.json)")
+    ap.add_argument('--recipe', default='safe_nokl', help="the pilot's chosen recipe (a row of results/pilot/pilot.json)")
     ap.add_argument('--pilot', default=str(ROOT / 'results' / 'pilot' / 'pilot.json'))
     ap.add_argument('--write', action='store_true', help='write design/confirm_prereg.toml (refused if it exists)')
     a = ap.parse_args(argv)
-    from flowgrpo_nb.design import PREREG, load_prereg, prereg_seeds
-    rows = plan(a.recipe, Path(a.pilot))
-    tmp = ROOT / 'design' / '.prereg_plan.toml'
-    tmp.parent.mkdir(exist_ok=True)
-    tmp.write_text(toml_text(rows, {}, a.recipe))
-    try: p = prereg_seeds(load_prereg(tmp))
-    finally: tmp.unlink()
-    seeds = {t: list(range(FIRST_SEED[t], FIRST_SEED[t] + n)) for t, n in p['task_seeds'].items() if n}
-    print(f"primary family: {p['m']} claims, Holm's planning level alpha / m = {p['level']:.4f} (one-sided), power 0.8")
-    print('| id | task | metric | margin | planning SD | seeds | SD from |\n|---|---|---|---|---|---|---|')
+    import platform, torch
+    from flowgrpo_nb.design import PREREG, load_prereg, prereg_seeds, holm_level
+    from flowgrpo_nb.precision import cpu_name
+    rows, seeds, out = fit_budget(plan(a.recipe, Path(a.pilot)))
+    arms = {t: list(dict.fromkeys(['flow_grpo'] + [x for r in rows if r['task'] == t for x in (r['arm'], r['other'])])) for t in seeds}
+    hours = {t: seed_cost(t, arms[t]) * len(s) / 3600 for t, s in seeds.items()}
+    m = sum(r['family'] == 'primary' for r in rows)
+    cpu = f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}"
+    header = [f"Sized on {cpu}: expected " + ', '.join(f'{t} {h:.1f}' for t, h in hours.items()) + f" CPU-hours (of {CPU_HOURS:g}), fp32 eager.",
+              'Left out for the budget: ' + (', '.join(r['id'] for r in out) if out else 'nothing') + '.']
+    print(f"primary family: {m} claims, Holm's planning level alpha / m = {holm_level(0.05, m):.4f} (one-sided), power 0.8")
+    print('| id | family | task | metric | margin | planning SD | SD from | note |\n|---|---|---|---|---|---|---|---|')
     for r in rows:
-        s = next((x['seeds'] for x in p['rows'] if x['id'] == r['id']), None)
-        print(f"| {r['id']} | {r['task']} | {r['metric']}{r.get('k') or ''} | {r['margin']} | {r['sd']} | {s if s else 'secondary'} | {r['sd_from']} |")
-    print('seeds per task: ' + ', '.join(f'{t}: {len(s)} ({s[0]}..{s[-1]})' for t, s in seeds.items()))
+        print(f"| {r['id']} | {r['family']} | {r['task']} | {r['metric']}{r.get('k') or ''} | {r['margin']} | {r['sd']} | {r['sd_from']} | {r.get('note') or ''} |")
+    print('seeds per task: ' + ', '.join(f'{t}: {len(s)} ({s[0]}..{s[-1]}), arms {" ".join(arms[t])}' for t, s in seeds.items()))
+    print('\n'.join(header))
     if a.write:
         dest = ROOT / PREREG
         if dest.exists(): sys.exit(f'prereg.py: {dest} exists: a pre-registration is written once (delete it by hand to redo it before any run)')
-        dest.write_text(toml_text(rows, seeds, a.recipe)); load_prereg(dest)
+        dest.write_text(toml_text(rows, seeds, a.recipe, header=header)); load_prereg(dest)
         print(f'wrote {dest}')
 
 if __name__ == '__main__': main()

@@ -27,7 +27,7 @@ from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from .config import GRPOConfig, config_diff, parse_overrides, run_config
 from .checkpoint import RunFolder, FolderLock, read_json, write_json
 from .train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
-from .design import ARMS, TASKS, BUDGETS, COSTS, LIMIT, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
+from .design import ARMS, TASKS, BUDGETS, budget_of, COSTS, LIMIT, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
 from .precision import machine_paths, resolve_fast, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
 from .summary import task_section, correct, evaluate_contrasts, add_fidelity, FAMILIES
@@ -241,7 +241,7 @@ def code_version() -> dict:
 # %% ../nbs/06h_compare.ipynb #65027b91
 def command_line(ccfg:CompareConfig, out) -> str:
     "The `flowgrpo compare` command that runs `ccfg` into `out`."
-    b, parts = BUDGETS[ccfg.budget], ['flowgrpo compare', f'--budget {ccfg.budget}', f'--out {out}']
+    b, parts = budget_of(ccfg.budget), ['flowgrpo compare', f'--budget {ccfg.budget}', f'--out {out}']
     if ccfg.seeds != CompareConfig(ccfg.budget).seeds: parts.append('--seeds ' + ' '.join(map(str, ccfg.all_seeds)))
     if ccfg.tasks != tuple(b['arms']): parts.append('--tasks ' + ' '.join(ccfg.tasks))
     if ccfg.arms: parts.append('--arms ' + ' '.join(ccfg.arms))
@@ -376,7 +376,7 @@ def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:boo
                                    list(ccfg.task_arms(t)),
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
     correct(sections)
-    report = Report(format=FORMAT, config=asdict(ccfg), budget=BUDGETS[ccfg.budget], setup=setup(ccfg, tasks, out),
+    report = Report(format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget), setup=setup(ccfg, tasks, out),
                     tasks=sections, findings=[], contrasts=evaluate_contrasts(sections))
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys
@@ -419,7 +419,7 @@ def _estimate_line(e:dict) -> str:
 
 @call_parse
 def compare_cli(out:str='runs/compare',   # run folder of the comparison
-                budget:str='default',     # smoke (checks the job runs), default (the README's results) or study (the papers' claims)
+                budget:str='default',     # smoke (checks the job runs), default (the README's results), study (the exploratory study) or confirm (the pre-registered one)
                 seeds:Annotated[int, "seeds (default: the budget's)", dict(nargs='+')]=None,
                 tasks:Annotated[str, "tasks (space- or comma-separated): geneval (mini-GenEval partial credit), score (the learned score); default: the budget's", dict(nargs='+')]=None,
                 arms:Annotated[str, "arms run in every task, space- or comma-separated (default: the budget's; flowgrpo_nb.design.ARMS)", dict(nargs='+')]=None,

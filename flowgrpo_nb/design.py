@@ -7,9 +7,9 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/design.html.md"""
 # %% auto #0
 __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'EXPLORATORY', 'DEFAULT_ARMS', 'STUDY_ARMS', 'BUDGETS', 'SMOKE', 'AT_UNITS', 'CONTRASTS',
            'METRICS', 'ENDPOINTS', 'PREREG', 'COSTS', 'REFERENCE', 'UNIT_ROWS', 'ZERO_SHARE', 'LIMIT', 'Arm',
-           'arm_config', 'arm_settings', 'CompareConfig', 'Contrast', 'contrast_label', 'Claim', 'Prereg',
-           'load_prereg', 'prereg_seeds', 'path_seconds', 'run_path', 'unit_costs', 'step_cost', 'eval_cost', 'n_evals',
-           'run_cost', 'job_costs', 'schedule', 'estimate_cost']
+           'arm_config', 'arm_settings', 'prereg_file', 'budget_of', 'CompareConfig', 'Contrast', 'contrast_label',
+           'Claim', 'Prereg', 'load_prereg', 'prereg_seeds', 'prereg_arms', 'path_seconds', 'run_path', 'unit_costs',
+           'step_cost', 'eval_cost', 'n_evals', 'run_cost', 'job_costs', 'schedule', 'estimate_cost']
 
 # %% ../nbs/06b_design.ipynb #c862115e
 import math
@@ -111,10 +111,29 @@ BUDGETS = {
     'default': dict(seeds=(0, 1, 2, 3, 4), steps=16, eval_every=8, eval_images=240, arms=DEFAULT_ARMS, train=_TRAIN),
     'study':   dict(seeds=dict(geneval=tuple(range(8)), score=tuple(range(5))), steps=150, eval_every=25, eval_images=1200,
                     arms=STUDY_ARMS, train=EXPLORATORY),
+    'confirm': dict(seeds='prereg', steps=100, eval_every=25, eval_images=1200, arms='prereg',  # seeds and arms: the pre-registration's
+                    train=_TRAIN | dict(fast=False)),  # fp32 eager on every CPU: a run is one computation wherever it is retrained
 }
 SMOKE = dict(BUDGETS['smoke']['train'], **{k: BUDGETS['smoke'][k] for k in ('steps', 'eval_every', 'eval_images')})  # its sizes as overrides
 
 # %% ../nbs/06b_design.ipynb #511f4bce
+def prereg_file():
+    "Where the pre-registration lives: `PREREG` in the checkout this package was installed from."
+    import flowgrpo_nb
+    from pathlib import Path
+    return Path(flowgrpo_nb.__file__).resolve().parent.parent / PREREG
+
+def budget_of(name:str) -> dict:
+    "Budget `name` of `BUDGETS`, its seeds and arms read from the pre-registration where it says 'prereg' (the confirmatory study's)."
+    b = BUDGETS[name]
+    if b['seeds'] != 'prereg': return b
+    f = prereg_file()
+    if not f.exists(): raise ValueError(f"budget {name!r} runs the seeds and arms of the pre-registration {f}, which does not exist: "
+                                        "write it with benchmarks/prereg.py --write in the repository's checkout")
+    pre = load_prereg(f)
+    if not pre.seeds: raise ValueError(f"{f}: no [seeds]: budget {name!r} runs the seeds the pre-registration fixes")
+    return b | dict(seeds={t: tuple(s) for t, s in pre.seeds.items()}, arms=prereg_arms(pre))
+
 @dataclass
 class CompareConfig:
     "What `compare` runs: a budget, and other seeds, tasks or arms than the budget's if given."
@@ -126,7 +145,7 @@ class CompareConfig:
     fidelity:str|None=None       # a fidelity.json (flowgrpo fidelity): the report draws each arm's credit fidelity against its gain
     def __post_init__(self):
         if self.budget not in BUDGETS: bad_field(self, 'budget', self.budget, ', '.join(BUDGETS))
-        b = BUDGETS[self.budget]
+        b = budget_of(self.budget)
         s = b['seeds'] if self.seeds is None else self.seeds
         self.seeds = {t: tuple(v) for t, v in s.items()} if isinstance(s, dict) else tuple(s)
         self.tasks = tuple(b['arms'] if self.tasks is None else self.tasks)
@@ -139,10 +158,10 @@ class CompareConfig:
     def all_seeds(self) -> tuple: return tuple(sorted({s for t in self.tasks for s in self.task_seeds(t)}))
     def task_arms(self, task:str) -> tuple:
         "The arms run in `task`."
-        return self.arms or BUDGETS[self.budget]['arms'][task]
+        return self.arms or budget_of(self.budget)['arms'][task]
     def train_config(self, arm:str, seed:int, task:str|None=None) -> GRPOConfig:
         "The `GRPOConfig` of `arm` in `task` (default: the first) under this budget."
-        b = BUDGETS[self.budget]
+        b = budget_of(self.budget)
         fields = {**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
                   'eval_start': False, 'save_every': b['steps'], 'seed': seed, 'reward': TASKS[task or self.tasks[0]]['reward']}
         return arm_config(arm, **fields, overrides=self.overrides)
@@ -238,6 +257,7 @@ class Claim:
     target:float|None=None        # steps_to: a number fixed here, never a reference arm's own score
     sd:float|None=None            # the paired SD of this metric the seeds are planned with
     sd_from:str|None=None         # where that SD was measured (the pilot, the exploratory study)
+    note:str|None=None            # why the row is where it is (e.g. moved to the secondary family: the seeds it asks)
     @property
     def contrast(self) -> tuple: return tuple(sorted((self.arm, self.other))), self.task, self.metric, self.score
 
@@ -289,7 +309,7 @@ def load_prereg(path) -> Prereg:
     for i, row in enumerate(d.get('claim', [])):
         where = f"claim {i + 1} ({row.get('id', 'no id')})"
         if not isinstance(row, dict) or set(row) - set(names) or {'id', 'question', 'arm', 'other', 'task', 'claim', 'metric', 'test', 'margin'} - set(row):
-            raise bad(f"{where} has fields {sorted(row)}: required id, question, arm, other, task, claim, metric, test, margin; optional family, score, k, target, sd, sd_from")
+            raise bad(f"{where} has fields {sorted(row)}: required id, question, arm, other, task, claim, metric, test, margin; optional family, score, k, target, sd, sd_from, note")
         c = Claim(**row)
         if why := _claim_problem(c): raise bad(f"{where}: {why}")
         if c.id in {x.id for x in claims}: raise bad(f"{where} repeats the id {c.id!r}")
@@ -297,6 +317,7 @@ def load_prereg(path) -> Prereg:
             j, o = seen[c.contrast]
             raise bad(f"{where} repeats the contrast of claim {j + 1} ({o.id}): {c.arm} vs {c.other} in {c.task} on {c.metric} of the {c.score} "
                       "score; one row per question")
+        if d.get('seeds') and c.task not in d['seeds']: raise bad(f"{where}: task {c.task!r} has no seeds in [seeds]")
         seen[c.contrast] = (i, c); claims.append(c)
     if not any(c.family == 'primary' for c in claims): raise bad("no primary claim: the primary family is what the study is sized for")
     return Prereg(str(path), alpha, power, claims, tuple(d.get('endpoints', ())), d.get('seeds'))
@@ -313,6 +334,10 @@ def prereg_seeds(pre:Prereg, sds:dict|None=None) -> dict:
     per_task = {}
     for r in rows: per_task.setdefault(r['task'], []).append(r['seeds'])
     return dict(m=len(prim), level=level, rows=rows, task_seeds={t: None if None in v else max(v) for t, v in per_task.items()})
+
+def prereg_arms(pre:Prereg) -> dict:
+    "{task: arms}: Flow-GRPO (the reference every report reads) and every arm a claim of the task names, in the file's order."
+    return {t: tuple(dict.fromkeys(['flow_grpo'] + [a for c in pre.claims if c.task == t for a in (c.arm, c.other)])) for t in pre.seeds or {}}
 
 # %% ../nbs/06b_design.ipynb #6d4b3a70
 COSTS = dict(run=3.0, worker=10.0, report=30.0)  # fixed CPU s: per run, per worker, once

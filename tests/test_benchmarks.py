@@ -108,3 +108,21 @@ def test_prereg_plan_from_a_pilot_table(tmp_path):
     assert plan['m'] == m and plan['level'] == holm_level(0.05, m)
     assert next(r for r in plan['rows'] if r['id'] == 'D1')['seeds'] == seeds_for('superiority', .02, prereg.LEVEL, holm_level(0.05, m))
     with pytest.raises(SystemExit, match='not in'): prereg.plan('fast', pilot)
+
+def test_prereg_fits_the_study_to_its_budget():
+    """The budget rule: the primary claim asking most seeds moves to the secondary family until the primary arms x seeds fit;
+    secondary claims join in order (moved ones last) while the total fits; hand-checked on unit costs."""
+    sys.path.insert(0, str(ROOT/'benchmarks'))
+    import prereg
+    from flowgrpo_nb.design import seeds_for, holm_level
+    row = lambda id, arm, other, sd, task='geneval', family='primary': dict(
+        id=id, question='?', arm=arm, other=other, claim='level', task=task, test='superiority', family=family, metric='final', margin=.02, sd=sd)
+    rows = [row('A', 'dense', 'flow_grpo', .02), row('B', 'stepwise', 'flow_grpo', .02), row('C', 'dense', 'dense_nocal', .2, 'score'),
+            row('X', 'turning_point', 'dense_nocal', .02, family='secondary'), row('Y', 'flow_grpo_ddim', 'stepwise', .02, family='secondary')]
+    cost = lambda task, arms: 3600.0 * len(arms)  # one CPU-hour per arm and seed
+    n2 = seeds_for('superiority', .02, .02, holm_level(0.05, 2))   # A and B once C has moved
+    kept, seeds, out = prereg.fit_budget(rows, hours=3 * n2 + 1 * n2, cost=cost, secondary_seeds=2)
+    c = next(r for r in kept + out if r['id'] == 'C')
+    assert c['family'] == 'secondary' and 'asks' in c['note'], 'C asks the most seeds: moved'
+    assert seeds == {'geneval': list(range(2000, 2000 + n2))}, 'the primary family sized at alpha / 2'
+    assert [r['id'] for r in kept] == ['A', 'B', 'Y'] and [r['id'] for r in out] == ['X', 'C'], 'X needs two more arms, Y one'

@@ -54,3 +54,19 @@ def test_the_study_verdicts_agree_with_their_power():
     assert all(power_agreement(dataclasses.asdict(c), c.family_size) == [] for c in restated)
     old = next(c for c in study.contrasts if c.id == 'D1')  # as written: two-sided at 5%, which the verdicts never used
     assert power_agreement(dataclasses.asdict(dataclasses.replace(old, level=0.05, family_size=21)), 21)
+
+def test_the_confirm_budget_runs_the_prereg_seeds_and_arms(tmp_path, monkeypatch):
+    "Budget confirm takes its seeds and arms from the pre-registration file; without the file, one sentence that names it."
+    from flowgrpo_nb import design
+    from flowgrpo_nb.design import CompareConfig, budget_of
+    p = tmp_path/'confirm_prereg.toml'
+    monkeypatch.setattr(design, 'prereg_file', lambda: p)
+    with pytest.raises(ValueError, match=f"budget 'confirm' runs the seeds and arms of the pre-registration {p}, which does not exist"):
+        CompareConfig('confirm')
+    p.write_text('[seeds]\ngeneval = [2000, 2001, 2002]\n\n' + row('D1', arm='dense', sd=0.03) + row('T2', arm='turning_point', other='dense_nocal', family='secondary'))
+    c = CompareConfig('confirm')
+    assert c.tasks == ('geneval',) and c.task_seeds('geneval') == (2000, 2001, 2002)
+    assert c.task_arms('geneval') == ('flow_grpo', 'dense', 'turning_point', 'dense_nocal'), 'the reference first, then the claims\' arms'
+    assert c.train_config('dense', 2000).steps == budget_of('confirm')['steps'] and not c.train_config('dense', 2000).fast
+    p.write_text('[seeds]\ngeneval = [2000]\n\n' + row('D3', other='dense_nocal').replace('"geneval"', '"score"'))
+    with pytest.raises(ValueError, match=r"claim 1 \(D3\): task 'score' has no seeds in \[seeds\]"): load_prereg(p)
