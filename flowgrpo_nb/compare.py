@@ -27,10 +27,10 @@ from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from .config import GRPOConfig, config_diff, parse_overrides, run_config
 from .checkpoint import RunFolder, FolderLock, read_json, write_json
 from .train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
-from .design import ARMS, TASKS, BUDGETS, budget_of, COSTS, LIMIT, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
+from .design import ARMS, TASKS, BUDGETS, budget_of, load_prereg, prereg_file, COSTS, LIMIT, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
 from .precision import machine_paths, resolve_fast, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
-from .summary import task_section, correct, evaluate_contrasts, add_fidelity, FAMILIES
+from .summary import task_section, correct, evaluate_contrasts, evaluate_claims, add_fidelity, FAMILIES
 from .figures import report_figures
 from .report import findings, report_html, results_rows, markdown_table, claims_rows
 
@@ -377,7 +377,8 @@ def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:boo
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
     correct(sections)
     report = Report(format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget), setup=setup(ccfg, tasks, out),
-                    tasks=sections, findings=[], contrasts=evaluate_contrasts(sections))
+                    tasks=sections, findings=[], contrasts=evaluate_claims(sections, load_prereg(prereg_file())) if BUDGETS[ccfg.budget]['seeds'] == 'prereg'
+                    else evaluate_contrasts(sections))  # a pre-registered study judges its own rows
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys
     report.findings = findings(report)

@@ -297,6 +297,7 @@ class ContrastResult(Record):
     family_size:int|None=None    # m: the claims that ran, one Holm family
     lower:float|None=None        # superiority: the one-sided lower bound of the effect at `level`
     clears:bool|None=None        # superiority: the claim holds and `lower` clears the claimed size (the margin)
+    family:str|None=None         # a pre-registered claim's family: primary (Holm over these) or secondary (apart); None: the study's table
 
 # %% ../nbs/06d_results.ipynb #29c11a28
 FORMAT = 3       # the version of report.json this code writes

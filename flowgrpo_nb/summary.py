@@ -11,15 +11,15 @@ import numpy as np
 from .policy import PHASES
 import dataclasses
 from .stats import kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, claim_power, lower_bound
-from .design import ARMS, TASKS, METRICS, Contrast, CONTRASTS, Claim, arm_config, arm_settings
+from .design import ARMS, TASKS, METRICS, Contrast, CONTRASTS, Claim, Prereg, arm_config, arm_settings
 from .results import FIDELITY_MEASURES, agg, CurvePoint, RunResult, ArmSummary, Comparison, TaskSection, ContrastResult, Report, FORMAT, fake_run
 
 # %% auto #0
 __all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'last_mean', 'steps_to', 'first_reach',
            'study_measures', 'plateau', 'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary',
            'window_match', 'task_comparisons', 'correct', 'base_summary', 'task_section', 'contrast_values',
-           'run_metric', 'claim_diffs', 'power_fields', 'with_power', 'evaluate_contrasts', 'fake_report',
-           'add_fidelity', 'fidelity_gain']
+           'run_metric', 'claim_diffs', 'power_fields', 'with_power', 'evaluate_contrasts', 'evaluate_claims',
+           'fake_report', 'add_fidelity', 'fidelity_gain']
 
 # %% ../nbs/06e_summary.ipynb #4232d228
 def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -> float|None:
@@ -323,6 +323,25 @@ def evaluate_contrasts(tasks:dict[str, TaskSection], contrasts=CONTRASTS) -> lis
         out.append(r)
     for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows])): r.verdict, r.p_holm = v['verdict'], v['p_holm']
     return with_power(out)
+
+# %% ../nbs/06e_summary.ipynb #43814489
+def evaluate_claims(tasks:dict[str, TaskSection], pre:Prereg) -> list[ContrastResult]:
+    "Every pre-registered claim's paired differences on its metric, its test, verdict and power; Holm over the primary family, the secondary apart."
+    out = {}
+    for fam in ('primary', 'secondary'):
+        rows = []
+        for c in (c for c in pre.claims if c.family == fam):
+            r = ContrastResult(c.id, c.question, c.arm, c.other, c.task, f"{c.metric}{c.k or ''} of the {c.score} score", c.test, c.margin, family=fam)
+            d = claim_diffs(tasks[c.task], c) if c.task in tasks else []
+            if len(d) > 1:
+                p, tests = paired(d, np.zeros(len(d))), claim_tests(np.asarray(d), c.margin, c.test)
+                r.n, r.mean, r.sd, r.ci, r.diffs, r.p = p['n'], p['mean'], p['sd'], p['ci'], p['diffs'], tests['holds']
+                rows.append((r, dict(kind=c.test, mean=p['mean'], tests=tests)))
+            out[c.id] = r
+        for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows], pre.alpha)):
+            r.verdict, r.p_holm = v['verdict'], v['p_holm']
+            for k, x in power_fields(r, len(rows), pre.alpha).items(): setattr(r, k, x)
+    return [out[c.id] for c in pre.claims]
 
 # %% ../nbs/06e_summary.ipynb #8ae74aad
 def fake_report(finals:dict,             # {arm: its mean final held-out strict score}

@@ -324,3 +324,17 @@ def test_a_report_json_that_is_not_an_object_is_one_sentence(task, tmp_path):
     assert earlier_invocations(tmp_path) == [dict(wall_seconds=5, runs_trained=0)]
     (tmp_path/'invocations.jsonl').write_text('[1]\n{"id": "a", "wall_seconds": 2}\n')  # a line that is not an object is skipped
     assert read_invocations(tmp_path) == [dict(wall_seconds=2, runs_trained=None, id='a')]
+
+def test_the_confirm_budget_at_smoke_sizes(tmp_path):
+    """The pre-registered study end to end at smoke sizes over two seeds: every arm its file names trains, and every claim of
+    the file gets a verdict, an effect with its interval, and an MDE at the Holm level of its own family."""
+    from flowgrpo_nb.design import load_prereg, prereg_file
+    pre = load_prereg(prereg_file())
+    ccfg = CompareConfig('confirm', seeds=(0, 1), overrides=SMOKE)
+    report = compare(tmp_path, ccfg, progress=False, png=False)
+    assert set(report.tasks['geneval'].arms) == {a for c in pre.claims for a in (c.arm, c.other)} | {'flow_grpo'}
+    assert [c.id for c in report.contrasts] == [c.id for c in pre.claims]
+    for c in report.contrasts:
+        assert c.n == 2 and c.verdict != 'not run' and c.ci and c.mde is not None and c.family in ('primary', 'secondary'), c
+    assert {c.family_size for c in report.contrasts if c.family == 'primary'} == {len(pre.primary)}
+    assert pre.claims[0].question in (tmp_path/'report.html').read_text()
