@@ -22,6 +22,9 @@ from fastcore.script import call_parse
 
 from flowgrpo_nb.design import ARMS
 from flowgrpo_nb.compare import usable_cores
+from flowgrpo_nb.config import GRPOConfig
+
+UPDATES = GRPOConfig().updates_per_rollout  # optimizer steps per rollout batch: each takes a whole minibatch of its share
 
 MODES = {'before': ['--workers', '1', '--threads', str(usable_cores()), '--set', 'skip_zero_adv=False', 'diag_every=0', 'fast=false'],
          'eager': ['--set', 'fast=false'], 'fast': ['--set', 'fast=true'], 'now': ['--set'], 'old': ['--set']}
@@ -29,7 +32,7 @@ MODES = {'before': ['--workers', '1', '--threads', str(usable_cores()), '--set',
 def run_job(mode:str, out:Path, arms:list, task:str, steps:int, batch:tuple, budget:str='default', old:str|None=None) -> dict:
     "Wall and CPU seconds (this job's processes) of one `flowgrpo compare` run; per arm its held-out score and skipped share."
     p, g = batch
-    args = MODES[mode] + [f'steps={steps}', f'eval_every={steps}', f'prompts_per_step={p}', f'group_size={g}', f'minibatch={p * g}']
+    args = MODES[mode] + [f'steps={steps}', f'eval_every={steps}', f'prompts_per_step={p}', f'group_size={g}', f'minibatch={p * g // UPDATES}']
     cmd = [sys.executable, '-m', 'flowgrpo_nb.cli', 'compare', '--out', str(out), '--budget', budget, '--seeds', '0', '--tasks', task,
            '--arms', *arms, '--no-png', *args]
     env = {**os.environ, 'PYTHONPATH': old} if mode == 'old' else None
