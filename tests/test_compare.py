@@ -335,6 +335,8 @@ def test_the_confirm_budget_at_smoke_sizes(tmp_path):
     assert set(report.tasks['geneval'].arms) == {a for c in pre.claims for a in (c.arm, c.other)} | {'flow_grpo'}
     assert [c.id for c in report.contrasts] == [c.id for c in pre.claims]
     for c in report.contrasts:
-        assert c.n == 2 and c.verdict != 'not run' and c.ci and c.mde is not None and c.family in ('primary', 'secondary'), c
+        assert c.n == 2 and c.verdict != 'not run' and c.ci and c.family in ('primary', 'secondary'), c
+        assert c.mde is not None or not c.sd, c  # at 2 steps two arms can score alike on both seeds: no spread, no MDE to state
+    assert any(c.mde is not None for c in report.contrasts)
     assert {c.family_size for c in report.contrasts if c.family == 'primary'} == {len(pre.primary)}
     assert pre.claims[0].question in (tmp_path/'report.html').read_text()
