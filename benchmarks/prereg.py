@@ -103,13 +103,15 @@ def toml_text(rows:list[dict], seeds:dict, recipe:str, alpha:float=0.05, power:f
 
 def seed_cost(task:str, arms, timings:dict|None=None) -> float:
     "Expected CPU seconds of one seed of `task` under the confirm budget: a run of each arm and the base evaluation (`design.run_cost`)."
-    from flowgrpo_nb.design import BUDGETS, TASKS, COSTS, arm_config, run_cost, eval_cost, unit_costs
-    b = BUDGETS['confirm']
-    fields = {**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'], 'eval_start': False,
-              'save_every': b['steps'], 'seed': FIRST_SEED[task], 'reward': TASKS[task]['reward']}
+    from flowgrpo_nb.design import BUDGETS, TASKS, COSTS, arm_config, budget_fields, run_cost, eval_cost, unit_costs
+    fields = budget_fields(BUDGETS['confirm'], FIRST_SEED[task], task)
     cfgs = [arm_config(a, **fields) for a in arms]
     return sum(sum(run_cost(c, TASKS[task]['levels'], timings).values()) for c in cfgs) + \
         eval_cost(cfgs[0].eval_images, cfgs[0].K, unit_costs(cfgs[0], timings)) + COSTS['run']
+
+def arms(rows:list[dict], task:str) -> list:
+    "The arms a set of claim rows runs in `task`: Flow-GRPO, then each row's two, in order (as `design.prereg_arms` reads the file)."
+    return list(dict.fromkeys(['flow_grpo'] + [a for r in rows if r['task'] == task for a in (r['arm'], r['other'])]))
 
 def fit_budget(rows:list[dict], hours:float=CPU_HOURS, cost=seed_cost, secondary_seeds:int=SECONDARY_SEEDS) -> tuple[list, dict, list]:
     """The rule that sizes the study to its budget, stated before the file is written: (1) the primary family's seeds at the
@@ -125,7 +127,6 @@ def fit_budget(rows:list[dict], hours:float=CPU_HOURS, cost=seed_cost, secondary
         tmp.write_text(toml_text(rs, {}, 'plan'))
         try: return prereg_seeds(load_prereg(tmp))
         finally: tmp.unlink()
-    arms = lambda rs, t: list(dict.fromkeys(['flow_grpo'] + [a for r in rs if r['task'] == t for a in (r['arm'], r['other'])]))
     while True:
         p = sized(rows)
         n = {t: k for t, k in p['task_seeds'].items() if k}
@@ -158,8 +159,8 @@ def main(argv=None):
     from flowgrpo_nb.design import PREREG, load_prereg, prereg_seeds, holm_level
     from flowgrpo_nb.precision import cpu_name
     rows, seeds, out = fit_budget(plan(a.recipe, Path(a.pilot)))
-    arms = {t: list(dict.fromkeys(['flow_grpo'] + [x for r in rows if r['task'] == t for x in (r['arm'], r['other'])])) for t in seeds}
-    hours = {t: seed_cost(t, arms[t]) * len(s) / 3600 for t, s in seeds.items()}
+    task_arms = {t: arms(rows, t) for t in seeds}
+    hours = {t: seed_cost(t, task_arms[t]) * len(s) / 3600 for t, s in seeds.items()}
     m = sum(r['family'] == 'primary' for r in rows)
     cpu = f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}"
     header = [f"Sized on {cpu}: expected " + ', '.join(f'{t} {h:.1f}' for t, h in hours.items()) + f" CPU-hours (of {CPU_HOURS:g}), fp32 eager.",
@@ -168,7 +169,7 @@ def main(argv=None):
     print('| id | family | task | metric | margin | planning SD | SD from | note |\n|---|---|---|---|---|---|---|---|')
     for r in rows:
         print(f"| {r['id']} | {r['family']} | {r['task']} | {r['metric']}{r.get('k') or ''} | {r['margin']} | {r['sd']} | {r['sd_from']} | {r.get('note') or ''} |")
-    print('seeds per task: ' + ', '.join(f'{t}: {len(s)} ({s[0]}..{s[-1]}), arms {" ".join(arms[t])}' for t, s in seeds.items()))
+    print('seeds per task: ' + ', '.join(f'{t}: {len(s)} ({s[0]}..{s[-1]}), arms {" ".join(task_arms[t])}' for t, s in seeds.items()))
     print('\n'.join(header))
     if a.write:
         dest = ROOT / PREREG

@@ -7,9 +7,10 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/design.html.md"""
 # %% auto #0
 __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'EXPLORATORY', 'DEFAULT_ARMS', 'STUDY_ARMS', 'BUDGETS', 'SMOKE', 'AT_UNITS', 'CONTRASTS',
            'METRICS', 'ENDPOINTS', 'PREREG', 'COSTS', 'REFERENCE', 'UNIT_ROWS', 'ZERO_SHARE', 'LIMIT', 'Arm',
-           'arm_config', 'arm_settings', 'prereg_file', 'budget_of', 'CompareConfig', 'Contrast', 'contrast_label',
-           'Claim', 'Prereg', 'load_prereg', 'prereg_seeds', 'prereg_arms', 'path_seconds', 'run_path', 'unit_costs',
-           'step_cost', 'eval_cost', 'n_evals', 'run_cost', 'job_costs', 'schedule', 'estimate_cost']
+           'arm_config', 'arm_settings', 'prereg_file', 'budget_of', 'budget_fields', 'CompareConfig', 'Contrast',
+           'contrast_label', 'Claim', 'Prereg', 'load_prereg', 'prereg_seeds', 'prereg_arms', 'path_seconds',
+           'run_path', 'unit_costs', 'step_cost', 'eval_cost', 'n_evals', 'run_cost', 'job_costs', 'schedule',
+           'estimate_cost']
 
 # %% ../nbs/06b_design.ipynb #c862115e
 import math
@@ -134,6 +135,11 @@ def budget_of(name:str) -> dict:
     if not pre.seeds: raise ValueError(f"{f}: no [seeds]: budget {name!r} runs the seeds the pre-registration fixes")
     return b | dict(seeds={t: tuple(s) for t, s in pre.seeds.items()}, arms=prereg_arms(pre))
 
+def budget_fields(b:dict, seed:int, task:str) -> dict:
+    "The `GRPOConfig` fields budget `b` gives every run of `seed` in `task` (seeds and arms aside: `budget_of` reads those)."
+    return {**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
+            'eval_start': False, 'save_every': b['steps'], 'seed': seed, 'reward': TASKS[task]['reward']}
+
 @dataclass
 class CompareConfig:
     "What `compare` runs: a budget, and other seeds, tasks or arms than the budget's if given."
@@ -161,10 +167,7 @@ class CompareConfig:
         return self.arms or budget_of(self.budget)['arms'][task]
     def train_config(self, arm:str, seed:int, task:str|None=None) -> GRPOConfig:
         "The `GRPOConfig` of `arm` in `task` (default: the first) under this budget."
-        b = budget_of(self.budget)
-        fields = {**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
-                  'eval_start': False, 'save_every': b['steps'], 'seed': seed, 'reward': TASKS[task or self.tasks[0]]['reward']}
-        return arm_config(arm, **fields, overrides=self.overrides)
+        return arm_config(arm, **budget_fields(BUDGETS[self.budget], seed, task or self.tasks[0]), overrides=self.overrides)
 
 # %% ../nbs/06b_design.ipynb #bc5c6093
 def _check_compare(c:CompareConfig):
