@@ -265,6 +265,26 @@ def test_cli(capsys):
     assert capsys.readouterr().out.startswith(f"estimated {e['core_seconds']:.0f} core-seconds (4 runs, 6 jobs)")
     assert len(job_costs(CompareConfig())) == 5 * (6 + 5) + 5  # the default: 55 runs and one base evaluation per seed
 
+def test_the_default_job_runs_the_seeds_that_fit(capsys, tmp_path, monkeypatch):
+    "On a machine too slow for all five seeds in 30 minutes (an AVX2 CPU's committed probe), `flowgrpo compare` runs the first seeds that fit and says so; given seeds run as given."
+    from flowgrpo_nb import precision
+    from flowgrpo_nb.design import LIMIT
+    probe = json.loads((Path(flowgrpo_nb.__file__).parent.parent/'results/machines/amd-epyc-avx2.json').read_text())['probe_ms_per_row']
+    slow = {p: {k: None if v is None else v / 1000 for k, v in r.items()} for p, r in probe.items()}
+    key = precision.machine_key()
+    monkeypatch.setitem(precision._MEMO, json.dumps(key, sort_keys=True), dict(key=key, timings=slow, fast=False, why='an AVX2 probe'))
+    compare_cli.__wrapped__(out=str(tmp_path/'c'), estimate=True)
+    line, est = capsys.readouterr().out.splitlines()[:2]
+    fit = tuple(int(s) for s in line.split('running seeds ')[1].split(' (')[0].split())
+    assert line.startswith("the default job's 5 seeds would take") and line.endswith('--seeds 0 1 2 3 4 runs every one')
+    assert 2 <= len(fit) < 5 and fit == tuple(range(len(fit)))
+    e = estimate_cost(CompareConfig(seeds=fit))
+    assert e['wall_seconds'] <= LIMIT and est.startswith(f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs")
+    compare_cli.__wrapped__(out=str(tmp_path/'c'), seeds=[0, 1, 2, 3, 4], estimate=True)   # asked for: all five, with the warning
+    line, est = capsys.readouterr().out.splitlines()[:2]
+    assert line.endswith(f"; --seeds {' '.join(map(str, fit))} would take {estimate_cost(CompareConfig(seeds=fit))['wall_seconds'] / 60:.0f}")
+    assert est.startswith(f"estimated {estimate_cost(CompareConfig())['core_seconds']:.0f} core-seconds (55 runs")
+
 def test_reach_ignores_the_base_point():
     "A seed where Flow-GRPO ends below the base model is not 'reached' at step 0: only trained evaluations count."
     from flowgrpo_nb.results import CurvePoint
