@@ -7,11 +7,11 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/compare.html.md"""
 # %% auto #0
 __all__ = ['HEARTBEAT', 'MIN_SEEDS', 'base_eval', 'run_dir', 'base_file', 'finished', 'jobs_left', 'earlier_invocations',
            'usable_cores', 'default_workers', 'load_tasks', 'run_jobs', 'measured_cpu', 'machine', 'read_fidelity',
-           'code_version', 'command_line', 'log_invocation', 'read_invocations', 'compare', 'run_paths', 'setup',
-           'build_report', 'write_report', 'seeds_that_fit', 'over_limit_line', 'compare_cli']
+           'code_version', 'prereg_record', 'command_line', 'log_invocation', 'read_invocations', 'compare',
+           'run_paths', 'setup', 'build_report', 'write_report', 'seeds_that_fit', 'over_limit_line', 'compare_cli']
 
 # %% ../nbs/06h_compare.ipynb #0899624f
-import copy, importlib, json, os, pickle, subprocess, sys, threading, time
+import copy, hashlib, importlib, json, os, pickle, subprocess, sys, threading, time
 from datetime import datetime, timezone
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
@@ -27,7 +27,7 @@ from .task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from .config import GRPOConfig, config_diff, parse_overrides, run_config
 from .checkpoint import RunFolder, FolderLock, read_json, write_json
 from .train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
-from .design import ARMS, TASKS, BUDGETS, budget_of, load_prereg, prereg_file, COSTS, LIMIT, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
+from .design import ARMS, TASKS, BUDGETS, PREREG, budget_of, load_prereg, prereg_file, COSTS, LIMIT, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
 from .precision import machine_paths, resolve_fast, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
 from .summary import task_section, correct, evaluate_contrasts, evaluate_claims, add_fidelity, FAMILIES
@@ -237,6 +237,27 @@ def code_version() -> dict:
             out |= dict(commit=c.stdout.strip(), changes=bool(git('status', '--porcelain', '--untracked-files=no').stdout.strip()))
     except (OSError, subprocess.SubprocessError): pass
     return out
+def _git(root:Path, *a) -> subprocess.CompletedProcess|None:
+    try: return subprocess.run(['git', '-C', str(root), *a], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError): return None
+
+def prereg_record(out:Path|None) -> dict:
+    """The pre-registration a study judges: its file and sha256, the commit that added it to the repository, whether the
+    file is unchanged since, and for each invocation logged in `out` whether the code it ran descends from that commit."""
+    f = prereg_file(); root = f.parent.parent
+    rec = dict(file=PREREG, sha256=hashlib.sha256(f.read_bytes()).hexdigest())
+    added = _git(root, 'log', '--diff-filter=A', '--format=%H %cI', '--', PREREG) if (root/'.git').exists() else None
+    if added is None or added.returncode or not added.stdout.strip(): return rec | dict(commit=None)
+    commit, date = added.stdout.strip().splitlines()[-1].split()
+    same = _git(root, 'diff', '--quiet', commit, '--', PREREG)
+    rec |= dict(commit=commit, committed=date, unchanged=None if same is None else same.returncode == 0)
+    def after(c:str|None) -> bool|None:  # the invocation's code has the pre-registration's commit in its history
+        r = c and _git(root, 'merge-base', '--is-ancestor', commit, c)
+        return None if not r or r.returncode not in (0, 1) else r.returncode == 0
+    rec['invocations'] = [dict(started=i.get('started'), commit=(i.get('code') or {}).get('commit'), after=after((i.get('code') or {}).get('commit')))
+                          for i in (read_invocations(out) if out else []) if 'started' in i]
+    return rec
+
 
 # %% ../nbs/06h_compare.ipynb #65027b91
 def command_line(ccfg:CompareConfig, out) -> str:
@@ -362,7 +383,7 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
         statistics='paired per-seed differences; 95% CI of their mean with Student t (n - 1 degrees of freedom); '
                    "verdict higher/lower when Holm's correction over its family keeps p below 0.05 (families: "
                    + '; '.join(FAMILIES.values()) + ')', step_time_ratio=STEP_TIME_RATIO,
-        precision=out and run_paths(out, ccfg))
+        precision=out and run_paths(out, ccfg)) | (dict(prereg=prereg_record(out)) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else {})
 
 def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:bool=False, fidelity:list|None=None) -> Report:
     "The report from the runs in `out`, the base evaluations {('base', evaluation, seed, task): EvalReport} and fidelity rows."

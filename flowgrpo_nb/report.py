@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/report.html.md"""
 
 # %% ../nbs/06g_report.ipynb #a53e31e3
 from __future__ import annotations
-import html
+import html, re
 from .results import FIDELITY_MEASURES, Report, TaskSection
 from .summary import REACH_BY, WINDOW_MATCH, fidelity_gain, with_power
 from .design import contrast_label
@@ -14,10 +14,10 @@ from .task import COLLAPSE_DROP
 
 # %% auto #0
 __all__ = ['DENSE_CREDIT', 'METRICS', 'RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD',
-           'CSS', 'HEADLINE_HEAD', 'comparison_findings', 'other_findings', 'findings', 'results_rows',
-           'markdown_table', 'html_table', 'arms_rows', 'study_arms_rows', 'verdict_text', 'claims_rows',
-           'study_caption', 'study_rows', 'task_seeds', 'setup_html', 'report_html', 'results_markdown',
-           'claims_summary', 'claims_markdown']
+           'CSS', 'DECIDED', 'PREREG_NOTE', 'HEADLINE_HEAD', 'comparison_findings', 'other_findings', 'findings',
+           'results_rows', 'markdown_table', 'html_table', 'arms_rows', 'study_arms_rows', 'verdict_text',
+           'claims_rows', 'study_caption', 'study_rows', 'task_seeds', 'setup_html', 'report_html', 'results_markdown',
+           'claims_summary', 'prereg_text', 'prereg_html', 'claims_markdown']
 
 # %% ../nbs/06g_report.ipynb #4e23611a
 DENSE_CREDIT = ('stepwise', 'dense', 'turning_point')  # methods whose credit is per step
@@ -275,8 +275,8 @@ def _level(cs:list) -> str:
     return f"α/m = {c.level * c.family_size:g}/{c.family_size} = {c.level:.2g}"
 
 def claims_rows(report:Report) -> tuple[list, list]:
-    "(header, rows) of the claims table; a claim that did not run says so."
-    rows = []
+    "(header, rows) of the claims table; a claim that did not run says so; a pre-registered study's has each claim's family after its id."
+    rows, fam = [], any(c.family for c in report.contrasts)
     for c in with_power(report.contrasts):
         ran = c.n > 0
         p = f"{c.p:.2g} ({max(c.p_holm.values()) if c.kind == 'two-sided' else c.p_holm['holds']:.2g})" if ran else '—'
@@ -285,7 +285,8 @@ def claims_rows(report:Report) -> tuple[list, list]:
                      (f"{c.margin:g}", None), (verdict_text(c), c.verdict), (str(c.n) if ran else '—', None),
                      ('—' if c.mde is None else f"{c.mde:.3f}", None),
                      ('—' if c.seeds_needed is None else str(c.seeds_needed), None)])
-    return CLAIM_HEAD, rows
+        if fam: rows[-1].insert(1, (c.family or '—', None))
+    return (CLAIM_HEAD[:1] + ['family'] + CLAIM_HEAD[1:] if fam else CLAIM_HEAD), rows
 
 CLAIMS_NOTE = ("Each claim is the paired difference arm − reference over seeds, read at the final evaluation or where the "
                "contrast says. It holds when its interval clears 0 (superiority) or −margin (non-inferiority) after Holm's "
@@ -411,8 +412,9 @@ def report_html(report:Report, figures:dict) -> str:
             parts.append(f.to_html(full_html=False, include_plotlyjs=first)); first = False
     claims = (f"<h2>The claims</h2>{html_table(*claims_rows(report))}<p>{html.escape(CLAIMS_NOTE)}</p>"
               if any(c.n for c in report.contrasts) else '')
+    pre = prereg_html(report) if report.setup.get('prereg') else ''  # a pre-registered study: its claims before everything
     return (f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title><style>{CSS}</style></head><body>"
-            f"<h1>Flow-GRPO, its windows and dense credit: {_seeds(report.setup)}</h1>{setup_html(report)}" + claims
+            f"<h1>Flow-GRPO, its windows and dense credit: {_seeds(report.setup)}</h1>" + (pre or '') + setup_html(report) + ('' if pre else claims)
             + f"<h2>Findings</h2><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in report.findings)}</ul>" + ''.join(parts)
             + _timing_html(report) + '</body></html>')
 
@@ -440,9 +442,24 @@ def results_markdown(report:Report) -> str:
 # %% ../nbs/06g_report.ipynb #adb344fc
 def _listed(cs:list) -> str: return '; '.join(f"{c.id} {c.claim} ({c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}])" for c in cs)
 
+DECIDED = ('holds', 'does not hold', 'equivalent')  # verdicts that settle a claim one way or the other
+
 def claims_summary(report:Report) -> str:
-    "One paragraph of verdicts: the claims that hold, do not hold or are equivalent, and the reach of the undecided ones."
-    ran = [c for c in with_power(report.contrasts) if c.n]
+    """One paragraph of verdicts: the claims that hold, do not hold or are equivalent, and the reach of the undecided ones;
+    a pre-registered study's, one sentence per family first: how many of its claims it decides."""
+    cs = with_power(report.contrasts)
+    fams = list(dict.fromkeys(c.family for c in cs if c.family))
+    if not fams: return _verdicts([c for c in cs if c.n])
+    return ' '.join(_family_line(f, [c for c in cs if c.family == f]) + ' ' + _verdicts([c for c in cs if c.family == f and c.n]) for f in fams)
+
+def _family_line(f:str, cs:list) -> str:
+    ran, dec = [c for c in cs if c.n], [c for c in cs if c.n and c.verdict in DECIDED]
+    holm = 'Holm over them' if f == 'primary' else 'Holm apart from the primary'
+    return (f"The {f} family ({len(cs)} claim{'s' * (len(cs) != 1)}, {holm}) decides {len(dec)} of {len(cs)}"
+            + (f"; {len(cs) - len(ran)} did not run" if len(ran) < len(cs) else '')
+            + (f": {', '.join(f'{c.id} {c.verdict}' for c in dec)}." if dec else '.'))
+
+def _verdicts(ran:list) -> str:
     by = {v: [c for c in ran if c.verdict == v] for v in ('holds', 'does not hold', 'equivalent', 'higher', 'lower')}
     out = [f"**{v}**: {_listed(cs) if cs else 'none'}" for v, cs in by.items() if cs or v in ('holds', 'does not hold')]
     und = [c for c in ran if c.verdict == 'undecided at this power']
@@ -451,6 +468,36 @@ def claims_summary(report:Report) -> str:
         out.append(f"**undecided at this power**: the other {len(und)}" + (f": at the spread measured these seeds detect effects of {min(mdes):.3f}–{max(mdes):.3f} "
                    f"(80% power, each claim's own test at {_level(ran)})" if mdes else '') + (f", and their margins would take {min(need)}–{max(need)} seeds" if need else ''))
     return f"Of {len(ran)} claims tested: " + '. '.join(out) + '.'
+
+
+# %% ../nbs/06g_report.ipynb #766b1a50
+PREREG_NOTE = ("Each claim is the paired difference arm − reference over seeds on the metric the pre-registration names for it, "
+               "tested one-sided against 0 (superiority) with Holm's correction over its family: the primary family together, the "
+               "secondary apart. It holds when its test clears its family's Holm level; it does not hold when the interval excludes "
+               "the margin's effect; otherwise it is undecided at this power. The MDE and the seeds for the margin are at the "
+               "family's most stringent level α/m.")
+
+def _md(s:str) -> str: return re.sub(r'\*\*(.+?)\*\*', r'<b>\1</b>', html.escape(s))  # the summary's bold, in HTML
+
+def prereg_text(pre:dict) -> str:
+    "What a study's pre-registration record says: the file, when it was committed, and whether every invocation's code came after it."
+    f = f"Pre-registered in {pre['file']} (sha256 {pre['sha256'][:12]})"
+    if not pre.get('commit'): return f + ", a file not found in a git history here: when it was registered cannot be checked."
+    f += f", added at commit {pre['commit'][:10]} on {pre['committed'][:10]}"
+    f += {True: ', unchanged since', False: ', changed since (the claims below are the file as it is now)', None: ''}[pre.get('unchanged')]
+    inv = pre.get('invocations') or []
+    late, unknown = [i for i in inv if i['after']], [i for i in inv if i['after'] is None]
+    early = [i for i in inv if i['after'] is False]
+    commits = ', '.join(dict.fromkeys(i['commit'][:10] for i in late))
+    said = [f"{len(late)} of the {len(inv)} invocations that trained its runs ran code committed after it ({commits})"] if late else []
+    said += [f"{len(early)} ran code without it in its history: " + '; '.join(f"{i['started']} at {str(i['commit'])[:10]}" for i in early)] if early else []
+    said += [f"{len(unknown)} could not be checked (no commit recorded, or not in this history)"] if unknown else []
+    return f + ('. ' + '; '.join(said) if said else '. No invocation is logged') + '.'
+
+def prereg_html(report:Report) -> str:
+    "The claims block of a pre-registered study: its registration, the claims table with families, a sentence per family, the reading."
+    return (f"<h2>The pre-registered claims</h2><p>{html.escape(prereg_text(report.setup['prereg']))}</p>{html_table(*claims_rows(report))}"
+            f"<p>{_md(claims_summary(report))}</p><p>{html.escape(PREREG_NOTE)}</p>")
 
 
 # %% ../nbs/06g_report.ipynb #a454c22c

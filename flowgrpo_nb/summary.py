@@ -302,9 +302,10 @@ def power_fields(c:ContrastResult, m:int, alpha:float=0.05) -> dict:
                 clears=None if lower is None else c.verdict == 'holds' and lower > c.margin)
 
 def with_power(contrasts:list[ContrastResult], alpha:float=0.05) -> list[ContrastResult]:
-    "The claims, those that ran with their power statements at the Holm level of their family (new records)."
-    m = sum(1 for c in contrasts if c.n)
-    return [dataclasses.replace(c, **power_fields(c, m, alpha)) if c.n else c for c in contrasts]
+    """The claims, those that ran with their power statements at the Holm level of their family (new records); a
+    pre-registered claim (`family` set) keeps the statement `evaluate_claims` made at its own family's level."""
+    m = sum(1 for c in contrasts if c.n and not c.family)
+    return [dataclasses.replace(c, **power_fields(c, m, alpha)) if c.n and not c.family else c for c in contrasts]
 
 # %% ../nbs/06e_summary.ipynb #945a6a26
 def evaluate_contrasts(tasks:dict[str, TaskSection], contrasts=CONTRASTS) -> list[ContrastResult]:

@@ -359,4 +359,8 @@ def test_the_confirm_budget_at_smoke_sizes(tmp_path):
         assert c.mde is not None or not c.sd, c  # at 2 steps two arms can score alike on both seeds: no spread, no MDE to state
     assert any(c.mde is not None for c in report.contrasts)
     assert {c.family_size for c in report.contrasts if c.family == 'primary'} == {len(pre.primary)}
-    assert pre.claims[0].question in (tmp_path/'report.html').read_text()
+    page = (tmp_path/'report.html').read_text()
+    assert pre.claims[0].question in page and page.index('<h2>The pre-registered claims</h2>') < page.index('<h2>Setup</h2>')
+    pr = report.setup['prereg']  # the registration: the file, and whether the code of every invocation came after it
+    assert pr['file'] == 'design/confirm_prereg.toml' and len(pr['sha256']) == 64
+    assert pr['commit'] is None or (len(pr['invocations']) == 1 and pr['invocations'][0]['after'] in (True, None))
