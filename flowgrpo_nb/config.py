@@ -83,7 +83,7 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     dtype:str='auto'            # sd3/flux: weights' dtype: auto (bfloat16 on a GPU, float32 on a CPU), bfloat16, float16, float32
     t5:bool=True                # sd3: load the T5 text encoder (False: without it, zeros in its place)
     gradient_checkpointing:bool=False  # sd3/flux: recompute the transformer's blocks in the backward pass (less memory, more compute; same gradient)
-    fast:bool|str='auto'        # tiny: True: bf16 fast path (a bf16 copy without gradient, bf16 autocast for the update); False: fp32 eager; auto: whichever this machine runs faster (02b_precision)
+    fast:bool|str='auto'        # tiny: True: bf16 fast path (a bf16 copy without gradient, fp32 for the update); False: fp32 eager; auto: whichever this machine runs faster (02b_precision)
 
     def __post_init__(self): validate_config(self)
     @property

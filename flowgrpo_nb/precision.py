@@ -12,9 +12,9 @@ import torch
 from .policy import Policy
 
 # %% auto #0
-__all__ = ['ISA_LIMITS', 'PROBE_ROWS', 'WEIGHTS', 'MARGIN', 'FAST_CHOICES', 'cpu_name', 'machine_key', 'probe_policy',
-           'probe_call', 'time_paths', 'step_seconds', 'choose_path', 'cache_file', 'machine_paths', 'resolve_fast',
-           'path_name']
+__all__ = ['ISA_LIMITS', 'PATHS_VERSION', 'PROBE_ROWS', 'WEIGHTS', 'MARGIN', 'FAST_CHOICES', 'cpu_name', 'machine_key',
+           'probe_policy', 'probe_call', 'time_paths', 'step_seconds', 'choose_path', 'cache_file', 'machine_paths',
+           'resolve_fast', 'path_name']
 
 # %% ../nbs/02b_precision.ipynb #90e72c8e
 ISA_LIMITS = ('ONEDNN_MAX_CPU_ISA', 'ATEN_CPU_CAPABILITY')  # environment variables that cap the instructions torch uses
@@ -27,10 +27,12 @@ def cpu_name() -> str:
     except OSError: pass
     return platform.processor() or platform.machine()
 
+PATHS_VERSION = 2  # what the two paths run: 2 = the fast path's update in fp32 (1: under bf16 autocast)
+
 def machine_key() -> dict:
-    "What a bf16/fp32 measurement holds for: the CPU, the instructions torch may use (and their caps), torch's version."
+    "What a bf16/fp32 measurement holds for: the CPU, the instructions torch may use (and their caps), torch's version, the paths' version."
     return dict(cpu=cpu_name(), capability=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__,
-                **{k: os.environ.get(k, '') for k in ISA_LIMITS})
+                **{k: os.environ.get(k, '') for k in ISA_LIMITS}, paths=PATHS_VERSION)
 
 # %% ../nbs/02b_precision.ipynb #4ce53158
 PROBE_ROWS = dict(forward=32, update=16)  # rows of a call without gradient (a rollout step) and of one with its backward

@@ -204,7 +204,7 @@ class TinyPolicy(Policy):
     def _encode(self, prompts): return self.module.encode(prompts)
     def _velocity(self, x, t, embeds, pooled):
         if self.fast and not torch.is_grad_enabled(): return self.module.velocity(x, t, embeds, pooled, self.fast_net())
-        with torch.autocast(x.device.type, torch.bfloat16, enabled=self.fast): return self.module.velocity(x, t, embeds, pooled)
+        return self.module.velocity(x, t, embeds, pooled)  # with gradient: fp32 on both paths (PPO's ratio needs it: 02_tiny)
     @torch.no_grad()
     def decode(self, x): return to_image(x)
     def model_version(self): return model_version(self.base_fingerprint())  # the shipped model's version (`model_version`)
@@ -280,7 +280,7 @@ def load_adapter(net:nn.Module, transformer:nn.Module, on:bool=True):
 # %% ../nbs/02_tiny.ipynb #849b3fc4
 @patch
 def set_fast(self:TinyPolicy, on:bool=True) -> TinyPolicy:
-    "Fast path on (bf16 copy without gradient, bf16 autocast with it, `JointAttention`) or off (the model as loaded)."
+    "Fast path on (bf16 copy without gradient, fp32 with it, `JointAttention`) or off (the model as loaded)."
     if not isinstance(on, bool): raise ValueError(f"set_fast: on={on!r}: allowed True or False (resolve fast='auto' with precision.resolve_fast)")
     if any(b.attn.norm_q is not None for b in self.transformer.transformer_blocks):
         raise ValueError("set_fast: JointAttention has no q/k normalisation; this transformer uses one")

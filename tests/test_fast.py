@@ -60,3 +60,20 @@ def test_update_ratio_on_the_fast_path(tmp_path, task, updates):
         tr.opt.step()
     assert stats['approx_kl'][0] == 0.0 and stats['clipfrac'][0] == 0.0
     if updates == 2: assert 0 < stats['approx_kl'][1] < 1e-2  # the policy moved between the two updates, a little
+
+def test_the_ratio_sees_the_policy_not_rounding(pair, task):
+    """PPO's ratio compares one transition's log-probs under weights an optimizer step apart: on the fast path that change
+    is the eager path's to well inside the clip range (1e-4). Under bf16 autocast in the update it was off by up to ~1e-3."""
+    eager, fast = (copy.deepcopy(p) for p in pair)
+    cfg = preset_config('flow_grpo', prompts_per_step=2, group_size=4, minibatch=4)
+    ro = rollout(eager, task.train_prompts[:2], cfg.rollout_config(), task.reward, step_generator(cfg, 0))
+    ii, kk = torch.arange(ro.B).repeat_interleave(3), torch.tensor([0, 4, 8]).repeat(ro.B)
+    before = [logprob_pairs(p, ro, ii, kk).log_prob.detach() for p in (eager, fast)]
+    torch.manual_seed(1)
+    step = [1e-3 * torch.randn_like(q) for q in eager.trainable_parameters()]  # about one AdamW step at lr 1e-3
+    for p in (eager, fast):
+        with torch.no_grad():
+            for q, d in zip(p.trainable_parameters(), step): q.add_(d)
+    change = [logprob_pairs(p, ro, ii, kk).log_prob.detach() - b for p, b in zip((eager, fast), before)]
+    assert change[0].abs().max() > 1e-6                            # the step moved the policy
+    assert (change[1] - change[0]).abs().max() < preset_config('flow_grpo').clip_range / 10, (change[1] - change[0]).abs().max()
