@@ -316,7 +316,7 @@ def parse_cpu(argv):
     p.add_argument('--out', default=None, help='write the results as JSON here (after every stage)')
     a = p.parse_args(argv)
     if a.group < 2: p.error(f'--group={a.group}: GRPO needs groups of >= 2 samples')
-    if a.layers < 1 or a.layers > 24: p.error(f'--layers={a.layers}: 1 to 24')
+    if not 2 <= a.layers <= 24: p.error(f'--layers={a.layers}: 2 to 24 (a single block is context-pre-only: no to_add_out for the LoRA)')
     a.tiny, a.device, a.batch, a.reps, a.peak = False, 'cpu', a.prompts * a.group, 1, float('nan')
     return a
 
