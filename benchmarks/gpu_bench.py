@@ -17,9 +17,17 @@ Measured, at 512 px in bf16 (`--dtype`), K = 10 (`--K`):
 
     python benchmarks/gpu_bench.py --out bench.json   # one H200: a few minutes (budget --budget-s, default 450 s)
     python benchmarks/gpu_bench.py --tiny             # the tiny random pipeline on the CPU in seconds (tests run it)
+
+`--cpu-real` runs the same SD3.5-Medium transformer and VAE on the CPU at small sizes (default 128 px, K = 3, P x G =
+1 x 2, 16 CLIP + 8 T5 tokens, 2 threads; bf16 where a matmul probe finds it faster than fp32): the guided forward, a
+rollout, every step-value operator and one full training step of every method (the package's default recipe: 2
+optimizer steps per batch, EMA, the KL diagnostic; LoRA r=32, gradient checkpointing), with seconds, NFE, peak resident
+memory and the loss and gradient norms, written after every stage; `--layers` fewer than 24 to debug quickly:
+
+    python benchmarks/gpu_bench.py --cpu-real --out results/sd35_real/cpu.json   # 2 vCPUs AVX-512: about half an hour
 """
 from __future__ import annotations
-import argparse, json, math, sys, tempfile, time
+import argparse, json, math, os, resource, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 
 import torch
@@ -46,18 +54,24 @@ PROMPTS = ['a photo of a red apple and a green cup', 'three dogs on a beach', 'a
            'a cat left of a teddy bear', 'a blue car', 'two birds above a tree', 'a yellow umbrella', 'a bench']
 
 
-def sd35_sized_pipeline(device, dtype) -> StableDiffusion3Pipeline:
-    "SD3.5-Medium-sized pipeline with random weights (one-layer CLIPs of SD3.5's widths, no T5)."
-    tok = char_tokenizer(77)
+def sd35_layers(num_layers:int=24) -> dict:
+    "SD3.5 Medium's transformer config with `num_layers` blocks; dual attention in the same share of the first blocks (13 of 24)."
+    dual = 13 if num_layers == 24 else max(1, round(num_layers * 13 / 24))
+    return {**SD35_MEDIUM_TRANSFORMER, 'num_layers': num_layers, 'dual_attention_layers': tuple(range(min(dual, num_layers)))}
+
+
+def sd35_sized_pipeline(device, dtype, num_layers:int=24, clip_tokens:int=77) -> StableDiffusion3Pipeline:
+    "SD3.5-Medium-sized pipeline with random weights (one-layer CLIPs of SD3.5's widths with `clip_tokens` positions, no T5)."
+    tok = char_tokenizer(clip_tokens)
     n = len(tok.get_vocab())
     def clip(width):
         return CLIPTextModelWithProjection(CLIPTextConfig(
-            vocab_size=n, bos_token_id=n - 2, eos_token_id=n - 1, pad_token_id=n - 1, max_position_embeddings=77,
+            vocab_size=n, bos_token_id=n - 2, eos_token_id=n - 1, pad_token_id=n - 1, max_position_embeddings=clip_tokens,
             hidden_size=width, intermediate_size=4 * width, num_attention_heads=width // 64, num_hidden_layers=1,
             projection_dim=width))
     torch.manual_seed(0)
     with torch.device(device):
-        transformer, vae = SD3Transformer2DModel(**SD35_MEDIUM_TRANSFORMER), AutoencoderKL(**SD35_VAE)
+        transformer, vae = SD3Transformer2DModel(**sd35_layers(num_layers)), AutoencoderKL(**SD35_VAE)
         te, te2 = clip(768), clip(1280)
     pipe = StableDiffusion3Pipeline(transformer=transformer.to(dtype), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
                                     vae=vae, text_encoder=te.to(dtype), tokenizer=tok, text_encoder_2=te2.to(dtype),
@@ -123,7 +137,7 @@ def bench_rollout(policy, args, flop_per_nfe):
     return res, look
 
 
-def bench_train(pipe, args, method, warmup=False):
+def bench_train(pipe, args, method, warmup=False, memory=None, **overrides):
     "One GRPO step of `method` with the trainer of 06_train on a fresh LoRA adapter (after an untimed one if `warmup`)."
     from flowgrpo_nb.train import GRPOConfig, GRPOTrainer, PRESETS
     from flowgrpo_nb.task import Task
@@ -131,7 +145,7 @@ def bench_train(pipe, args, method, warmup=False):
     cfg = GRPOConfig(**{**preset, 'K': args.K, 'shift': float(pipe.scheduler.config.shift), 'guidance': args.guidance,
                         'prompts_per_step': args.prompts, 'group_size': args.group, 'minibatch': args.minibatch,
                         'lora_rank': args.lora_rank, 'lora_alpha': 2.0 * args.lora_rank, 'steps': 1, 'eval_every': 0,
-                        'save_every': 0, 'log_with': 'none', 'calibrate': False})
+                        'save_every': 0, 'log_with': 'none', 'calibrate': False, **overrides})
     if getattr(pipe.transformer, 'peft_config', None): pipe.transformer.unload_lora()  # the previous method's adapter
     policy = SD3Policy(pipe, resolution=args.resolution, max_sequence_length=args.max_sequence_length,
                        gradient_checkpointing=not args.tiny)
@@ -139,9 +153,19 @@ def bench_train(pipe, args, method, warmup=False):
         trainer = GRPOTrainer(cfg, run_dir, policy=policy, task=Task('pixel', PROMPTS[:args.prompts], PROMPTS[:args.prompts], pixel_reward),
                               progress=False)
         if warmup: trainer.train_step()  # the first backward pass and optimizer step set up kernels and the allocator
-        with Memory(args.device) as mem: m, sec = timed(trainer.train_step, args.device)
+        nfe0 = dict(policy.nfe.nfe)
+        with (memory or Memory)(args.device) as mem: m, sec = timed(trainer.train_step, args.device)
+        nfe = {k: v - nfe0.get(k, 0) for k, v in policy.nfe.nfe.items() if v - nfe0.get(k, 0)}
     keep = ('sec_rollout', 'sec_values', 'sec_credit', 'sec_update', 'nfe_rollout', 'nfe_lookahead', 'loss')
-    return dict(lookahead=cfg.lookahead, sampler=cfg.sampler, seconds=sec, peak_gib=mem.gib, **{k: m[k] for k in keep if k in m})
+    if memory is None:
+        return dict(lookahead=cfg.lookahead, sampler=cfg.sampler, seconds=sec, peak_gib=mem.gib, **{k: m[k] for k in keep if k in m})
+    scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return dict(lookahead=cfg.lookahead, sampler=cfg.sampler, seconds=sec, peak_rss_gib=mem.gib, nfe_by_phase=nfe,
+                recipe=dict(updates_per_rollout=cfg.updates_per_rollout, minibatch=cfg.minibatch, ema=cfg.ema,
+                            ema_decay=cfg.ema_decay, beta=cfg.beta, kl_every=cfg.kl_every, diag_every=cfg.diag_every,
+                            clip_range=cfg.clip_range, lr=cfg.lr, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                            lora_targets=list(cfg.lora_targets), gradient_checkpointing=True, window=list(cfg.window)),
+                metrics=scalars)
 
 
 def parse(argv=None):
@@ -222,5 +246,158 @@ def summary(res:dict) -> str:
                      f"{d['sec_update']:.2f}), lookahead {d['nfe_lookahead']:.0f} NFE/trajectory, peak {gib(d)}"))
     return '\n'.join(lines)
 
+# ---- --cpu-real: SD3.5 Medium's real transformer and VAE on the CPU (small images, few steps, one step of every method)
 
-if __name__ == '__main__': main()
+class RSS:
+    "Peak resident memory of the process inside the block, sampled every 10 ms (gib), and the process's peak so far (ru_maxrss)."
+    def __init__(self, device=None): self.gib = None
+    @staticmethod
+    def now() -> int:
+        with open('/proc/self/statm') as f: return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+    def _watch(self):
+        while not self._stop.wait(0.01): self._peak = max(self._peak, self.now())
+    def __enter__(self):
+        self._peak, self._stop = self.now(), threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True); self._thread.start()
+        return self
+    def __exit__(self, *a):
+        self._stop.set(); self._thread.join()
+        self.gib = max(self._peak, self.now()) / 2**30
+        self.process_peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+
+
+def machine() -> dict:
+    "What ran the benchmark: CPU model, torch's CPU capability, library versions, threads, memory."
+    import diffusers, peft, transformers, platform
+    try: model = next(l.split(':', 1)[1].strip() for l in subprocess.run(['lscpu'], capture_output=True, text=True).stdout.splitlines()
+                      if l.startswith('Model name'))
+    except Exception: model = platform.processor() or 'unknown'
+    mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
+    return dict(cpu=model, cpu_capability=torch.backends.cpu.get_cpu_capability(), logical_cpus=os.cpu_count(),
+                ram_gib=round(mem, 1), torch=torch.__version__, diffusers=diffusers.__version__, peft=peft.__version__,
+                transformers=transformers.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
+                mkldnn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+
+
+def matmul_probe(rows:int=256, width:int=1536, reps:int=10) -> dict:
+    "GFLOP/s of the transformer's widest matmul ([rows, 1536] @ [1536, 6144], its MLP) in fp32 and bf16 on this CPU."
+    out = {}
+    for name, dt in (('fp32', torch.float32), ('bf16', torch.bfloat16)):
+        a, b = torch.randn(rows, width, dtype=dt), torch.randn(width, 4 * width, dtype=dt)
+        for _ in range(2): a @ b
+        t0 = time.perf_counter()
+        for _ in range(reps): a @ b
+        out[f'{name}_gflops'] = 2 * rows * width * 4 * width * reps / (time.perf_counter() - t0) / 1e9
+    out['bf16_speedup'] = out['bf16_gflops'] / out['fp32_gflops']
+    out['chosen'] = 'bf16' if out['bf16_speedup'] > 1.2 else 'fp32'
+    out['why'] = (f"bf16 matmul {out['bf16_speedup']:.1f}x fp32 on this CPU: bf16 weights" if out['chosen'] == 'bf16' else
+                  f"bf16 matmul only {out['bf16_speedup']:.2f}x fp32 (not native here): fp32 weights")
+    return out
+
+
+def parse_cpu(argv):
+    p = argparse.ArgumentParser(description='SD3.5 Medium at its real size on the CPU: forward, rollout, step values, one training step of every method')
+    p.add_argument('--cpu-real', action='store_true')
+    p.add_argument('--layers', type=int, default=24, help="transformer blocks (24: SD3.5 Medium's; fewer to debug)")
+    p.add_argument('--dtype', default='auto', choices=('auto', 'bf16', 'fp32'), help='auto: bf16 where the matmul probe finds it faster')
+    p.add_argument('--resolution', type=int, default=128)
+    p.add_argument('--K', type=int, default=3)
+    p.add_argument('--prompts', type=int, default=1)
+    p.add_argument('--group', type=int, default=2)
+    p.add_argument('--minibatch', type=int, default=1)
+    p.add_argument('--lora-rank', type=int, default=32)
+    p.add_argument('--guidance', type=float, default=4.5)
+    p.add_argument('--clip-tokens', type=int, default=16, help="CLIP positions (SD3.5: 77)")
+    p.add_argument('--max-sequence-length', type=int, default=8, help='T5 tokens (zeros: no T5; SD3.5: 256)')
+    p.add_argument('--ops', nargs='*', default=['tweedie', 'ode:2', 'ode:rest'])
+    p.add_argument('--methods', nargs='*', default=list(METHODS), choices=METHODS)
+    p.add_argument('--threads', type=int, default=2)
+    p.add_argument('--budget-s', type=float, default=3600.0, help='skip the remaining stages once this is spent')
+    p.add_argument('--out', default=None, help='write the results as JSON here (after every stage)')
+    a = p.parse_args(argv)
+    if a.group < 2: p.error(f'--group={a.group}: GRPO needs groups of >= 2 samples')
+    if not 2 <= a.layers <= 24: p.error(f'--layers={a.layers}: 2 to 24 (a single block is context-pre-only: no to_add_out for the LoRA)')
+    a.tiny, a.device, a.batch, a.reps, a.peak = False, 'cpu', a.prompts * a.group, 1, float('nan')
+    return a
+
+
+def cpu_main(argv) -> dict:
+    "The --cpu-real run: every stage's seconds, NFE and peak RSS; training loss and gradient norms; JSON after each stage."
+    args, t_start = parse_cpu(argv), time.perf_counter()
+    torch.set_num_threads(args.threads)
+    res = dict(machine=machine())
+    res['matmul_probe'] = probe = matmul_probe()
+    args.dtype = probe['chosen'] if args.dtype == 'auto' else args.dtype
+    args.torch_dtype = dict(bf16=torch.bfloat16, fp32=torch.float32)[args.dtype]
+    left = lambda: args.budget_s - (time.perf_counter() - t_start)
+    def save():
+        res['total_seconds'] = time.perf_counter() - t_start
+        if args.out: Path(args.out).write_text(json.dumps(res, indent=1, default=str) + '\n')
+    with RSS() as mem:
+        pipe, build_s = timed(lambda: sd35_sized_pipeline('cpu', args.torch_dtype, args.layers, args.clip_tokens), 'cpu')
+    policy = SD3Policy(pipe, resolution=args.resolution, max_sequence_length=args.max_sequence_length)
+    tcfg = pipe.transformer.config
+    res['config'] = dict(layers=args.layers, dual_attention_layers=list(tcfg.dual_attention_layers), qk_norm=tcfg.qk_norm,
+                         heads=tcfg.num_attention_heads, head_dim=tcfg.attention_head_dim,
+                         transformer_params=sum(p.numel() for p in pipe.transformer.parameters()),
+                         vae_params=sum(p.numel() for p in pipe.vae.parameters()),
+                         dtype=args.dtype, vae_dtype=str(pipe.vae.dtype).removeprefix('torch.'), resolution=args.resolution,
+                         latent_shape=list(policy.latent_shape), K=args.K, P=args.prompts, G=args.group, minibatch=args.minibatch,
+                         lora_rank=args.lora_rank, guidance=args.guidance, clip_tokens=args.clip_tokens,
+                         t5_tokens=args.max_sequence_length, text_tokens=args.clip_tokens + args.max_sequence_length,
+                         image_tokens=(args.resolution // 16) ** 2, ops=args.ops, threads=args.threads, budget_s=args.budget_s,
+                         build_seconds=build_s, build_peak_rss_gib=mem.gib)
+    save()
+    cond = policy.encode((PROMPTS * args.batch)[:args.batch])
+    with RSS() as mem: f = bench_forward(policy, args, cond)
+    res['forward'] = {k: v for k, v in f.items() if k not in ('fraction_of_peak', 'peak_gib')} | dict(peak_rss_gib=mem.gib)
+    save()
+    from flowgrpo_nb.rollout import RolloutConfig, rollout, step_values
+    rcfg = RolloutConfig(K=args.K, shift=policy.shift, guidance=args.guidance, group_size=args.group)
+    with torch.no_grad(), RSS() as mem, policy.count_nfe('rollout') as c:
+        ro, sec = timed(lambda: rollout(policy, PROMPTS[:args.prompts], rcfg, pixel_reward, torch.Generator().manual_seed(0)), 'cpu')
+    res['rollout'] = dict(B=ro.B, K=ro.K, seconds=sec, images_per_s=ro.B / sec, nfe=c['nfe'], calls=c['calls'],
+                          seconds_per_nfe=sec / c['nfe'], peak_rss_gib=mem.gib, reward_finite=bool(torch.isfinite(ro.reward).all()))
+    save()
+    with RSS() as mem: images, dec_s = timed(lambda: policy.decode(ro.x[:, -1]), 'cpu')
+    res['decode'] = dict(images=len(images), seconds=dec_s, peak_rss_gib=mem.gib, finite=bool(torch.isfinite(images).all()))
+    res['lookahead'] = {}
+    for op in args.ops:
+        if left() <= 0: res['lookahead'][op] = dict(skipped='time budget spent'); continue
+        with RSS() as mem, policy.count_nfe('lookahead') as c:
+            sv, s = timed(lambda: step_values(policy, ro, op, pixel_reward), 'cpu')
+        res['lookahead'][op] = dict(seconds=s, nfe=c['nfe'], nfe_per_trajectory=c['nfe'] / ro.B, calls=c['calls'],
+                                    states_valued=sv.states,
+                                    relative_to_rollout=s / sec, peak_rss_gib=mem.gib, finite=bool(torch.isfinite(sv.V).all()))
+        save()
+    del ro
+    res['train'] = {}
+    for m in args.methods:
+        if left() <= 0: res['train'][m] = dict(skipped='time budget spent'); save(); continue
+        res['train'][m] = bench_train(pipe, args, m, memory=RSS, diag_every=0, fast=False)
+        save()
+    res['process_peak_rss_gib'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+    save()
+    print(cpu_summary(res))
+    return res
+
+
+def cpu_summary(res:dict) -> str:
+    c, f, r = res['config'], res['forward'], res['rollout']
+    lines = [f"{c['layers']} blocks, {c['transformer_params'] / 1e9:.2f} B params, {c['dtype']}, {c['resolution']} px, "
+             f"{c['image_tokens']} + {c['text_tokens']} tokens: guided NFE {f['tflop_per_nfe'] * 1e3:.0f} GFLOP, {f['seconds'] / f['samples']:.1f} s",
+             f"rollout B={r['B']} K={r['K']}: {r['seconds']:.1f} s, {r['nfe']} NFE, peak RSS {r['peak_rss_gib']:.1f} GiB"]
+    for op, d in res['lookahead'].items():
+        lines.append(f"values {op}: " + (d['skipped'] if 'skipped' in d else f"{d['seconds']:.1f} s, {d['nfe']} NFE, peak RSS {d['peak_rss_gib']:.1f} GiB"))
+    for m, d in res['train'].items():
+        if 'skipped' in d: lines.append(f"train {m}: {d['skipped']}"); continue
+        x = d['metrics']
+        lines.append(f"train {m}: {d['seconds']:.0f} s (rollout {x['sec_rollout']:.0f}, values {x['sec_values']:.0f}, update "
+                     f"{x['sec_update']:.0f}), loss {x.get('loss', float('nan')):.3g}, grad norm {x.get('grad_norm', float('nan')):.3g}, "
+                     f"peak RSS {d['peak_rss_gib']:.1f} GiB")
+    return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+    if '--cpu-real' in sys.argv[1:]: cpu_main(sys.argv[1:])
+    else: main()

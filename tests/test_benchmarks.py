@@ -1,5 +1,5 @@
 "The benchmark scripts run end to end at their smallest sizes and print what their docstrings promise (not timings)."
-import json, re, subprocess, sys
+import json, math, re, subprocess, sys
 import pytest
 from pathlib import Path
 
@@ -126,3 +126,55 @@ def test_prereg_fits_the_study_to_its_budget():
     assert c['family'] == 'secondary' and 'asks' in c['note'], 'C asks the most seeds: moved'
     assert seeds == {'geneval': list(range(2000, 2000 + n2))}, 'the primary family sized at alpha / 2'
     assert [r['id'] for r in kept] == ['A', 'B', 'Y'] and [r['id'] for r in out] == ['X', 'C'], 'X needs two more arms, Y one'
+
+
+# ---- SD3.5 Medium at its real size: the CPU run's JSON, the GPU model and the README written from them
+
+def _load(name:str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name.removesuffix('.py'), ROOT/'benchmarks'/name)
+    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    return m
+
+def test_sd35_readme_is_written_from_the_json():
+    "benchmarks/README.md is exactly what sd35_tables.py writes from results/sd35_real/*.json: no number is typed by hand."
+    tables = _load('sd35_tables.py')
+    assert (ROOT/'benchmarks'/'README.md').read_text() == tables.render(), 'run python benchmarks/sd35_tables.py'
+
+def test_sd35_model_follows_from_its_counts():
+    "The committed GPU model is what sd35_model.model gives from the committed counts (the counts take minutes: not redone here)."
+    model, d = _load('sd35_model.py'), json.loads((ROOT/'results'/'sd35_real'/'gpu_model.json').read_text())
+    m = d['model']
+    assert 'not a measurement' in d['note']
+    again = json.loads(json.dumps(model.model(d['counts'], m['K'], m['G'], m['P'], tuple(m['mfu']), m['gpu']['peak_tflops'], m['gpu']['memory_gb'])))
+    assert again == m
+
+def test_sd35_cpu_run_is_complete_and_finite():
+    "The committed CPU run at SD3.5 Medium's real config: every operator and every method's step ran, with finite loss and gradient."
+    d = json.loads((ROOT/'results'/'sd35_real'/'cpu.json').read_text())
+    c = d['config']
+    assert c['layers'] == 24 and c['transformer_params'] > 2.2e9 and c['dual_attention_layers'] == list(range(13)) and c['qk_norm'] == 'rms_norm'
+    assert set(d['lookahead']) == {'tweedie', 'ode:2', 'ode:rest'} and all(v['finite'] for v in d['lookahead'].values())
+    assert set(d['train']) == {'flow_grpo', 'stepwise', 'dense', 'turning_point'}
+    for name, t in d['train'].items():
+        x = t['metrics']
+        assert all(math.isfinite(x[k]) for k in ('loss', 'grad_norm', 'update_norm')) and x['grad_norm'] > 0, name
+        assert t['recipe']['ema'] and t['recipe']['updates_per_rollout'] == 2 and t['recipe']['gradient_checkpointing'], name
+
+def test_cpu_real_bad_input_is_one_sentence():
+    res = subprocess.run([sys.executable, str(ROOT/'benchmarks'/'gpu_bench.py'), '--cpu-real', '--group', '1'], capture_output=True, text=True)
+    assert res.returncode == 2 and 'GRPO needs groups of >= 2 samples' in res.stderr and 'Traceback' not in res.stderr
+
+def test_cpu_real_runs_at_its_smallest(tmp_path):
+    "`gpu_bench.py --cpu-real` end to end at 2 blocks of SD3.5 Medium's width, 32 px, K = 2: the JSON the README is written from."
+    out = bench('gpu_bench.py', '--cpu-real', '--layers', '2', '--resolution', '32', '--K', '2', '--methods', 'flow_grpo', 'dense',
+                '--ops', 'tweedie', 'ode:rest', '--threads', '1', '--out', str(tmp_path/'cpu.json'))
+    d = json.loads((tmp_path/'cpu.json').read_text())
+    assert d['machine']['cpu_capability'] and d['matmul_probe']['chosen'] in ('bf16', 'fp32') and d['config']['dtype'] == d['matmul_probe']['chosen']
+    assert d['config']['dual_attention_layers'] == [0] and d['rollout']['nfe'] == 4 and d['lookahead']['ode:rest']['nfe'] > 0
+    for name in ('flow_grpo', 'dense'):
+        t = d['train'][name]
+        assert math.isfinite(t['metrics']['loss']) and t['metrics']['grad_norm'] > 0 and t['peak_rss_gib'] > 0, name
+    assert 'train dense:' in out
+    md = _load('sd35_tables.py').render(cpu=d)  # the README generator reads a partial run too
+    assert '| dense | ode:rest |' in md and '| stepwise |' not in md.split('## One H200')[0]
