@@ -142,7 +142,9 @@ def model_section(d:dict) -> list[str]:
           "the largest input + output of one layer). The trainer puts all trained steps of a minibatch's samples in one backward "
           f"pass, so a pair costs {per_pair('no_gc')} GiB without checkpointing and {per_pair('gc')} GiB with it: the largest "
           f"minibatch that fits is {span(mbs['no_gc'])} samples without checkpointing and {span(mbs['gc'])} with it (each update "
-          f"takes {m['P'] * m['G'] // 2} samples). Times are FLOPs over an assumed MFU; nothing here is measured on a GPU.", '']
+          f"takes {m['P'] * m['G'] // 2} samples). That is the trainer's default (`backward_pairs=0`); `--set backward_pairs=N` "
+          "back-propagates at most N pairs per graph (the same gradient, in chunks), so any minibatch fits at N pairs' "
+          "activations. Times are FLOPs over an assumed MFU; nothing here is measured on a GPU.", '']
     return L
 
 

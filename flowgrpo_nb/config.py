@@ -47,6 +47,7 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     prompts_per_step:int=4      # prompts per rollout batch
     prompt_mix:str='category'   # how a step draws its prompts: category (each of the task's categories equally likely, then a prompt) or prompt (every prompt equally likely)
     minibatch:int=16            # samples per backward pass (per process)
+    backward_pairs:int=0        # most (sample, step) pairs in one backward graph (0: all of a minibatch's); the same gradient in chunks, for SD3/FLUX at full size
     updates_per_rollout:int=2   # optimizer steps taken on one rollout batch (each on its share of the samples: from the second on, the ratio leaves 1 and the clip acts)
     clip_range:float=1e-4       # PPO ratio clip (Flow-GRPO: 1e-4)
     beta:float=0.0              # weight of the KL to the adapter-disabled reference
@@ -217,7 +218,7 @@ def tracker_kwargs(name:str, run_dir:str|Path) -> dict:
 # %% ../nbs/05c_config.ipynb #9bf706b8
 _AT_LEAST = dict(K=2, prompts_per_step=1, group_size=2, minibatch=1, updates_per_rollout=1, steps=1, lora_rank=1,
                  keep_last=1, calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0,
-                 window_start=0, window_slide=0, diag_every=0, kl_every=0, lr_warmup=0)
+                 window_start=0, window_slide=0, diag_every=0, kl_every=0, lr_warmup=0, backward_pairs=0)
 _POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance', 'eps', 'calib_eps1', 'calib_eps2')
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 LR_SCHEDULES, PROMPT_MIXES = ('constant', 'cosine', 'linear'), ('category', 'prompt')

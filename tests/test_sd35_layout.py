@@ -78,7 +78,8 @@ def test_one_step_of_every_method(policy, method, tmp_path):
     from flowgrpo_nb.task import Task
     cfg = preset_config(method, K=3, shift=policy.shift, guidance=4.5, prompts_per_step=1, group_size=2, minibatch=1,
                         lora_rank=4, lora_alpha=8, steps=1, eval_every=0, save_every=0, log_with='none', calibrate=False,
-                        diag_every=1, kl_every=1, fast=False)
+                        diag_every=1, kl_every=1, fast=False,
+                        backward_pairs=1 if method in ('stepwise', 'dense') else 0)  # half of them one pair per backward graph
     assert cfg.ema and cfg.updates_per_rollout == 2
     trainer = GRPOTrainer(cfg, tmp_path/method, policy=policy, task=Task('pixel', PROMPTS, PROMPTS, pixel_reward), progress=False)
     attn2 = {n: p for n, p in policy.transformer.named_parameters() if '.attn2.' in n and 'lora_B' in n}
