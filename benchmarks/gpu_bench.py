@@ -8,7 +8,7 @@ the transformer sees SD3.5's 77 + 256 text tokens). Weights are random: the numb
 
 Measured, at 512 px in bf16 (`--dtype`), K = 10 (`--K`):
 - forward: FLOPs of one guided transformer evaluation (torch's FlopCounterMode), achieved TFLOP/s and the fraction
-  of `--peak` (790 TFLOP/s bf16 dense by default), peak memory;
+  of `--peak` (989 TFLOP/s bf16 dense by default: H200 SXM, as sd35_model.py), peak memory;
 - rollout: P x G trajectories with the flow SDE and CFG, decoded and scored (a pixel reward: reward models are not
   part of the cost), images/s, peak memory;
 - lookahead: step values with 'tweedie', 'ode:5', 'ode:rest': NFE, batched calls, seconds;
@@ -185,7 +185,7 @@ def parse(argv=None):
     p.add_argument('--ops', nargs='*', default=['tweedie', 'ode:5', 'ode:rest'])
     p.add_argument('--methods', nargs='*', default=list(METHODS), choices=METHODS)
     p.add_argument('--reps', type=int, default=None, help='timed forwards (default 5; 1 with --tiny)')
-    p.add_argument('--peak', type=float, default=790.0, help='dense bf16 peak TFLOP/s of the GPU')
+    p.add_argument('--peak', type=float, default=989.0, help='dense bf16 peak TFLOP/s of the GPU (H200 SXM: 989, as sd35_model.py)')
     p.add_argument('--budget-s', type=float, default=450.0, help='skip the remaining stages once this is spent')
     p.add_argument('--out', default=None, help='write the results as JSON here')
     a = p.parse_args(argv)
