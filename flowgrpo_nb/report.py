@@ -486,12 +486,11 @@ def prereg_text(pre:dict) -> str:
     f += f", added at commit {pre['commit'][:10]} on {pre['committed'][:10]}"
     f += {True: ', unchanged since', False: ', changed since (the claims below are the file as it is now)', None: ''}[pre.get('unchanged')]
     inv = pre.get('invocations') or []
-    late, unknown = [i for i in inv if i['after']], [i for i in inv if i['after'] is None]
-    early = [i for i in inv if i['after'] is False]
-    commits = ', '.join(dict.fromkeys(i['commit'][:10] for i in late))
-    said = [f"{len(late)} of the {len(inv)} invocations that trained its runs ran code committed after it ({commits})"] if late else []
-    said += [f"{len(early)} ran code without it in its history: " + '; '.join(f"{i['started']} at {str(i['commit'])[:10]}" for i in early)] if early else []
-    said += [f"{len(unknown)} could not be checked (no commit recorded, or not in this history)"] if unknown else []
+    by = {a: [i for i in inv if i['after'] is a] for a in (True, False, None)}
+    said = ([f"{len(by[True])} of the {len(inv)} invocations that trained its runs ran code committed after it ("
+             + ', '.join(dict.fromkeys(i['commit'][:10] for i in by[True])) + ')'] if by[True] else []) + (
+            [f"{len(by[False])} ran code without it in its history: " + '; '.join(f"{i['started']} at {str(i['commit'])[:10]}" for i in by[False])] if by[False] else []) + (
+            [f"{len(by[None])} could not be checked (no commit recorded, or not in this history)"] if by[None] else [])
     return f + ('. ' + '; '.join(said) if said else '. No invocation is logged') + '.'
 
 def prereg_html(report:Report) -> str:
