@@ -20,6 +20,7 @@ from fastcore.basics import patch
 from .flow import flow_sde_scale
 from .policy import Policy, PHASES, ema_of, ema_weights, seeded_generator, timed
 from .rollout import rollout, step_values, logprob_pairs, ppo_loss, kl_to_reference
+from .update import chunked_ppo_backward, step_grad_norms
 from .credit import METHODS, compute_credit, calibrate_exploration, Calibration, credit_stats
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
 from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker, tracker_kwargs
@@ -189,7 +190,11 @@ def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|
     keep, bi, ki, ii, kk = self._pairs(A, ks, mb)
     stats['skipped'].append(1 - keep.float().mean().item())
     if not keep.any(): return
-    if 0 < cfg.backward_pairs < len(ii): return self._backward_chunks(ro, A, ks, mb, n_mb, stats, old_lp, keep, bi, ki, ii, kk)
+    if 0 < cfg.backward_pairs < len(ii):  # at most backward_pairs pairs per graph (05d_update): the same gradient
+        r = chunked_ppo_backward(pol, ro, ii, kk, old_lp, A[mb][:, ks][bi, ki], cfg.clip_range, cfg.beta, keep.numel(),
+                                 cfg.backward_pairs, lambda loss: self.acc.backward(loss / n_mb))
+        for k in ('loss', 'clipfrac', 'approx_kl', 'ratio_mean', 'ratio_std') + ('kl',) * (cfg.beta > 0): stats.setdefault(k, []).append(r[k])
+        return
     out = logprob_pairs(pol, ro, ii, kk)                # fields [n]
     old = out.log_prob.detach() if old_lp is None else old_lp[ii, kk]
     adv = A[mb][:, ks][bi, ki].to(out.log_prob.device)
@@ -206,49 +211,14 @@ def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|
     stats['approx_kl'].append(0.5 * ((out.log_prob.detach() - old) ** 2).mean().item())
     r = ratio.detach().float()
     stats.setdefault('ratio_mean', []).append(r.mean().item()); stats.setdefault('ratio_std', []).append(r.std().item() if r.numel() > 1 else 0.0)
-@patch
-def _backward_chunks(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp, keep, bi, ki, ii, kk):
-    "`_backward`'s loss and gradient over at most `backward_pairs` pairs per graph: each chunk's share of the minibatch's mean."
-    cfg, pol, N, n = self.cfg, self.policy, keep.numel(), len(ii)
-    loss_sum, kl_sum, clipped, akl, ratios = 0.0, 0.0, 0.0, 0.0, []
-    for s in range(0, n, cfg.backward_pairs):
-        c = slice(s, s + cfg.backward_pairs)
-        out = logprob_pairs(pol, ro, ii[c], kk[c])
-        old = out.log_prob.detach() if old_lp is None else old_lp[ii[c], kk[c]]
-        adv = A[mb][:, ks][bi[c], ki[c]].to(out.log_prob.device)
-        loss, ratio = ppo_loss(out.log_prob, old, adv, cfg.clip_range)
-        loss = loss * (len(adv) / N)                    # the mean over all N pairs: this chunk's part of it
-        if cfg.beta > 0:
-            with torch.no_grad(), pol.disable_adapter(): ref = logprob_pairs(pol, ro, ii[c], kk[c])
-            kl = kl_to_reference(out.mean.unsqueeze(1), ref.mean.unsqueeze(1), out.std.unsqueeze(1)).squeeze(1)  # [chunk]
-            loss = loss + cfg.beta * kl.sum() / N
-            kl_sum += kl.sum().item()
-        self.acc.backward(loss / n_mb)
-        loss_sum += loss.item()
-        clipped += ((ratio.detach() - 1).abs() > cfg.clip_range).float().sum().item()
-        akl += (0.5 * (out.log_prob.detach() - old) ** 2).sum().item()
-        ratios.append(ratio.detach().float())
-    if cfg.beta > 0: stats['kl'].append(kl_sum / N)
-    r = torch.cat(ratios)
-    stats['loss'].append(loss_sum); stats['clipfrac'].append(clipped / n); stats['approx_kl'].append(akl / n)
-    stats.setdefault('ratio_mean', []).append(r.mean().item()); stats.setdefault('ratio_std', []).append(r.std().item() if n > 1 else 0.0)
 
 
 # %% ../nbs/06_train.ipynb #a908fa16
 @patch
 def grad_shares(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
     "{grad_share_<k>: share of step k's gradient norm in the sum over trained steps}, on the first minibatch."
-    cfg, mb, norms = self.cfg, torch.arange(ro.B)[:self.cfg.minibatch], {}
-    for k in ro.trained.nonzero().flatten().cpu().tolist():
-        kk, adv = torch.full_like(mb, k), A[mb, k]
-        if not adv.any(): norms[k] = 0.0; continue  # zero credit: exactly zero gradient
-        self.opt.zero_grad(set_to_none=True)
-        for c in torch.arange(len(mb)).split(cfg.backward_pairs or len(mb)):  # at most backward_pairs rows per graph
-            out = logprob_pairs(self.policy, ro, mb[c], kk[c])
-            old = out.log_prob.detach() if self.policy.fast else ro.log_prob[mb[c], k]  # the weights of the rollout: see `update`
-            (ppo_loss(out.log_prob, old, adv[c].to(out.log_prob.device), cfg.clip_range)[0] * (len(c) / len(mb))).backward()
-        norms[k] = float(torch.stack([p.grad.float().norm() for p in self.params if p.grad is not None]).norm())
-    self.opt.zero_grad(set_to_none=True)
+    norms = step_grad_norms(self.policy, ro, A, torch.arange(ro.B)[:self.cfg.minibatch], self.cfg.clip_range, self.cfg.backward_pairs,
+                            self.params, lambda: self.opt.zero_grad(set_to_none=True))
     total = sum(norms.values()) or 1.0
     return {f'grad_share_{k}': n / total for k, n in norms.items()}
 
