@@ -299,7 +299,8 @@ def _check_noise(c:GRPOConfig):
 
 # %% ../nbs/05c_config.ipynb #71ef0ac1
 REMOVED_FIELDS = ('log_images',)  # written by older versions, read by nothing
-ADDED_FIELDS = dict(fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0)  # a config written before these fields existed ran with these values
+ADDED_FIELDS = dict(fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0,
+                    backward_pairs=0)  # a config written before these fields existed ran with these values
 RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with', 'gradient_checkpointing', 'kl_every')  # the same experiment
 
 def _known_fields(d:dict, source:str) -> dict:

@@ -113,6 +113,7 @@ BUDGETS = {
     'study':   dict(seeds=dict(geneval=tuple(range(8)), score=tuple(range(5))), steps=150, eval_every=25, eval_images=1200,
                     arms=STUDY_ARMS, train=EXPLORATORY),
     'confirm': dict(seeds='prereg', steps=100, eval_every=25, eval_images=1200, arms='prereg',  # seeds and arms: the pre-registration's
+                    save_every=25,  # a checkpoint at each evaluation: a stopped sitting loses at most 25 steps of a run
                     train=_TRAIN | dict(fast=False)),  # fp32 eager on every CPU: a run is one computation wherever it is retrained
 }
 SMOKE = dict(BUDGETS['smoke']['train'], **{k: BUDGETS['smoke'][k] for k in ('steps', 'eval_every', 'eval_images')})  # its sizes as overrides
@@ -138,7 +139,7 @@ def budget_of(name:str) -> dict:
 def budget_fields(b:dict, seed:int, task:str) -> dict:
     "The `GRPOConfig` fields budget `b` gives every run of `seed` in `task` (seeds and arms aside: `budget_of` reads those)."
     return {**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
-            'eval_start': False, 'save_every': b['steps'], 'seed': seed, 'reward': TASKS[task]['reward']}
+            'eval_start': False, 'save_every': b.get('save_every', b['steps']), 'seed': seed, 'reward': TASKS[task]['reward']}
 
 @dataclass
 class CompareConfig:
