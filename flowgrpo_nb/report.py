@@ -8,7 +8,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/report.html.md"""
 from __future__ import annotations
 import html, re
 from .results import FIDELITY_MEASURES, Report, TaskSection
-from .summary import REACH_BY, WINDOW_MATCH, fidelity_gain, with_power
+from .summary import REACH_BY, WINDOW_MATCH, fidelity_gain, with_power, verdict_sentence
 from .design import contrast_label
 from .task import COLLAPSE_DROP
 
@@ -42,7 +42,6 @@ def _said(c, tag:str) -> str:
 
 # %% ../nbs/06g_report.ipynb #5b0b4376
 def _method(report:Report, arm:str) -> str: return report.setup['arms'][arm]['method']
-
 def _not_beaten(report:Report, c) -> bool: return c.is_control and c.verdict != 'higher' and _method(report, c.arm) in DENSE_CREDIT
 
 def _not_beaten_said(c) -> str: return f" {c.arm}'s per-step credit does not beat {_its_control(c, short=True)} on the held-out {METRICS[c.metric]}."
@@ -494,9 +493,10 @@ def prereg_text(pre:dict) -> str:
     return f + ('. ' + '; '.join(said) if said else '. No invocation is logged') + '.'
 
 def prereg_html(report:Report) -> str:
-    "The claims block of a pre-registered study: its registration, the claims table with families, a sentence per family, the reading."
+    "The claims block of a pre-registered study: its registration, the claims table with families, each claim's answer in words, a sentence per family, the reading."
+    said = ''.join(f"<li>{_md(verdict_sentence(c))}</li>" for c in report.contrasts)
     return (f"<h2>The pre-registered claims</h2><p>{html.escape(prereg_text(report.setup['prereg']))}</p>{html_table(*claims_rows(report))}"
-            f"<p>{_md(claims_summary(report))}</p><p>{html.escape(PREREG_NOTE)}</p>")
+            f"<ul>{said}</ul><p>{_md(claims_summary(report))}</p><p>{html.escape(PREREG_NOTE)}</p>")
 
 
 # %% ../nbs/06g_report.ipynb #a454c22c

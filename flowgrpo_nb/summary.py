@@ -19,7 +19,7 @@ __all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'las
            'study_measures', 'plateau', 'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary',
            'window_match', 'task_comparisons', 'correct', 'base_summary', 'task_section', 'contrast_values',
            'run_metric', 'claim_diffs', 'power_fields', 'with_power', 'evaluate_contrasts', 'evaluate_claims',
-           'fake_report', 'add_fidelity', 'fidelity_gain']
+           'fake_report', 'verdict_sentence', 'add_fidelity', 'fidelity_gain']
 
 # %% ../nbs/06e_summary.ipynb #4232d228
 def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -> float|None:
@@ -363,6 +363,30 @@ def fake_report(finals:dict,             # {arm: its mean final held-out strict 
                  evaluation=dict(images=1200, every=every),
                  tasks={task: dict(about=TASKS[task]['about'], arms=list(finals))}, arms=arms)
     return Report(format=FORMAT, setup=setup, tasks={task: sec}, findings=[], contrasts=evaluate_contrasts({task: sec}))
+
+# %% ../nbs/06e_summary.ipynb #774e4d12
+def verdict_sentence(c:ContrastResult) -> str:
+    "A judged claim's answer in plain words: yes / no / neither better nor worse / not decided, with its effect, interval and reach."
+    if not c.n: return f"{c.id}: {c.claim} Not run in this report."
+    eff = f"{c.mean:+.3f} (95% CI [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}], {c.n} seeds)"
+    at = f"α/m = {c.level:.2g}" if c.level else 'its level'
+    hp = lambda t: f" (Holm-adjusted p = {c.p_holm[t]:.2g})" if (c.p_holm or {}).get(t) is not None else ''
+    if c.verdict == 'holds' and c.kind == 'superiority':
+        size = ('and its lower bound at ' + at + f", {c.lower:+.3f}, clears the claimed {c.margin:g}" if c.clears else
+                f"but its lower bound at {at}, {c.lower:+.3f}, does not reach the claimed {c.margin:g}: above 0, not shown as large as claimed"
+                if c.lower is not None else '')
+        said = f"**Yes**: by {eff}, above 0 at Holm's level{hp('holds')}" + (f", {size}" if size else '')
+    elif c.verdict == 'holds': said = f"**Yes**: {eff}, shown " + ("no worse than −" if c.kind == 'non-inferiority' else 'within ±') + f"{c.margin:g}"
+    elif c.verdict == 'does not hold':
+        said = f"**No**: {eff}; an effect as large as " + ("the claimed " if c.kind == 'superiority' else '') + f"{c.margin:g} is excluded at Holm's level{hp('excluded')}"
+    elif c.verdict == 'equivalent': said = f"**Neither better nor worse**: {eff} lies within ±{c.margin:g}, by TOST at Holm's level{hp('equivalent' if c.kind != 'equivalence' else 'holds')}"
+    elif c.verdict in ('higher', 'lower'): said = f"**{c.verdict.capitalize()}**: {eff}, two-sided at Holm's level"
+    else:
+        reach = (f"; these seeds detect {c.mde:.3f} with 80% power at {at}" if c.mde is not None else '; no spread between seeds to size it')
+        more = f", and the claimed {c.margin:g} would take {c.seeds_needed} seeds" if c.seeds_needed else ''
+        said = f"**Not decided at this power**: {eff} is neither shown above 0 nor shown to fall short of the claimed {c.margin:g}{reach}{more}"
+    return f"{c.id}: {c.claim} {said}."
+
 
 # %% ../nbs/06e_summary.ipynb #36b54a5c
 def add_fidelity(tasks:dict[str, TaskSection], rows:list[dict], arms:dict):
