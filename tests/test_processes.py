@@ -117,14 +117,21 @@ import psutil
 cmd = subprocess.Popen([sys.executable, '-c', "import plotly.graph_objects as go, sys; from flowgrpo_nb.processes import write_png; "
                         "write_png(go.Figure(go.Bar(y=[1, 2])), sys.argv[1], timeout=300)", sys.argv[1]])
 t0 = time.monotonic()
-def tree(): return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-while not any('chrom' in p.name().lower() for p in tree()):  # the browser is up: the export is under way
+def tree():
+    "The names of the living processes below this one; one that ends while being looked at is gone, not an error."
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE: out.append(p.name())
+        except psutil.Error: pass
+    return out
+while not any('chrom' in n.lower() for n in tree()):  # the browser is up: the export is under way
     assert time.monotonic() - t0 < 200, 'no browser started'
     time.sleep(0.05)
 had = len(tree())
 cmd.kill(); cmd.wait(); t1 = time.monotonic()
 while tree() and time.monotonic() - t1 < 10: time.sleep(0.1)
-print(json.dumps(dict(pid=cmd.pid, had=had, left=[p.name() for p in tree()], sec=time.monotonic() - t1)))
+print(json.dumps(dict(pid=cmd.pid, had=had, left=tree(), sec=time.monotonic() - t1)))
 '''
 
 @pytest.mark.chrome
