@@ -255,7 +255,7 @@ def prereg_record(out:Path|None) -> dict:
         r = c and _git(root, 'merge-base', '--is-ancestor', commit, c)
         return None if not r or r.returncode not in (0, 1) else r.returncode == 0
     rec['invocations'] = [dict(started=i.get('started'), commit=(i.get('code') or {}).get('commit'), after=after((i.get('code') or {}).get('commit')))
-                          for i in (read_invocations(out) if out else []) if 'started' in i]
+                          for i in (read_invocations(out) if out else []) if 'started' in i and i.get('runs_to_train', 1)]  # one that only rebuilt the report trained nothing
     return rec
 
 

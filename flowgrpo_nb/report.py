@@ -463,10 +463,10 @@ def _verdicts(ran:list) -> str:
     out = [f"**{v}**: {_listed(cs) if cs else 'none'}" for v, cs in by.items() if cs or v in ('holds', 'does not hold')]
     und = [c for c in ran if c.verdict == 'undecided at this power']
     if und:
-        mdes, need = [c.mde for c in und if c.mde is not None], [c.seeds_needed for c in und if c.seeds_needed]
-        out.append(f"**undecided at this power**: the other {len(und)}" + (f": at the spread measured these seeds detect effects of {min(mdes):.3f}–{max(mdes):.3f} "
-                   f"(80% power, each claim's own test at {_level(ran)})" if mdes else '') + (f", and their margins would take {min(need)}–{max(need)} seeds" if need else ''))
-    return f"Of {len(ran)} claims tested: " + '. '.join(out) + '.'
+        mdes, need = [c.mde for c in und if c.mde is not None], [c.seeds_needed for c in und if c.seeds_needed]; span = lambda xs, f='': f'{min(xs):{f}}' + (f'–{max(xs):{f}}' if max(xs) != min(xs) else '')
+        out.append(f"**undecided at this power**: the other {len(und)}" + (f": at the spread measured these seeds detect effects of {span(mdes, '.3f')} "
+                   f"(80% power, each claim's own test at {_level(ran)})" if mdes else '') + (f", and their margins would take {span(need)} seeds" if need else ''))
+    return f"Of {len(ran)} claim{'s' * (len(ran) != 1)} tested: " + '. '.join(out) + '.'
 
 
 # %% ../nbs/06g_report.ipynb #766b1a50

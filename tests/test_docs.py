@@ -53,7 +53,7 @@ def test_readme_first_screen():
     lines = (ROOT/'README.md').read_text().splitlines()
     top = '\n'.join(lines[:45])
     for s in ('bash tools/env.sh', 'bash tools/main.sh', 'runs/compare/report.html', 'flowgrpo app --runs runs/compare',
-              'claims tested', 'glossary.ipynb'):
+              'What the confirmatory study found', '| verdict |', 'glossary.ipynb'):
         assert s in top, f"{s!r} is not in the README's first 45 lines"
     readme = '\n'.join(lines)
     assert '<details><summary>' in readme and '</details>' in readme, "the quick comparison's findings are not folded"
