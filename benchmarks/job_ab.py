@@ -20,8 +20,8 @@ import json, os, resource, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 from fastcore.script import call_parse
 
-from flowgrpo_nb.design import ARMS
-from flowgrpo_nb.compare import usable_cores
+from flowgrpo_nb.study.design import ARMS
+from flowgrpo_nb.study.compare import usable_cores
 from flowgrpo_nb.config import GRPOConfig
 
 UPDATES = GRPOConfig().updates_per_rollout  # optimizer steps per rollout batch: each takes a whole minibatch of its share
@@ -45,7 +45,7 @@ def run_job(mode:str, out:Path, arms:list, task:str, steps:int, batch:tuple, bud
                 score={a: got[a]['heldout_strict']['mean'] for a in arms}, skipped={a: (got[a]['skipped'] or {}).get('mean', 0.0) for a in arms})
 
 @call_parse
-def main(arms:str='flow_grpo,stepwise,dense,turning_point',  # comma-separated arms of the job (flowgrpo_nb.design.ARMS)
+def main(arms:str='flow_grpo,stepwise,dense,turning_point',  # comma-separated arms of the job (flowgrpo_nb.study.design.ARMS)
          modes:str='before,now',  # the two ways, A,B: before, eager, fast, now, old
          old:str=None,        # with mode old: the folder of the other checkout (its flowgrpo_nb runs)
          task:str='geneval',  # the comparison task

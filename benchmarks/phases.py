@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import flowgrpo_nb.rollout as rollout_mod
 import flowgrpo_nb.train as train_mod
-from flowgrpo_nb.design import ARMS, BUDGETS, CompareConfig
+from flowgrpo_nb.study.design import ARMS, BUDGETS, CompareConfig
 
 DEFAULT = ('flow_grpo', 'flow_grpo_train4', 'stepwise', 'dense', 'turning_point')
 from flowgrpo_nb.task import load_policy, load_task
@@ -120,7 +120,7 @@ def profile_method(method:str, budget:str, steps:int, out:Path, task:str='geneva
 def main(threads:int=1,        # torch CPU threads for the training steps (the peak is measured at 1, 2 and this many)
          steps:int=2,          # training steps per method
          budget:str='default', # the comparison budget whose training config is profiled: smoke or default (see compare.BUDGETS)
-         methods:str=','.join(DEFAULT),  # comma-separated arms of the comparison (flowgrpo_nb.design.ARMS)
+         methods:str=','.join(DEFAULT),  # comma-separated arms of the comparison (flowgrpo_nb.study.design.ARMS)
          task:str='geneval',   # the comparison task whose reward trains (geneval or score)
          json_out:str=None):   # also write the numbers to this JSON file (--json OUT)
     "Print, per method and phase, wall / CPU seconds, NFE, rows and the network's GFLOP/s against the measured matmul peak."

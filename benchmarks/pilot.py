@@ -145,8 +145,8 @@ def metric_values(r:dict, horizon:int=H) -> dict:
     """A run's candidate metrics for the confirmatory study, read on its held-out curve cut at `horizon` (the steps the
     confirmatory runs will train): the final evaluation (the EMA model's where kept), the mean of the last 2 and 3
     evaluations, the area under the curve (`summary.curve_auc`) and the gain over the run's own base evaluation."""
-    from flowgrpo_nb.results import CurvePoint
-    from flowgrpo_nb.summary import curve_auc, last_mean
+    from flowgrpo_nb.study.results import CurvePoint
+    from flowgrpo_nb.study.summary import curve_auc, last_mean
     pts = [CurvePoint(step=s, seconds=0.0, eval=y, se=0.0, base=s == 0) for s, y in r['curve'] if s <= horizon]
     if not pts or pts[-1].step != horizon: return {}
     return dict(final=pts[-1].eval, last_mean2=last_mean(pts, 2), last_mean3=last_mean(pts, 3), auc=curve_auc(pts),

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from fastcore.script import call_parse
 
-from flowgrpo_nb.design import ARMS, BUDGETS, CompareConfig
+from flowgrpo_nb.study.design import ARMS, BUDGETS, CompareConfig
 from flowgrpo_nb.rollout import rollout, step_values
 from flowgrpo_nb.task import load_policy, load_task
 from flowgrpo_nb.train import GRPOTrainer, step_generator, step_prompts
@@ -46,7 +46,7 @@ def value_agreement(method:str, budget:str, out:Path) -> tuple[int, int, float]:
     return int((V['fp32'] == V['bf16']).sum()), V['fp32'].numel(), float((V['fp32'] - V['bf16']).abs().max())
 
 @call_parse
-def main(methods:str='flow_grpo,dense',  # comma-separated arms (flowgrpo_nb.design.ARMS)
+def main(methods:str='flow_grpo,dense',  # comma-separated arms (flowgrpo_nb.study.design.ARMS)
          steps:int=3,                     # training steps per run (the first is left out of the medians: warm-up)
          reps:int=2,                      # runs per method and precision, alternating fp32 / bf16
          budget:str='default'):           # the comparison budget whose training config runs (smoke: a quick check)

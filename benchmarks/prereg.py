@@ -62,9 +62,9 @@ def level_metric(pilot:dict) -> tuple[str, int|None]:
 
 def study_sd(claim:dict) -> tuple[float|None, int]:
     "The exploratory study's paired SD (and seeds) of `claim`'s contrast on its metric, or None where it did not run both arms."
-    from flowgrpo_nb.design import Claim
-    from flowgrpo_nb.results import Report
-    from flowgrpo_nb.summary import claim_diffs
+    from flowgrpo_nb.study.design import Claim
+    from flowgrpo_nb.study.results import Report
+    from flowgrpo_nb.study.summary import claim_diffs
     rep = Report.from_json(json.loads((ROOT / 'results' / 'study' / 'report.json').read_text()))
     sec = rep.tasks.get(claim['task'])
     d = claim_diffs(sec, Claim(**claim)) if sec else []
@@ -103,7 +103,7 @@ def toml_text(rows:list[dict], seeds:dict, recipe:str, alpha:float=0.05, power:f
 
 def seed_cost(task:str, arms, timings:dict|None=None) -> float:
     "Expected CPU seconds of one seed of `task` under the confirm budget: a run of each arm and the base evaluation (`design.run_cost`)."
-    from flowgrpo_nb.design import BUDGETS, TASKS, COSTS, arm_config, budget_fields, run_cost, eval_cost, unit_costs
+    from flowgrpo_nb.study.design import BUDGETS, TASKS, COSTS, arm_config, budget_fields, run_cost, eval_cost, unit_costs
     fields = budget_fields(BUDGETS['confirm'], FIRST_SEED[task], task)
     cfgs = [arm_config(a, **fields) for a in arms]
     return sum(sum(run_cost(c, TASKS[task]['levels'], timings).values()) for c in cfgs) + \
@@ -119,7 +119,7 @@ def fit_budget(rows:list[dict], hours:float=CPU_HOURS, cost=seed_cost, secondary
     (the later one on a tie) moves to the secondary family, with a note, and the family is sized again; (2) secondary claims
     join in the listed order (the moved ones last) while the total stays within `hours` (a task no primary claim sizes runs `secondary_seeds`
     seeds); the others are left out and listed. Returns (rows kept, seeds per task, left out)."""
-    from flowgrpo_nb.design import load_prereg, prereg_seeds
+    from flowgrpo_nb.study.design import load_prereg, prereg_seeds
     rows = [dict(r) for r in rows]
     tmp = ROOT / 'design' / '.prereg_plan.toml'
     tmp.parent.mkdir(exist_ok=True)
@@ -156,7 +156,7 @@ def main(argv=None):
     ap.add_argument('--write', action='store_true', help='write design/confirm_prereg.toml (refused if it exists)')
     a = ap.parse_args(argv)
     import platform, torch
-    from flowgrpo_nb.design import PREREG, load_prereg, prereg_seeds, holm_level
+    from flowgrpo_nb.study.design import PREREG, load_prereg, prereg_seeds, holm_level
     from flowgrpo_nb.precision import cpu_name
     rows, seeds, out = fit_budget(plan(a.recipe, Path(a.pilot)))
     task_arms = {t: arms(rows, t) for t in seeds}

@@ -22,16 +22,15 @@ from .rollout import RolloutConfig, rollout, step_values
 from .task import Task, EvalReport
 from .credit import method_credits
 from .viz import image_strip, gain_figure, preview_figure, turning_point_table
-from .results import Report
-from .figures import report_figures
+import plotly.io as pio
 from .bank import ModelBank, QUICK_STEPS
 from .processes import stop_on_signals, stopped
 
 # %% auto #0
-__all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT', 'GENERATE_AT_ONCE',
-           'PREVIEWS', 'GALLERY_COLUMNS', 'CSS', 'check_prompt', 'check_settings', 'Sample', 'generate_all',
-           'model_label', 'strip_figure', 'samples_view', 'find_report', 'report_view', 'credit_view', 'prune_files',
-           'make_app', 'RefuseUploads', 'serve', 'check_address', 'app_cli']
+__all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES', 'REBUILD', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT',
+           'GENERATE_AT_ONCE', 'PREVIEWS', 'GALLERY_COLUMNS', 'CSS', 'check_prompt', 'check_settings', 'Sample',
+           'generate_all', 'model_label', 'strip_figure', 'samples_view', 'find_report', 'report_view', 'credit_view',
+           'prune_files', 'make_app', 'RefuseUploads', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #93ebcae0
 MAX_PROMPT_CHARS = 200
@@ -143,21 +142,25 @@ def find_report(runs:str|Path|None) -> Path|None:
     if runs is None: return None
     return next((d/'report.json' for d in (Path(runs), Path(runs).parent) if (d/'report.json').is_file()), None)
 
+REBUILD = "`flowgrpo compare --out DIR` rewrites it from its runs (finished runs are not trained again)"
+
 def report_view(runs:str|Path|None, task:str|None=None) -> tuple[str, str, list, list]:
     "Markdown head (which report and task, or why there is none), the task's findings, its figures (None where absent), the report's tasks."
     p, none = find_report(runs), [None] * len(REPORT_FIGURES)
     if p is None:
         return f"No `report.json` in `{runs}` or the folder above: run `flowgrpo compare --out DIR` and open the app on DIR.", '', none, []
     try:
-        report = Report.from_json(json.loads(p.read_text()), str(p))
-        tasks = list(report.tasks)
+        report = json.loads(p.read_text())
+        tasks = list(report['tasks'])
         task = task if task in tasks else tasks[0]
-        figs = report_figures(report, task)
+        about, found = report['setup']['tasks'][task].get('about', ''), report['findings']
+        figs = [pio.read_json(f) if (f := p.parent/'figures'/f'{task}_{k}.json').is_file() else None for k in REPORT_FIGURES]
     except Exception as e:
-        return f"**`{p}` cannot be read** ({type(e).__name__}: {e})", '', none, []
-    md = '\n'.join(f"- {s.removeprefix(f'[{task}] ')}" for s in report.findings if s.startswith(f'[{task}] '))
-    about = report.setup['tasks'][task].get('about', '')
-    return f"Report: `{p}`; task **{task}** ({about}), one of {len(tasks)}", md, [figs.get(k) for k in REPORT_FIGURES], tasks
+        return f"**`{p}` cannot be read** ({type(e).__name__}: {e}): {REBUILD}", '', none, []
+    md = '\n'.join(f"- {s.removeprefix(f'[{task}] ')}" for s in found if s.startswith(f'[{task}] '))
+    head = f"Report: `{p}`; task **{task}** ({about}), one of {len(tasks)}"
+    if not any(figs): head += f". It has no figure files (`figures/{task}_<figure>.json`, written since the study kept them): {REBUILD}"
+    return head, md, figs, tasks
 
 def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:int=10, guidance:float=4.0,
                 sampler:str='flow_sde', level:float=0.7, group_size:int=4) -> tuple:

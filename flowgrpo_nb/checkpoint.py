@@ -7,7 +7,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/checkpoint.html.md"""
 # %% auto #0
 __all__ = ['CKPT_PREFIX', 'LOCK_FILE', 'RUN_FILES', 'flatten_optimizer', 'unflatten_optimizer', 'CheckpointError',
            'list_checkpoints', 'write_checkpoint', 'verify_checkpoint', 'read_checkpoint', 'latest_checkpoint',
-           'clean_interrupted', 'resumable', 'MetricsLog', 'read_json', 'write_json', 'check_output_dir',
+           'clean_interrupted', 'resumable', 'MetricsLog', 'read_json', 'write_json', 'write_text', 'check_output_dir',
            'FolderLocked', 'FolderLock', 'RunFolder']
 
 # %% ../nbs/00c_checkpoint.ipynb #3694947e
@@ -302,6 +302,11 @@ def read_json(path:str|Path,
 def write_json(path:str|Path, obj, what:str='JSON file') -> Path:
     "Write `obj` as JSON atomically (a reader never sees half of it); an OSError is one CheckpointError sentence."
     _atomic_write(Path(path), json.dumps(obj, indent=1).encode(), what)
+    return Path(path)
+
+def write_text(path:str|Path, text:str, what:str='file') -> Path:
+    "Write `text` atomically (a page, a figure file); an OSError (a full disk) is one CheckpointError sentence naming the file."
+    _atomic_write(Path(path), text.encode(), what)
     return Path(path)
 
 # %% ../nbs/00c_checkpoint.ipynb #093fe030

@@ -12,7 +12,7 @@ import argparse, ast, importlib, importlib.util, inspect, math, os, sys, traceba
 from contextlib import contextmanager
 from pathlib import Path
 from fastcore.script import anno_parser
-from .processes import WORKER_PRELOAD, start_fork_server, stop_on_signals, Stopped, stopped, running_as, invoked
+from .processes import stop_on_signals, Stopped, stopped, running_as, invoked
 
 # %% ../nbs/10_cli.ipynb #cd896d72
 COMMANDS = {
@@ -20,10 +20,10 @@ COMMANDS = {
     'pretrain': 'flowgrpo_nb.tiny.pretrain_cli',
     'eval-tiny': 'flowgrpo_nb.card.evaluate_cli',
     'train': 'flowgrpo_nb.train.train_cli',
-    'compare': 'flowgrpo_nb.compare.compare_cli',
+    'compare': 'flowgrpo_nb.study.compare.compare_cli',
     'train-score': 'flowgrpo_nb.score.train_score_cli',
     'app': 'flowgrpo_nb.app.app_cli',
-    'fidelity': 'flowgrpo_nb.fidelity_report.fidelity_cli',
+    'fidelity': 'flowgrpo_nb.study.fidelity_report.fidelity_cli',
 }
 
 def _command(name:str):
@@ -81,12 +81,12 @@ def _warnings_as_lines(prog:str):
     try: yield
     finally: warnings.formatwarning = fmt
 
-FORK_SERVER = {'compare': WORKER_PRELOAD}  # commands whose workers fork from a server, and what it imports
+FORK_SERVER = {'compare': 'flowgrpo_nb.study.pool'}  # commands whose workers fork from a server: the module that starts it
 
 def _start_fork_server(name:str, argv:list[str]):
     "Start the server `name`'s workers fork from now, so that it imports the package beside this process's own imports."
     if name not in FORK_SERVER or {'-h', '--help', '--estimate'} & set(argv): return
-    start_fork_server(FORK_SERVER[name])  # the comparison's worker_context reaps it at exit when the jobs run
+    importlib.import_module(FORK_SERVER[name]).start_fork_server()  # its worker_context reaps it at exit when the jobs run
 
 def _close_bars():
     "Close the progress bars an interrupt left open (each ends its line), so that the stop's sentence has a line of its own."

@@ -2,7 +2,7 @@
 real browser.
 
 A fake compare folder (three runs with random LoRA checkpoints, `app.fake_runs`) stands in for `flowgrpo compare`."""
-import json, os, signal, socket, subprocess, sys, threading, time
+import json, os, shutil, signal, socket, subprocess, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest, torch
@@ -211,6 +211,9 @@ def test_report(app, runs, tmp_path):
     assert 'No `report.json`' in head and md == '' and figs == none and tasks == []
     report = json.loads((ROOT/'results'/'compare'/'report.json').read_text())  # the committed report
     (tmp_path/'report.json').write_text(json.dumps(report))
+    head, _, figs, _ = report_view(tmp_path)  # without its figure files: said, with the command that writes them
+    assert figs == none and 'no figure files' in head and 'flowgrpo compare --out DIR' in head
+    shutil.copytree(ROOT/'results'/'compare'/'figures', tmp_path/'figures', ignore=shutil.ignore_patterns('*.png'))
     for task in report['tasks']:  # every task of the report, each with its findings and its figures
         head, md, figs, tasks = report_view(tmp_path, task)
         assert tasks == list(report['tasks']) and f'task **{task}**' in head
@@ -220,7 +223,7 @@ def test_report(app, runs, tmp_path):
                    for k, f in zip(app_mod.REPORT_FIGURES, figs)), task
     (tmp_path/'report.json').write_text(json.dumps(dict(per_seed={}, methods={}, findings=['old'])))  # format 1: refused, with the fix
     head, md, figs, _ = report_view(tmp_path)
-    assert 'cannot be read' in head and 'report format 1' in head and 'flowgrpo compare --out DIR' in head and figs == none
+    assert 'cannot be read' in head and 'flowgrpo compare --out DIR' in head and figs == none
     (tmp_path/'report.json').write_text('{not json')
     head, md, figs, _ = report_view(tmp_path)
     assert 'cannot be read' in head and figs == none

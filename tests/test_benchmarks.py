@@ -89,7 +89,7 @@ def test_prereg_plan_from_a_pilot_table(tmp_path):
     "The pre-registration's planning SDs and level metric come from the pilot table; seeds are sized at the Holm level."
     sys.path.insert(0, str(ROOT/'benchmarks'))
     import prereg
-    from flowgrpo_nb.design import seeds_for, holm_level
+    from flowgrpo_nb.study.design import seeds_for, holm_level
     ms = lambda final, lm2: dict(final=dict(sd=.02, sd_paired=final, n=8), last_mean2=dict(sd=.02, sd_paired=lm2, n=8),
                                  auc=dict(sd=.02, sd_paired=.012, n=8))
     pilot = tmp_path/'pilot.json'
@@ -102,7 +102,7 @@ def test_prereg_plan_from_a_pilot_table(tmp_path):
     assert d3['task'] == 'score' and 'exploratory study' in d3['sd_from'] and d3['sd'] > 0
     text = prereg.toml_text(rows, dict(geneval=[2000, 2001], score=[3000, 3001]), 'safe')
     (tmp_path/'p.toml').write_text(text)
-    from flowgrpo_nb.design import load_prereg, prereg_seeds
+    from flowgrpo_nb.study.design import load_prereg, prereg_seeds
     plan = prereg_seeds(load_prereg(tmp_path/'p.toml'))
     m = sum(r.get('family', 'primary') == 'primary' for r in prereg.CLAIMS)
     assert plan['m'] == m and plan['level'] == holm_level(0.05, m)
@@ -114,7 +114,7 @@ def test_prereg_fits_the_study_to_its_budget():
     secondary claims join in order (moved ones last) while the total fits; hand-checked on unit costs."""
     sys.path.insert(0, str(ROOT/'benchmarks'))
     import prereg
-    from flowgrpo_nb.design import seeds_for, holm_level
+    from flowgrpo_nb.study.design import seeds_for, holm_level
     row = lambda id, arm, other, sd, task='geneval', family='primary': dict(
         id=id, question='?', arm=arm, other=other, claim='level', task=task, test='superiority', family=family, metric='final', margin=.02, sd=sd)
     rows = [row('A', 'dense', 'flow_grpo', .02), row('B', 'stepwise', 'flow_grpo', .02), row('C', 'dense', 'dense_nocal', .2, 'score'),

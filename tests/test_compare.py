@@ -1,4 +1,4 @@
-"Checks of flowgrpo_nb.compare: its Task seam, its worker processes, its statistics and costs (the notebook nbs/06h_compare.ipynb runs the embedded default)."
+"Checks of flowgrpo_nb.study.compare: its Task seam, its worker processes, its statistics and costs (the notebook nbs/06h_compare.ipynb runs the embedded default)."
 import copy, dataclasses, json, os
 from pathlib import Path
 
@@ -8,12 +8,12 @@ from fastcore.script import anno_parser
 from safetensors.torch import load_file
 
 from flowgrpo_nb.precision import resolve_fast
-from flowgrpo_nb.design import ARMS, SMOKE, arm_config, arm_settings, CompareConfig, job_costs, estimate_cost
-from flowgrpo_nb.compare import EVAL_SEED, base_eval, compare, compare_cli, _train_one
-from flowgrpo_nb.results import Report, heldout, run_report
-from flowgrpo_nb.summary import first_reach
-from flowgrpo_nb.summary import task_section, correct
-from flowgrpo_nb.report import findings, results_markdown
+from flowgrpo_nb.study.design import ARMS, SMOKE, arm_config, arm_settings, CompareConfig, job_costs, estimate_cost
+from flowgrpo_nb.study.compare import EVAL_SEED, base_eval, compare, compare_cli, _train_one
+from flowgrpo_nb.study.results import Report, heldout, run_report
+from flowgrpo_nb.study.summary import first_reach
+from flowgrpo_nb.study.summary import task_section, correct
+from flowgrpo_nb.study.report import findings, results_markdown
 from flowgrpo_nb.config import GRPOConfig
 from flowgrpo_nb.checkpoint import RunFolder
 from flowgrpo_nb.task import Task, EvalReport, evaluate_policy, load_policy, reward_report
@@ -89,14 +89,14 @@ def test_base_eval_cache(task, tmp_path):
 
 def test_finished_run_of_other_base_weights_is_not_reused(task, tmp_path):
     "A finished run is reused only when it was trained on the base weights of the given policy."
-    from flowgrpo_nb.compare import _train_one
+    from flowgrpo_nb.study.compare import _train_one
     cfg, d = CompareConfig(budget='smoke').train_config('flow_grpo', 0), RunFolder(tmp_path/'run')
     d.write('config', cfg.to_dict()); d.write('summary', dict(steps=cfg.steps))
     policy = load_policy('tiny')
     d.write('base', dict(fingerprint=policy.base_fingerprint()))
     _train_one(cfg, d.path, policy, task, False)  # the same weights: reused, nothing trained
     assert not d.file('metrics').exists()
-    from flowgrpo_nb.compare import _check_reused, run_dir  # compare checks before any work, loading the config's model when none is given
+    from flowgrpo_nb.study.compare import _check_reused, run_dir  # compare checks before any work, loading the config's model when none is given
     ccfg = CompareConfig(budget='smoke')
     run = RunFolder(run_dir(tmp_path/'out', 'geneval', 0, 'flow_grpo'))
     run.write('base', dict(fingerprint='0' * 16))
@@ -268,7 +268,7 @@ def test_cli(capsys):
 def test_the_default_job_runs_the_seeds_that_fit(capsys, tmp_path, monkeypatch):
     "On a machine too slow for all five seeds in 30 minutes (an AVX2 CPU's committed probe), `flowgrpo compare` runs the first seeds that fit and says so; given seeds run as given."
     from flowgrpo_nb import precision
-    from flowgrpo_nb.design import LIMIT
+    from flowgrpo_nb.study.design import LIMIT
     probe = json.loads((Path(flowgrpo_nb.__file__).parent.parent/'results/machines/amd-epyc-avx2.json').read_text())['probe_ms_per_row']
     slow = {p: {k: None if v is None else v / 1000 for k, v in r.items()} for p, r in probe.items()}
     key = precision.machine_key()
@@ -287,7 +287,7 @@ def test_the_default_job_runs_the_seeds_that_fit(capsys, tmp_path, monkeypatch):
 
 def test_reach_ignores_the_base_point():
     "A seed where Flow-GRPO ends below the base model is not 'reached' at step 0: only trained evaluations count."
-    from flowgrpo_nb.results import CurvePoint
+    from flowgrpo_nb.study.results import CurvePoint
     curve = [CurvePoint(step=s, seconds=c, eval=e, se=0.01) for s, c, e in ((0, 0.0, 0.47), (12, 5.0, 0.45), (24, 9.0, 0.46))]
     assert first_reach(curve, 0.458) == dict(target=0.458, steps=24, nfe=None, seconds=9.0)
     assert first_reach(curve, 0.465) == dict(target=0.465, steps=None, nfe=None, seconds=None)
@@ -309,8 +309,8 @@ def test_the_study_at_smoke_sizes(tmp_path):
     assert 'held-out strict score per category vs optimizer steps' in (tmp_path/'report.html').read_text()
     assert Report.from_json(json.loads((tmp_path/'report.json').read_text())).contrasts == report.contrasts
     # item 5: each arm's credit fidelity on its own fine-tuned runs, put in the rebuilt report (runs reused, nothing retrained)
-    from flowgrpo_nb.fidelity import FidelityConfig
-    from flowgrpo_nb.fidelity_report import compare_fidelity
+    from flowgrpo_nb.study.fidelity import FidelityConfig
+    from flowgrpo_nb.study.fidelity_report import compare_fidelity
     rows = compare_fidelity(tmp_path, None, FidelityConfig(prompts=4, batch_prompts=4, group=4, M=2, n_boot=20), seeds=(0,), progress=False)
     assert sorted(r['arm'] for r in rows) == sorted(ARMS) and all(r['seed'] == 0 for r in rows)
     again = compare(tmp_path, dataclasses.replace(ccfg, fidelity=str(tmp_path/'fidelity'/'fidelity.json')), progress=False, png=False)
@@ -325,7 +325,7 @@ def test_the_study_at_smoke_sizes(tmp_path):
 
 def test_a_format_2_report_of_an_earlier_version_reads_and_renders():
     "tests/data/report_format2.json, written by the version before the split: it reads as records without the study's measures, and renders."
-    from flowgrpo_nb.report import study_rows
+    from flowgrpo_nb.study.report import study_rows
     d = json.loads((Path(__file__).parent/'data'/'report_format2.json').read_text())
     rep = Report.from_json(d)
     assert rep.format == 2 and rep.tasks['geneval'].arms['dense'].auc is None and study_rows(rep, 'geneval')[1] == []
@@ -335,7 +335,7 @@ def test_a_format_2_report_of_an_earlier_version_reads_and_renders():
 
 
 def test_a_report_json_that_is_not_an_object_is_one_sentence(task, tmp_path):
-    from flowgrpo_nb.compare import earlier_invocations, read_invocations
+    from flowgrpo_nb.study.compare import earlier_invocations, read_invocations
     (tmp_path/'report.json').write_text('[1, 2]')
     with pytest.raises(ValueError, match=r"report.json holds a JSON list, not a comparison report \(an object\); move it away or use another --out$"):
         compare(tmp_path, CompareConfig(**ONE), task=task, policy=load_policy('tiny'), progress=False, workers=1)
@@ -348,7 +348,7 @@ def test_a_report_json_that_is_not_an_object_is_one_sentence(task, tmp_path):
 def test_the_confirm_budget_at_smoke_sizes(tmp_path):
     """The pre-registered study end to end at smoke sizes over two seeds: every arm its file names trains, and every claim of
     the file gets a verdict, an effect with its interval, and an MDE at the Holm level of its own family."""
-    from flowgrpo_nb.design import load_prereg, prereg_file
+    from flowgrpo_nb.study.design import load_prereg, prereg_file
     pre = load_prereg(prereg_file())
     ccfg = CompareConfig('confirm', seeds=(0, 1), overrides=SMOKE)
     report = compare(tmp_path, ccfg, progress=False, png=False)

@@ -1,4 +1,4 @@
-"Dense checks of flowgrpo_nb.fidelity and flowgrpo_nb.fidelity_report (the notebooks nbs/06c_fidelity.ipynb and nbs/06i_fidelity_report.ipynb show the API)."
+"Dense checks of flowgrpo_nb.study.fidelity and flowgrpo_nb.study.fidelity_report (the notebooks nbs/06c_fidelity.ipynb and nbs/06i_fidelity_report.ipynb show the API)."
 import json, math, re, shutil, warnings
 from pathlib import Path
 
@@ -8,11 +8,11 @@ from fastcore.script import anno_parser
 
 from flowgrpo_nb.credit import CreditConfig, Credit, compute_credit, synthetic_values, METHODS
 from flowgrpo_nb.flow import flow_sde_scale, step_coefficients
-from flowgrpo_nb.fidelity import (Arm, MCValues, check_arms, arm_rollout, mc_values, true_gains, needed_states, arm_credits,
+from flowgrpo_nb.study.fidelity import (Arm, MCValues, check_arms, arm_rollout, mc_values, true_gains, needed_states, arm_credits,
                                   compare_arm, paired_differences, arm_fidelity, fidelity_nfe, fidelity_table, FidelityConfig)
-from flowgrpo_nb.fidelity_report import run_arm, report_arms, fidelity_report, fidelity_cli, compare_fidelity
-from flowgrpo_nb.compare import read_fidelity
-from flowgrpo_nb.stats import STATS, cluster_draws, boot_stats, percentile_ci as ci
+from flowgrpo_nb.study.fidelity_report import run_arm, report_arms, fidelity_report, fidelity_cli, compare_fidelity
+from flowgrpo_nb.study.compare import read_fidelity
+from flowgrpo_nb.study.stats import STATS, cluster_draws, boot_stats, percentile_ci as ci
 from flowgrpo_nb.rollout import RolloutConfig, rollout
 from flowgrpo_nb.task import Task, load_policy, load_task, balanced_prompts
 from flowgrpo_nb.config import GRPOConfig, preset_config

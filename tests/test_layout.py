@@ -1,60 +1,103 @@
-"The import graph: the method side never imports the grid world, and every notebook imports only from notebooks before it."
-import ast, json, re
+"""The house's layout: two wings (the library below, the study above it), one direction of imports, notebooks that
+import only from notebooks before them in their wing, lines a reader sees whole and modules sized by their purpose."""
+import ast, json, re, subprocess, sys
 from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT/'flowgrpo_nb'
 WORLD = {'world', 'tiny', 'score'}
-METHOD_SIDE = ('rollout', 'credit', 'config', 'train', 'stats', 'design', 'fidelity', 'results', 'summary', 'figures', 'report', 'compare', 'fidelity_report', 'app')
+MOST_LINES, WIDTH = 600, 120
+
+def module_name(path:Path) -> str:
+    "'train' for flowgrpo_nb/train.py, 'study.design' for flowgrpo_nb/study/design.py."
+    return '.'.join(path.relative_to(PKG).with_suffix('').parts)
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob('*.py')) if p.name not in ('_modidx.py', '__init__.py')}
+LIBRARY = sorted(m for m in MODULES if not m.startswith('study.'))
+STUDY = sorted(m for m in MODULES if m.startswith('study.'))
 
 def imported_modules(path:Path) -> set[str]:
-    "Package modules a source file imports anywhere (top level or inside functions)."
-    out = set()
+    "Package modules a source file imports anywhere (top level or inside functions), as 'train' or 'study.design'."
+    here, out = module_name(path).split('.')[:-1], set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            mod = node.module or ''
-            if node.level == 1: out.add(mod.split('.')[0] if mod else '')
-            elif mod.startswith('flowgrpo_nb.'): out.add(mod.split('.')[1])
-            elif mod == 'flowgrpo_nb': out |= {a.name for a in node.names}
+            if node.level:
+                base = here[:len(here) - (node.level - 1)] if node.level > 1 else here
+                mod = '.'.join(base + ([node.module] if node.module else []))
+                out |= {mod} if node.module else {'.'.join(base + [a.name]) for a in node.names}
+            elif (node.module or '').startswith('flowgrpo_nb.'): out.add(node.module.removeprefix('flowgrpo_nb.'))
+            elif node.module == 'flowgrpo_nb': out |= {a.name for a in node.names}
         elif isinstance(node, ast.Import):
-            out |= {a.name.split('.')[1] for a in node.names if a.name.startswith('flowgrpo_nb.')}
-    return out - {''}
+            out |= {a.name.removeprefix('flowgrpo_nb.') for a in node.names if a.name.startswith('flowgrpo_nb.')}
+    return {m for m in out if m in MODULES}
+
+GRAPH = {m: imported_modules(p) for m, p in MODULES.items()}
+
+def test_the_library_never_imports_the_study():
+    "No arrow from a library module to the study, however written (relative, absolute, inside a function)."
+    up = {m: sorted(d for d in GRAPH[m] if d.startswith('study.')) for m in LIBRARY}
+    assert not {m: d for m, d in up.items() if d}, up
+
+def test_the_study_uses_the_library():
+    assert sum(any(d in LIBRARY for d in GRAPH[m]) for m in STUDY) >= len(STUDY) - 1  # stats stands alone
+
+def test_the_import_graph_has_no_circle():
+    seen, done = set(), set()
+    def visit(m, path):
+        assert m not in seen or m in done, f"import circle: {' -> '.join(path + [m])}"
+        if m in done: return
+        seen.add(m)
+        for d in GRAPH[m]: visit(d, path + [m])
+        done.add(m)
+    for m in MODULES: visit(m, [])
+
+def test_the_library_reads_no_file_of_the_repository():
+    "A library module finds no file above the package (results/, design/, benchmarks/): the study is given its files."
+    for m in LIBRARY:
+        src = MODULES[m].read_text()
+        assert not re.search(r"parent\.parent|['\"](results|design|benchmarks)/", src), m
+
+METHOD_SIDE = ('rollout', 'credit', 'config', 'train', 'update', 'app', *STUDY)
 
 @pytest.mark.parametrize('module', METHOD_SIDE)
 def test_method_side_does_not_import_the_grid_world(module):
-    assert not imported_modules(PKG/f'{module}.py') & WORLD, imported_modules(PKG/f'{module}.py') & WORLD
+    assert not GRAPH[module] & WORLD, GRAPH[module] & WORLD
 
-def notebook_modules() -> dict[str, str]:
-    "{module: notebook file name} from each numbered notebook's default_exp."
+def notebook_modules() -> dict[str, Path]:
+    "{module: notebook} from each numbered notebook's default_exp, the study's under nbs/study/."
     out = {}
-    for nb in sorted((ROOT/'nbs').glob('[0-9]*.ipynb')):
+    for nb in sorted([*(ROOT/'nbs').glob('[0-9]*.ipynb'), *(ROOT/'nbs'/'study').glob('[0-9]*.ipynb')]):
         src = ''.join(''.join(c['source']) for c in json.loads(nb.read_text())['cells'] if c['cell_type'] == 'code')
-        m = re.search(r'#\|\s*default_exp\s+(\w+)', src)
-        if m: out[m.group(1)] = nb.name
+        if m := re.search(r'#\|\s*default_exp\s+([\w.]+)', src): out[m.group(1)] = nb
     return out
 
-def test_notebooks_import_only_from_lower_numbers():
+def test_every_module_has_its_notebook_in_its_wing():
     mods = notebook_modules()
-    bad = [(mods[m], mods[dep]) for m in mods for dep in imported_modules(PKG/f'{m}.py') if dep in mods and mods[dep] >= mods[m]]
+    assert set(mods) == set(MODULES), set(mods) ^ set(MODULES)
+    assert all((mods[m].parent.name == 'study') == m.startswith('study.') for m in mods)
+
+def test_notebooks_import_only_from_lower_numbers():
+    "Within a wing, a notebook imports from notebooks before it; the study imports any of the library."
+    mods = notebook_modules()
+    bad = [(mods[m].name, mods[d].name) for m in mods for d in GRAPH[m]
+           if mods[d].parent == mods[m].parent and mods[d].name >= mods[m].name]
     assert not bad, f'notebooks importing from later (or the same) notebooks: {bad}'
 
 def _deps(module:str) -> set[str]:
     "The package modules `module` imports, directly or through the modules it imports."
     out, todo = set(), [module]
     while todo:
-        for dep in imported_modules(PKG/f'{todo.pop()}.py') - out:
-            if (PKG/f'{dep}.py').exists(): out.add(dep); todo.append(dep)
+        for dep in GRAPH[todo.pop()] - out: out.add(dep); todo.append(dep)
     return out
 
-RENDERING = ('figures', 'report')  # a report's figures and words: they read a `Report` and nothing that runs or trains
-TRAINING_OR_RUNNING = {'train', 'compare', 'fidelity', 'fidelity_report', 'app', 'cli'}
+RENDERING = ('study.figures', 'study.report')  # a report's figures and words: they read a `Report`, nothing that runs
+TRAINING_OR_RUNNING = {'train', 'study.compare', 'study.fidelity', 'study.fidelity_report', 'study.pool', 'app', 'cli'}
 
 @pytest.mark.parametrize('module', RENDERING)
 def test_rendering_imports_no_process_or_training_code(module):
-    "No training or running code, however indirectly; no child processes of its own (the PNG export is the running side's)."
     assert not _deps(module) & TRAINING_OR_RUNNING, _deps(module) & TRAINING_OR_RUNNING
-    assert 'processes' not in imported_modules(PKG/f'{module}.py')
+    assert 'processes' not in GRAPH[module]
 
 def imports_of(path:Path) -> set[str]:
     "Top-level names of every module a source file imports (third-party ones included)."
@@ -64,41 +107,52 @@ def imports_of(path:Path) -> set[str]:
         elif isinstance(node, ast.Import): out |= {a.name.split('.')[0] for a in node.names}
     return out
 
-STATISTICS = {'stats'}  # the one home of the statistics (tests, intervals, corrections, power, the clustered bootstrap)
+STATISTICS = 'study.stats'  # the one home of the statistics (tests, intervals, corrections, power, the bootstrap)
 
-@pytest.mark.parametrize('module', sorted({*METHOD_SIDE, 'design', 'results', 'summary', *RENDERING} - STATISTICS))
+@pytest.mark.parametrize('module', sorted(set(METHOD_SIDE) - {STATISTICS}))
 def test_statistics_have_one_home(module):
     "Only the statistics module uses scipy's statistics; the comparison, fidelity and rendering go through it."
-    src = PKG/f'{module}.py'
-    assert 'scipy' not in imports_of(src), f'{module} imports scipy: its statistics belong in stats'
+    src = MODULES[module]
+    assert 'scipy' not in imports_of(src), f'{module} imports scipy: its statistics belong in {STATISTICS}'
     defs = {n.name for n in ast.walk(ast.parse(src.read_text())) if isinstance(n, ast.FunctionDef)}
-    assert not defs & {'holm', 'paired', 'aggregate', 'one_sided', 'tost', 'mde', 'power', 'cluster_draws', 'boot_stats', 'percentile_ci'}
+    assert not defs & {'holm', 'paired', 'aggregate', 'one_sided', 'tost', 'mde', 'power', 'cluster_draws', 'boot_stats',
+                       'percentile_ci'}
 
-MAX_LINES = 520  # about 500 lines a module, the largest of the core notebooks' size
+def test_no_line_is_wider_than_the_page():
+    "ruff's E501 at 120 columns on the exported modules and on every notebook's code (ruff reads .ipynb itself)."
+    r = subprocess.run([sys.executable, '-m', 'ruff', 'check', '--no-cache', '--select', 'E501', '--line-length', str(WIDTH),
+                        '--exclude', '_modidx.py', '--output-format', 'concise', 'flowgrpo_nb', 'nbs'],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
-@pytest.mark.parametrize('path', sorted(p.name for p in PKG.glob('*.py') if p.name not in ('_modidx.py', '__init__.py')))
-def test_modules_stay_small(path):
-    n, most = len((PKG/path).read_text().splitlines()), MAX_LINES
-    assert n <= most, f'{path} has {n} lines (at most {most}): split its notebook along a seam'
+@pytest.mark.parametrize('module', sorted(MODULES))
+def test_modules_stay_the_size_of_one_purpose(module):
+    "At most ~600 lines at 120 columns; the docstring's first sentence names one purpose (no 'and' joining two)."
+    text = MODULES[module].read_text()
+    assert len(text.splitlines()) <= MOST_LINES, f'{module}: {len(text.splitlines())} lines: split its notebook along a seam'
+    first = (ast.get_docstring(ast.parse(text)) or '').split('\n\n')[0]
+    assert first, f'{module} has no docstring: its notebook needs a `>` summary line'
+    assert not re.search(r'\band\b', first.split(':')[0]), f"{module}: its purpose reads as two: {first[:120]!r}"
 
 def test_wheel_builds_without_warnings_and_ships_the_assets(tmp_path):
-    "pyproject.toml's packaging: no setuptools warning (flowgrpo_nb.assets is listed), the shipped weights inside the wheel."
-    import subprocess, sys, zipfile
+    "pyproject.toml's packaging: no setuptools warning, the shipped weights and the study inside the wheel."
+    import zipfile
     files = subprocess.run(['git', 'ls-files', '-co', '--exclude-standard'], cwd=ROOT, capture_output=True, text=True).stdout.split()
     src = tmp_path/'src'
     for f in files:
         if (ROOT/f).is_file(): (src/f).parent.mkdir(parents=True, exist_ok=True); (src/f).write_bytes((ROOT/f).read_bytes())
-    r = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '-w', str(tmp_path/'whl'), str(src)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '-w', str(tmp_path/'whl'),
+                        str(src)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert 'Warning' not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     names = zipfile.ZipFile(next((tmp_path/'whl').glob('*.whl'))).namelist()
-    assert {'flowgrpo_nb/assets/tiny.safetensors', 'flowgrpo_nb/assets/tiny.json', 'flowgrpo_nb/display.py'} <= set(names)
+    assert {'flowgrpo_nb/assets/tiny.safetensors', 'flowgrpo_nb/assets/tiny.json', 'flowgrpo_nb/display.py',
+            'flowgrpo_nb/study/compare.py'} <= set(names)
 
 def test_clean_keeps_every_notebooks_kernelspec(tmp_path):
-    """`nbdev-clean` (run on a copy of nbs/ and the settings) leaves every notebook, tutorials included, a Python 3
-    kernelspec: the docs build and `nbdev-test` start the kernel it names."""
-    import shutil, subprocess, sys
+    """`nbdev-clean` (run on a copy of nbs/ and the settings) leaves every notebook, tutorials and the study included, a
+    Python 3 kernelspec: the docs build and `nbdev-test` start the kernel it names."""
+    import shutil
     shutil.copytree(ROOT/'nbs', tmp_path/'nbs', ignore=shutil.ignore_patterns('.ipynb_checkpoints'))
     shutil.copy(ROOT/'pyproject.toml', tmp_path/'pyproject.toml')
     clean = Path(sys.executable).parent/'nbdev-clean'
@@ -106,7 +160,7 @@ def test_clean_keeps_every_notebooks_kernelspec(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     nbs = sorted((tmp_path/'nbs').rglob('*.ipynb'))
     assert len(nbs) == len([p for p in (ROOT/'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts])
-    assert any(p.parent.name == 'tutorials' for p in nbs)
+    assert any(p.parent.name == 'tutorials' for p in nbs) and any(p.parent.name == 'study' for p in nbs)
     missing = [p.relative_to(tmp_path/'nbs').as_posix() for p in nbs
                if json.loads(p.read_text()).get('metadata', {}).get('kernelspec', {}).get('name') != 'python3']
     assert not missing, f'no python3 kernelspec after nbdev-clean: {missing}'

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from scipy import stats, optimize
 
-from flowgrpo_nb.design import load_prereg, prereg_seeds
-from flowgrpo_nb.results import Report
-from flowgrpo_nb.stats import power_agreement, seeds_for, mde
-from flowgrpo_nb.summary import fake_report, with_power
+from flowgrpo_nb.study.design import load_prereg, prereg_seeds
+from flowgrpo_nb.study.results import Report
+from flowgrpo_nb.study.stats import power_agreement, seeds_for, mde
+from flowgrpo_nb.study.summary import fake_report, with_power
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +58,7 @@ def test_the_study_verdicts_agree_with_their_power():
 def test_the_confirm_budget_runs_the_prereg_seeds_and_arms(tmp_path, monkeypatch):
     "Budget confirm takes its seeds and arms from the pre-registration file; without the file, one sentence that names it."
     from flowgrpo_nb import design
-    from flowgrpo_nb.design import CompareConfig, budget_of
+    from flowgrpo_nb.study.design import CompareConfig, budget_of
     p = tmp_path/'confirm_prereg.toml'
     monkeypatch.setattr(design, 'prereg_file', lambda: p)
     with pytest.raises(ValueError, match=f"budget 'confirm' runs the seeds and arms of the pre-registration {p}, which does not exist"):

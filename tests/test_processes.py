@@ -91,7 +91,7 @@ def test_write_pngs_keeps_what_a_failed_try_finished_and_retries_only_the_rest(t
 _NOTICE = 'requires torchvision'
 _IN_WORKERS = r'''
 from concurrent.futures import ProcessPoolExecutor
-from flowgrpo_nb.processes import worker_context
+from flowgrpo_nb.study.pool import worker_context
 if __name__ == '__main__':
     with ProcessPoolExecutor(1, mp_context=worker_context()) as ex: ex.submit(exec, 'import flowgrpo_nb.sd3').result()
     import flowgrpo_nb.sd3
