@@ -1,3 +1,3 @@
 __version__ = "0.1.0"
 
-from . import display  # first of all: drops third-party notices (transformers' torchvision one) in every process of the package
+from . import display  # first of all: drops third-party notices (transformers' torchvision one) in every process

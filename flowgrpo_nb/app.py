@@ -1,4 +1,4 @@
-"""A Gradio app over a runs folder: the base model and every fine-tuned checkpoint generate from the same noise, side by side, scored by the runs' task; Tweedie previews per step; the comparison report; credit for one trajectory.
+"""A Gradio app that sets every model of a runs folder side by side, the base model first.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/app.html.md"""
 
@@ -37,17 +37,25 @@ MAX_PROMPT_CHARS = 200
 MAX_STEPS = 100
 
 def check_prompt(prompt:str, task:Task|None=None) -> str:
-    "The prompt in the task's canonical form (`task.normalise`; else whitespace collapsed), or ValueError saying what is wrong."
+    """The prompt in the task's canonical form (`task.normalise`; else whitespace collapsed), or ValueError saying what
+    is wrong."""
     example = f", e.g. {task.eval_prompts[0]!r}" if task is not None else ''
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"prompt is empty: type a prompt{example}, or pick one of the examples")
-    if len(prompt) > MAX_PROMPT_CHARS: raise ValueError(f"prompt has {len(prompt)} characters: allowed at most {MAX_PROMPT_CHARS}")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"prompt has {len(prompt)} characters: allowed at most {MAX_PROMPT_CHARS}")
     return task.normalise(prompt) if task is not None and task.normalise is not None else ' '.join(prompt.split())
 
 def check_settings(seed, steps, guidance, sampler:str, level=0.7) -> tuple[int, int, float, str, float]:
     "The sampling settings as (seed, steps, guidance, sampler, level), or ValueError naming the bad one."
     def num(name, v, lo, hi, integer):
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (isinstance(v, int) or np.isfinite(v)) and lo <= v <= hi  # an int of any size is finite
+        # an int of any size is finite
+        ok = (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and (isinstance(v, int) or np.isfinite(v))
+            and lo <= v <= hi
+        )
         if not ok or (integer and v != int(v)):
             raise ValueError(f"{name}={v!r}: allowed {'an integer' if integer else 'a number'} in [{lo}, {hi}]")
         return int(v) if integer else float(v)
@@ -73,18 +81,24 @@ def _sample(bank:ModelBank, name:str, prompt:str, cfg:RolloutConfig, seed:int, c
     with bank.use(name, lane, cost) as policy, torch.no_grad():
         ro = rollout(policy, [prompt], cfg, task.reward, torch.Generator().manual_seed(seed))
         sv = step_values(policy, ro, 'tweedie', task.reward, keep_images=True)
-    return Sample(name, ro.images[0].cpu(), task.category(prompt) if task.category else None, task.evaluate(ro.images, [prompt]),
-                  describe(ro.images, [prompt])[0] if describe else None, sv.images[0].cpu(), sv.V[0].tolist())
+    return Sample(
+        name, ro.images[0].cpu(), task.category(prompt) if task.category else None, task.evaluate(ro.images, [prompt]),
+        describe(ro.images, [prompt])[0] if describe else None, sv.images[0].cpu(), sv.V[0].tolist()
+    )
 
 def generate_all(bank:ModelBank, prompt:str, seed:int=0, steps:int=10, guidance:float=4.0,
                  sampler:str='ode', level:float=0.7,
                  models:list[str]|None=None) -> list[Sample]:  # default: every model of the bank
-    "Each model's sample for `prompt` from the same initial noise, evaluated by the bank's task; cheaper requests go first."
+    """Each model's sample for `prompt` from the same initial noise, evaluated by the bank's task; cheaper requests go
+    first."""
     prompt = check_prompt(prompt, bank.task)
     seed, steps, guidance, sampler, level = check_settings(seed, steps, guidance, sampler, level)
     names = list(models or bank.names)
-    if bad := [n for n in names if n not in bank.names]: raise ValueError(f"models: {bad} unknown; allowed {bank.names}")
-    cfg, cost, out = RolloutConfig(K=steps, guidance=guidance, sampler=sampler, level=level, group_size=1), steps * len(names), []
+    if bad := [n for n in names if n not in bank.names]:
+        raise ValueError(f"models: {bad} unknown; allowed {bank.names}")
+    cfg, cost, out = (
+        RolloutConfig(K=steps, guidance=guidance, sampler=sampler, level=level, group_size=1), steps * len(names), []
+    )
     lane = 'quick' if steps <= QUICK_STEPS else 'generate'  # a short request never waits behind a long one
     with bank.lane(lane).hold(cost) as lock:
         for name in names:
@@ -98,7 +112,8 @@ def _pixels(image:torch.Tensor, size:int=192) -> np.ndarray:  # [3, H, W] in [0,
     return a.repeat(zoom, 0).repeat(zoom, 1)
 
 def model_label(name:str) -> str:
-    "A model as a reader sees it: its arm's display name (`display.STYLES`) and where its run is, e.g. 'DenseGRPO (seed0)'."
+    """A model as a reader sees it: its arm's display name (`display.STYLES`) and where its run is, e.g. 'DenseGRPO
+    (seed0)'."""
     *where, arm = name.split('/')
     return (display_name(arm) + (f" ({'/'.join(where)})" if where else '')) if arm in STYLES else name
 
@@ -109,28 +124,43 @@ def strip_figure(samples:list[Sample]) -> go.Figure:
     "One row per model: the Tweedie previews x0_hat(x_0..x_K), each step's value V_k under it."
     K1, pad = len(samples[0].values), 2
     every = max(1, K1 // 20)  # at most ~20 tick labels a row
-    fig = make_subplots(len(samples), 1, vertical_spacing=0.3 / len(samples), subplot_titles=[model_label(s.model) for s in samples])
+    fig = make_subplots(
+        len(samples), 1, vertical_spacing=0.3 / len(samples), subplot_titles=[model_label(s.model) for s in samples]
+    )
     for r, s in enumerate(samples, 1):
         W = s.image.shape[-1]
-        fig.add_trace(go.Image(z=image_strip(s.previews), name=s.model, hovertemplate=f"{s.model}<extra></extra>"), r, 1)
+        fig.add_trace(
+            go.Image(z=image_strip(s.previews), name=s.model, hovertemplate=f"{s.model}<extra></extra>"), r, 1
+        )
         ks = range(0, K1, every)
-        fig.update_xaxes(tickvals=[(W + pad) * k + W / 2 for k in ks], ticktext=[f"k={k}<br>V={s.values[k]:.2f}" for k in ks],
-                         row=r, col=1)
+        fig.update_xaxes(
+            tickvals=[(W + pad) * k + W / 2 for k in ks], ticktext=[f"k={k}<br>V={s.values[k]:.2f}" for k in ks],
+            row=r, col=1
+        )
     fig.update_yaxes(showticklabels=False)
     for i, (a, s) in enumerate(zip(fig.layout.annotations, samples)): a.font.color = color(s.model.split('/')[-1], i)
-    return fig.update_layout(title="Tweedie previews x0_hat(x_k); V_k = the task's reward of each",
-                             width=min(max(60 * K1 + 80, 500), MAX_WIDTH), height=150 * len(samples) + 90, margin=dict(l=20, r=20, t=70, b=20))
+    return fig.update_layout(
+        title="Tweedie previews x0_hat(x_k); V_k = the task's reward of each",
+        width=min(max(60 * K1 + 80, 500), MAX_WIDTH), height=150 * len(samples) + 90,
+        margin=dict(l=20, r=20, t=70, b=20)
+    )
+
 
 def samples_view(samples:list[Sample], size:int=192,
                  previews:list[str]|None=None, # models whose Tweedie previews are drawn (None: every one)
                 ) -> tuple[list, str, go.Figure|None]:
-    "Gallery items (image, caption) per model, a Markdown table of the task's evaluations, and the figure of Tweedie previews."
+    """Gallery items (image, caption) per model, a Markdown table of the task's evaluations, and the figure of Tweedie
+    previews."""
     found = any(s.found is not None for s in samples)
     caption = lambda s: f"{model_label(s.model)}: {s.report.overall:.2f}"  # short: what the task found is in the table
     cols = [k for k, _ in _means(samples[0])] + (['found'] if found else [])
     rows = [[s.model, *(f"{v:.3f}" for _, v in _means(s)), *([s.found or ''] if found else [])] for s in samples]
     head = [f"prompt category: **{samples[0].category}**\n"] if samples[0].category else []
-    table = '\n'.join(head + ['| model | ' + ' | '.join(cols) + ' |', '|---' * (len(cols) + 1) + '|'] + ['| ' + ' | '.join(r) + ' |' for r in rows])
+    table = '\n'.join(
+        head
+        + ['| model | ' + ' | '.join(cols) + ' |', '|---' * (len(cols) + 1) + '|']
+        + ['| ' + ' | '.join(r) + ' |' for r in rows]
+    )
     shown = [s for s in samples if previews is None or s.model in previews]
     return [(_pixels(s.image, size), caption(s)) for s in samples], table, strip_figure(shown) if shown else None
 
@@ -138,28 +168,40 @@ def samples_view(samples:list[Sample], size:int=192,
 REPORT_FIGURES = ('curve_steps', 'curve_seconds', 'differences', 'categories', 'category_curves', 'costs', 'gradient')
 
 def find_report(runs:str|Path|None) -> Path|None:
-    "The `report.json` of a runs folder: in it, or in the folder above (a study keeps its runs in `runs/` beside its report)."
+    """The `report.json` of a runs folder: in it, or in the folder above (a study keeps its runs in `runs/` beside its
+    report)."""
     if runs is None: return None
     return next((d/'report.json' for d in (Path(runs), Path(runs).parent) if (d/'report.json').is_file()), None)
 
 REBUILD = "`flowgrpo compare --out DIR` rewrites it from its runs (finished runs are not trained again)"
 
 def report_view(runs:str|Path|None, task:str|None=None) -> tuple[str, str, list, list]:
-    "Markdown head (which report and task, or why there is none), the task's findings, its figures (None where absent), the report's tasks."
+    """Markdown head (which report and task, or why there is none), the task's findings, its figures (None where
+    absent), the report's tasks."""
     p, none = find_report(runs), [None] * len(REPORT_FIGURES)
     if p is None:
-        return f"No `report.json` in `{runs}` or the folder above: run `flowgrpo compare --out DIR` and open the app on DIR.", '', none, []
+        return (
+            f"No `report.json` in `{runs}` or the folder above: run `flowgrpo compare --out DIR` and open the app on "
+            "DIR.",
+            '', none, []
+        )
     try:
         report = json.loads(p.read_text())
         tasks = list(report['tasks'])
         task = task if task in tasks else tasks[0]
         about, found = report['setup']['tasks'][task].get('about', ''), report['findings']
-        figs = [pio.read_json(f) if (f := p.parent/'figures'/f'{task}_{k}.json').is_file() else None for k in REPORT_FIGURES]
+        figs = [
+            pio.read_json(f) if (f := p.parent / 'figures' / f'{task}_{k}.json').is_file() else None
+            for k in REPORT_FIGURES
+        ]
     except Exception as e:
         return f"**`{p}` cannot be read** ({type(e).__name__}: {e}): {REBUILD}", '', none, []
     md = '\n'.join(f"- {s.removeprefix(f'[{task}] ')}" for s in found if s.startswith(f'[{task}] '))
     head = f"Report: `{p}`; task **{task}** ({about}), one of {len(tasks)}"
-    if not any(figs): head += f". It has no figure files (`figures/{task}_<figure>.json`, written since the study kept them): {REBUILD}"
+    if not any(figs):
+        head += (
+            f". It has no figure files (`figures/{task}_<figure>.json`, written since the study kept them): {REBUILD}"
+        )
     return head, md, figs, tasks
 
 def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:int=10, guidance:float=4.0,
@@ -167,10 +209,15 @@ def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:
     "One group's values, gains and advantages (figure), its Tweedie/ODE previews (figure) and turning points (rows)."
     prompt = check_prompt(prompt, bank.task)
     seed, steps, guidance, sampler, level = check_settings(seed, steps, guidance, sampler, level)
-    if sampler == 'ode': raise ValueError("sampler='ode': credit needs an SDE sampler; allowed one of " + str(SAMPLERS[1:]))
+    if sampler == 'ode':
+        raise ValueError("sampler='ode': credit needs an SDE sampler; allowed one of " + str(SAMPLERS[1:]))
     if steps < 2: raise ValueError(f"steps={steps}: credit needs at least 2 steps (the last step is never trained)")
-    cfg, reward = RolloutConfig(K=steps, guidance=guidance, sampler=sampler, level=level, group_size=group_size), bank.task.reward
-    with bank.use(model, 'credit', steps * steps * group_size) as policy, torch.no_grad():  # its cost: ode:rest's NFE, about
+    cfg, reward = (
+        RolloutConfig(K=steps, guidance=guidance, sampler=sampler, level=level, group_size=group_size),
+        bank.task.reward,
+    )
+    # its cost: ode:rest's NFE, about
+    with bank.use(model, 'credit', steps * steps * group_size) as policy, torch.no_grad():
         ro = rollout(policy, [prompt], cfg, reward, torch.Generator().manual_seed(seed))
         values = {op: step_values(policy, ro, op, reward, keep_images=True) for op in ('tweedie', 'ode:rest')}
     credits = method_credits(ro, values)
@@ -192,7 +239,8 @@ def _mtime(f:str) -> float|None:
     except OSError: return None  # deleted meanwhile (by `delete_cache`, or a user)
 
 def prune_files(component, keep:int=MAX_FILES) -> int:
-    "Delete the oldest files `component` wrote to Gradio's cache beyond the newest `keep` (and their emptied folders); how many."
+    """Delete the oldest files `component` wrote to Gradio's cache beyond the newest `keep` (and their emptied folders);
+    how many."""
     with _PRUNING:
         dated = [(t, f) for f in list(component.temp_files) if (t := _mtime(f)) is not None]
         old = [f for _, f in sorted(dated)[:max(0, len(dated) - keep)]]
@@ -204,16 +252,20 @@ def prune_files(component, keep:int=MAX_FILES) -> int:
         return len(old)
 
 def _error(e:Exception) -> str:
-    "The message of a failed request in Markdown: a code block (a grammar keeps its columns) that `CSS` wraps at the page's edge."
+    """The message of a failed request in Markdown: a code block (a grammar keeps its columns) that `CSS` wraps at the
+    page's edge."""
     kind = 'Invalid input' if isinstance(e, ValueError) else f'Error ({type(e).__name__})'
     return f"**{kind}:**\n\n```\n{e}\n```"
 
 # %% ../nbs/08_app.ipynb #16d5d550
 def _groups(bank:ModelBank) -> dict:
     "The concurrency group of each kind of event: Generate, Credit (its own lane with `lanes=2`) and the light ones."
-    generate = dict(concurrency_limit=GENERATE_AT_ONCE, concurrency_id='generate')  # CheapestFirst orders them in the lane
-    return dict(generate=generate, credit=dict(concurrency_limit=1, concurrency_id='credit') if bank.lanes == 2 else generate,
-                light=dict(concurrency_limit=4, concurrency_id='light'))
+    # CheapestFirst orders them in the lane
+    generate = dict(concurrency_limit=GENERATE_AT_ONCE, concurrency_id='generate')
+    return dict(
+        generate=generate, credit=dict(concurrency_limit=1, concurrency_id='credit') if bank.lanes == 2 else generate,
+        light=dict(concurrency_limit=4, concurrency_id='light')
+    )
 
 def _settings(bank:ModelBank, groups:dict) -> list:
     "The controls every tab reads: prompt (an evaluation prompt picked fills it), seed, steps, CFG, sampler."
@@ -240,17 +292,31 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int):
         except OSError: pass  # housekeeping: an undeletable file never fails the request
         try:
             samples = generate_all(bank, prompt, seed, steps, guidance, sampler)
-            images, table, strips = samples_view(samples, previews=bank.names[:PREVIEWS] if previews is None else previews)
-            return f"{len(images)} model{'s' if len(images) > 1 else ''}, seed {int(seed)}, {int(steps)} steps, CFG {float(guidance):g}, {sampler}", images, table, strips
-        except Exception as e: return _error(e), [], '', None
+            images, table, strips = samples_view(
+                samples, previews=bank.names[:PREVIEWS] if previews is None else previews
+            )
+            return (
+                f"{len(images)} model{'s' if len(images) > 1 else ''}, seed {int(seed)}, {int(steps)} steps, CFG "
+                f"{float(guidance):g}, {sampler}",
+                images, table, strips
+            )
+        except Exception as e:
+            return _error(e), [], '', None
     with gr.Row():
         gen = gr.Button('Generate', variant='primary', elem_id='generate', scale=1)
         previews = gr.Dropdown(bank.names, value=bank.names[:PREVIEWS], multiselect=True, scale=3, elem_id='previews',
                                label='Tweedie previews of (the strips below)')
     status = gr.Markdown(elem_id='status', elem_classes='status')
     many = len(bank.names) > 2 * GALLERY_COLUMNS
-    gallery = gr.Gallery(label='one image per model (same initial noise)', columns=GALLERY_COLUMNS, height=440 if many else 'auto',
-                         allow_preview=False, object_fit='contain', elem_id='images')  # no preview: it would blow a 32-px image up to the page's width
+    gallery = gr.Gallery(
+        label='one image per model (same initial noise)',
+        columns=GALLERY_COLUMNS,
+        height=440 if many else 'auto',
+        # no preview: it would blow a 32-px image up to the page's width
+        allow_preview=False,
+        object_fit='contain',
+        elem_id='images',
+    )
     with gr.Accordion('scores of every model', open=not many): table = gr.Markdown()
     strip = gr.Plot(label="Tweedie previews x0_hat(x_k) per step, with the task's reward of each", elem_id='strips')
     io = dict(fn=generate, inputs=[*settings, previews], outputs=[status, gallery, table, strip], **groups['generate'])
@@ -260,21 +326,31 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int):
 
 # %% ../nbs/08_app.ipynb #a91bb9e2
 def _report_tab(bank:ModelBank, groups:dict):
-    "The report.json of the runs folder (or the folder above), one task at a time, reloaded on demand: figures first, findings folded."
+    """The report.json of the runs folder (or the folder above), one task at a time, reloaded on demand: figures first,
+    findings folded."""
     import gradio as gr
     def report(task=None):
         head, md, figs, tasks = report_view(bank.runs, task)
-        return head, gr.update(label=_findings_label(md), visible=bool(md)), md, \
-            gr.update(choices=tasks, value=task if task in tasks else tasks[0] if tasks else None, visible=bool(tasks)), \
+        return (
+            head, gr.update(label=_findings_label(md), visible=bool(md)), md,
+            gr.update(choices=tasks, value=task if task in tasks else tasks[0] if tasks else None, visible=bool(tasks)),
             *(gr.update(value=f, visible=f is not None) for f in figs)
+        )
     head, md, figs, tasks = report_view(bank.runs)
     with gr.Row():
-        rtask = gr.Dropdown(tasks, value=tasks[0] if tasks else None, label='task', visible=bool(tasks), elem_id='report-task')
+        rtask = gr.Dropdown(
+            tasks, value=tasks[0] if tasks else None, label='task', visible=bool(tasks), elem_id='report-task'
+        )
         reload = gr.Button('Reload report')
     rhead = gr.Markdown(head, elem_id='report-head')
-    with gr.Accordion(_findings_label(md), open=False, visible=bool(md)) as fold: rmd = gr.Markdown(md, elem_id='findings')
+    with gr.Accordion(_findings_label(md), open=False, visible=bool(md)) as fold:
+        rmd = gr.Markdown(md, elem_id='findings')
     plots = [gr.Plot(f, label=k, visible=f is not None, elem_id=f'report-{k}') for k, f in zip(REPORT_FIGURES, figs)]
-    gr.on([rtask.input, reload.click], report, rtask, [rhead, fold, rmd, rtask, *plots], api_name='report', **groups['light'])
+    gr.on(
+        [rtask.input, reload.click], report, rtask, [rhead, fold, rmd, rtask, *plots], api_name='report',
+        **groups['light']
+    )
+
 
 def _findings_label(md:str) -> str:
     n = md.count('\n- ') + md.startswith('- ')
@@ -297,15 +373,19 @@ def _credit_tab(bank:ModelBank, settings:list, groups:dict):
     cstatus = gr.Markdown(elem_classes='status')
     gplot, pplot = gr.Plot(label='values, gains, advantages'), gr.Plot(label='previews per step')
     tps = gr.Dataframe(headers=['sample', 'k', 'rule', 'kept', 'trend'], label='turning points')
-    cgo.click(credit, [settings[0], cmodel, *settings[1:4], csampler], [cstatus, gplot, pplot, tps], api_name='credit', **groups['credit'])
+    cgo.click(
+        credit, [settings[0], cmodel, *settings[1:4], csampler], [cstatus, gplot, pplot, tps], api_name='credit',
+        **groups['credit']
+    )
 
 # %% ../nbs/08_app.ipynb #cec51ff7
 def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare, results/study); None: the base model only
              bank:ModelBank|None=None,  # an already loaded bank (tests, notebooks)
              max_files:int=MAX_FILES,   # gallery images kept on disk
-             **kw):                     # to `ModelBank` (base, policy, task, lanes, device)
-    """The Gradio Blocks app: Generate, Report and Credit tabs, queued in concurrency groups. The Report tab comes first when
-    there is a report and no fine-tuned checkpoint (a committed study); the prompt and sampling controls show only on the tabs that read them."""
+             **kw):  # to `ModelBank` (base, policy, task, lanes, device)
+    """The Gradio Blocks app: Generate, Report and Credit tabs, queued in concurrency groups. The Report tab comes
+    first when there is a report and no fine-tuned checkpoint (a committed study); the prompt and sampling controls
+    show only on the tabs that read them."""
     import gradio as gr
     bank = bank or ModelBank(runs, **kw)
     groups, report_first = _groups(bank), not bank.models and find_report(bank.runs) is not None
@@ -317,7 +397,9 @@ def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare, resu
             with gr.Tab('Report', id='report') as tr: _report_tab(bank, groups)
             with gr.Tab('Credit', id='credit') as tc: _credit_tab(bank, settings, groups)
         for tab, shown in ((tg, True), (tr, False), (tc, True)):  # the controls only where they do something
-            tab.select(_visible(shown), None, controls, api_name=f'tab_{tab.id}', show_progress='hidden', **groups['light'])
+            tab.select(
+                _visible(shown), None, controls, api_name=f'tab_{tab.id}', show_progress='hidden', **groups['light']
+            )
     app.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     app.bank, app.gallery = bank, gallery
     return app
@@ -327,26 +409,46 @@ def _visible(shown:bool):
     return lambda: gr.update(visible=shown)
 
 class RefuseUploads:
-    "ASGI middleware: every upload is answered 413 before its body is read, an empty one too (the app has no upload control)."
+    """ASGI middleware: every upload is answered 413 before its body is read, an empty one too (the app has no upload
+    control)."""
     def __init__(self, app): self.app = app
     async def __call__(self, scope, receive, send):
         if scope['type'] == 'http' and scope['method'] == 'POST' and scope['path'].rstrip('/').endswith('/upload'):
-            await send({'type': 'http.response.start', 'status': 413, 'headers': [(b'content-type', b'text/plain; charset=utf-8')]})
+            await send(
+                {
+                    'type': 'http.response.start', 'status': 413,
+                    'headers': [(b'content-type', b'text/plain; charset=utf-8')]
+                }
+            )
             return await send({'type': 'http.response.body', 'body': b'uploads are refused: this app takes no files'})
         await self.app(scope, receive, send)
 
-CSS = ('#images .caption-label {white-space: normal; max-width: 100%; height: 2.6em; overflow: hidden; display: -webkit-box;'
-       ' -webkit-line-clamp: 2; -webkit-box-orient: vertical}'  # captions wrap, two lines for every image: the images keep one size
-       ' .status pre, .status pre code {white-space: pre-wrap !important; overflow-wrap: anywhere}'  # a message wraps at the page's edge
-       ' #images .grid-container {grid-template-columns: repeat(auto-fill, 200px) !important}')  # thumbnails of one size, one model or many
+CSS = ('#images .caption-label {white-space: normal; max-width: 100%; height: 2.6em; overflow: hidden; display: '
+       '-webkit-box;'
+       # captions wrap, two lines for every image: the images keep one size
+       ' -webkit-line-clamp: 2; -webkit-box-orient: vertical}'
+       # a message wraps at the page's edge
+       ' .status pre, .status pre code {white-space: pre-wrap !important; overflow-wrap: anywhere}'
+       # thumbnails of one size, one model or many
+       ' #images .grid-container {grid-template-columns: repeat(auto-fill, 200px) !important}')
 
 def serve(app, host:str='127.0.0.1', port:int=7860, share:bool=False,
           block:bool=True, quiet:bool=False):  # block=False: return once the server is up (tests, notebooks)
     "Launch `app` with every upload refused (`RefuseUploads`, and `max_file_size=UPLOAD_LIMIT` behind it)."
     from starlette.middleware import Middleware
-    return app.launch(server_name=host, server_port=port, share=share, max_file_size=UPLOAD_LIMIT, css=CSS,
-                      show_error=True,  # an API call Gradio itself refuses (an argument missing, or of the wrong type) says why, not {"error": null}
-                      app_kwargs=dict(middleware=[Middleware(RefuseUploads)]), prevent_thread_lock=not block, quiet=quiet)
+    return app.launch(
+        server_name=host,
+        server_port=port,
+        share=share,
+        max_file_size=UPLOAD_LIMIT,
+        css=CSS,
+        # an API call Gradio itself refuses (an argument missing, or of the wrong type) says why, not
+        # {"error": null}
+        show_error=True,
+        app_kwargs=dict(middleware=[Middleware(RefuseUploads)]),
+        prevent_thread_lock=not block,
+        quiet=quiet,
+    )
 
 # %% ../nbs/08_app.ipynb #ef73ad83
 def check_address(host:str, port:int):
@@ -360,21 +462,30 @@ def check_address(host:str, port:int):
             s.bind((host, port))
     except OSError as e:
         why = 'another program uses it' if e.errno == errno.EADDRINUSE else 'check --host'
-        raise ValueError(f"port {port} on {host} cannot be served ({e.strerror or e}): {why}; pick another with --port") from None
+        raise ValueError(
+            f"port {port} on {host} cannot be served ({e.strerror or e}): {why}; pick another with --port"
+        ) from None
 
 # %% ../nbs/08_app.ipynb #47b74223
 @call_parse
-def app_cli(runs:str=None,           # runs folder: runs/compare, or the committed results/study or results/compare (report and curves, no checkpoints); none: the base model only
-            base:str=None,           # load only the runs of this base, e.g. 'tiny' or 'sd3:/models/sd35' (default: every base)
+# runs folder: runs/compare, or the committed results/study or results/compare (report and curves, no checkpoints);
+# none: the base model only
+def app_cli(runs:str=None,
+            # load only the runs of this base, e.g. 'tiny' or 'sd3:/models/sd35' (default: every base)
+            base:str=None,
             host:str='127.0.0.1',    # address to serve on (0.0.0.0: every interface)
             port:int=7860,           # port, 1..65535
             threads:int=1,           # torch CPU threads (0: torch's default); 1 is fastest on busy shared cores
-            lanes:int=2,             # 2: credit has its own copy of the networks and never blocks generate; 1: half the memory
-            device:str=None,         # torch device of the base models (default: cuda when available for diffusers models)
-            share:bool=False):       # a public gradio.live link
-    "Serve the app: base vs fine-tuned models side by side, the comparison report, credit of one trajectory. The committed results: `flowgrpo app --runs results/study`."
+            # 2: credit has its own copy of the networks and never blocks generate; 1: half the memory
+            lanes:int=2,
+            # torch device of the base models (default: cuda when available for diffusers models)
+            device:str=None,
+            share:bool=False):  # a public gradio.live link
+    """Serve the app: base vs fine-tuned models side by side, the comparison report, credit of one trajectory. The
+    committed results: `flowgrpo app --runs results/study`."""
     check_address(host, port)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0: raise ValueError(f"threads={threads!r}: allowed an integer >= 0")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"threads={threads!r}: allowed an integer >= 0")
     if threads: torch.set_num_threads(threads)
     own = None if os.environ.get('GRADIO_TEMP_DIR') else tempfile.mkdtemp(prefix='flowgrpo-app-')
     if own: os.environ['GRADIO_TEMP_DIR'] = own  # Gradio's files (images, uploads) go there, removed on exit
@@ -383,7 +494,8 @@ def app_cli(runs:str=None,           # runs folder: runs/compare, or the committ
             app = make_app(runs, base=base, lanes=lanes, device=device)
             try:
                 serve(app, host, port, share, block=False)
-                while app.is_running: time.sleep(0.1)  # not Gradio's wait, which takes Ctrl-C as a success (exit 0) with its own line
+                # not Gradio's wait, which takes Ctrl-C as a success (exit 0) with its own line
+                while app.is_running: time.sleep(0.1)
             finally: app.close(verbose=False)
     except KeyboardInterrupt as e: raise stopped(e, f"the server on {host}:{port} is closed") from None
     finally:

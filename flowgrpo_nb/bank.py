@@ -1,4 +1,4 @@
-"""Every fine-tuned model under a runs folder, checked against its base and loaded on one network per base and LoRA shape, in lanes that one thread at a time uses, the cheapest waiting request first: what the app serves.
+"""The fine-tuned models of a runs folder, loaded once, served to the app in lanes.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/bank.html.md"""
 
@@ -26,9 +26,16 @@ __all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'KEPT', 'SHOWN_SKIPS', 'TASK_FIELDS'
 # %% ../nbs/07b_bank.ipynb #ba4d8e76
 ADAPTER_FILES = (LORA_FILE, OLD_LORA_FILE)  # a checkpoint's LoRA file: diffusers' name first, then the older one
 DEFAULT_BASE = 'tiny'                       # the base label without runs: the shipped tiny model
-KEPT = 'kept without checkpoints'           # a finished run (summary.json) whose checkpoints were not kept, e.g. a committed study
+# a finished run (summary.json) whose checkpoints were not kept, e.g. a committed study
+KEPT = 'kept without checkpoints'
 SHOWN_SKIPS = 5                             # runs skipped for other reasons listed one by one; the rest counted
-_BACKEND = {k: p.default for k, p in inspect.signature(load_policy).parameters.items() if k not in ('device', 'gradient_checkpointing')}  # a training option
+# a training option
+_BACKEND = {
+    k: p.default
+    for k, p in inspect.signature(load_policy).parameters.items()
+    if k not in ('device', 'gradient_checkpointing')
+}
+
 
 def run_backend(cfg:dict) -> dict:
     "The `load_policy` arguments (model, model_path, and the backend's options) a run's config names."
@@ -44,13 +51,18 @@ def base_label_of(model:str, model_path:str|None=None) -> str: return f'{model}:
 def parse_base(label:str) -> dict:
     "The `load_policy` arguments of a label `model[:path]`, or ValueError naming the allowed models."
     model, _, path = str(label).partition(':')
-    if model not in MODELS: raise ValueError(f"base={label!r}: allowed a model of {', '.join(MODELS)}, optionally followed by :PATH (e.g. 'tiny', 'sd3:/models/sd35')")
+    if model not in MODELS:
+        raise ValueError(
+            f"base={label!r}: allowed a model of {', '.join(MODELS)}, optionally followed by :PATH (e.g. 'tiny', "
+            "'sd3:/models/sd35')"
+        )
     return {**_BACKEND, 'model': model, 'model_path': path or None}
 
 # %% ../nbs/07b_bank.ipynb #4b99f47e
 @dataclass
 class FineTuned:
-    "One fine-tuned model of a runs folder: its name, run folder, newest checkpoint, config and (once loaded) adapter weights."
+    """One fine-tuned model of a runs folder: its name, run folder, newest checkpoint, config and (once loaded) adapter
+    weights."""
     name:str        # the run folder relative to the runs folder, e.g. 'seed0/dense'
     run_dir:Path
     ckpt:Path       # the checkpoint the adapter comes from
@@ -70,7 +82,8 @@ def find_models(runs:str|Path  # a runs folder (e.g. runs/compare) or one traine
                ) -> tuple[list[FineTuned], list[str]]:  # the models, and a message per run folder that was skipped
     "Every trainer run folder at or under `runs` with a checkpoint holding an adapter, by name."
     root = Path(runs)
-    if not root.is_dir(): raise ValueError(f"runs={str(runs)!r}: not a folder; allowed a folder of trainer runs (e.g. runs/compare)")
+    if not root.is_dir():
+        raise ValueError(f"runs={str(runs)!r}: not a folder; allowed a folder of trainer runs (e.g. runs/compare)")
     models, skipped = [], []
     for cfg_file in sorted(root.rglob('config.json')):
         d = cfg_file.parent
@@ -79,8 +92,11 @@ def find_models(runs:str|Path  # a runs folder (e.g. runs/compare) or one traine
         run = RunFolder(d)
         ckpts = [c for c in run.checkpoints() if any((c/f).is_file() for f in ADAPTER_FILES)]
         if not ckpts:
-            if run.file('summary').exists(): skipped.append(f"{name}: {KEPT}")  # finished, its checkpoints not kept (a committed study)
-            elif (d/'checkpoints').exists() or run.file('metrics').exists(): skipped.append(f"{name}: no checkpoint yet")
+            # finished, its checkpoints not kept (a committed study)
+            if run.file('summary').exists():
+                skipped.append(f"{name}: {KEPT}")
+            elif (d / 'checkpoints').exists() or run.file('metrics').exists():
+                skipped.append(f"{name}: no checkpoint yet")
             continue
         try:
             m = FineTuned(name, d, ckpts[-1], run.config())
@@ -105,12 +121,17 @@ def fake_runs(out:str|Path,                                  # folder to create
     if policy.lora_config is None: policy.add_lora(rank, float(rank))
     fp, g = policy.base_fingerprint(), torch.Generator().manual_seed(0)
     for m in methods:
-        cfg = dict(preset_config(m, lora_rank=rank, lora_alpha=float(rank), steps=1).to_dict(), model=model, model_path=model_path)
+        cfg = dict(
+            preset_config(m, lora_rank=rank, lora_alpha=float(rank), steps=1).to_dict(), model=model,
+            model_path=model_path
+        )
         run = RunFolder(out/folder/m)
         with run.lock('fake_runs'):  # a writer like the trainer: creates the folder, refused if a trainer writes it
             run.write('config', cfg)
             run.write('base', dict(fingerprint=fp))
-            policy.load_lora_state_dict({k: torch.randn(v.shape, generator=g) * scale for k, v in policy.lora_state_dict().items()})
+            policy.load_lora_state_dict(
+                {k: torch.randn(v.shape, generator=g) * scale for k, v in policy.lora_state_dict().items()}
+            )
             run.write_checkpoint(1, {LORA_FILE: policy.save_lora, 'state.json': dict(step=1)})
     return out
 
@@ -122,22 +143,31 @@ def pick_bases(models:list[FineTuned], base:str|None=None) -> tuple[dict, list[s
     if base is None: return groups or {DEFAULT_BASE: []}, []
     parse_base(base)
     if groups and base not in groups:
-        raise ValueError(f"base={base!r}: no run was trained on it; the runs' bases are {', '.join(map(repr, groups))}: pick one of them")
+        raise ValueError(
+            f"base={base!r}: no run was trained on it; the runs' bases are {', '.join(map(repr, groups))}: pick one of "
+            "them"
+        )
     return {base: groups.get(base, [])}, [f"{m.name}: trained on base {l!r}, not loaded (base {base!r} was picked)"
                                           for l, ms in groups.items() if l != base for m in ms]
 
 TASK_FIELDS = (('reward', 'partial'), ('prompts', None), ('eval_prompts', None), ('model', 'tiny'))
 
 def runs_task(models:list[FineTuned], device=None) -> tuple[Task, list[str]]:
-    "The task of the first run's config (`load_task`; the grid world's 'partial' task without runs), and the runs configured otherwise."
+    """The task of the first run's config (`load_task`; the grid world's 'partial' task without runs), and the runs
+    configured otherwise."""
     keys = [tuple(m.cfg.get(k, d) for k, d in TASK_FIELDS) for m in models] or [tuple(d for _, d in TASK_FIELDS)]
     reward, prompts, eval_prompts, model = keys[0]
-    return load_task(reward, prompts, eval_prompts, model, device=device or 'cpu'), [m.name for m, k in zip(models, keys) if k != keys[0]]
+    return load_task(reward, prompts, eval_prompts, model, device=device or 'cpu'), [
+        m.name for m, k in zip(models, keys) if k != keys[0]
+    ]
 
 # %% ../nbs/07b_bank.ipynb #5c1e0a01
 class CheapestFirst:
-    "A re-entrant lock that goes to the waiting request of least cost first (ties: first come); its holder can yield to a cheaper one."
-    def __init__(self): self._cv, self._owner, self._depth, self._waiting, self._n = threading.Condition(), None, 0, [], 0
+    """A re-entrant lock that goes to the waiting request of least cost first (ties: first come); its holder can yield
+    to a cheaper one."""
+
+    def __init__(self):
+        self._cv, self._owner, self._depth, self._waiting, self._n = threading.Condition(), None, 0, [], 0
 
     def acquire(self, cost:float=0):
         me = threading.get_ident()
@@ -154,7 +184,8 @@ class CheapestFirst:
             if not self._depth: self._owner = None; self._cv.notify_all()
 
     def yield_to_cheaper(self, cost:float):
-        "Let a waiting request of lower cost than `cost` go first, then take the lock back (call it between two pieces of work)."
+        """Let a waiting request of lower cost than `cost` go first, then take the lock back (call it between two pieces
+        of work)."""
         with self._cv:
             if self._owner != threading.get_ident() or not (self._waiting and self._waiting[0][0] < cost): return
             depth, self._owner, self._depth = self._depth, None, 0
@@ -184,22 +215,33 @@ class ModelBank:
     "The base model(s) and every fine-tuned model of a runs folder, on one network per base and LoRA shape, per lane."
     def __init__(self, runs:str|Path|None=None,  # a runs folder; None: the base model only
                  base:str|None=None,              # a base label ('tiny', 'sd3:PATH'): load only the runs of this base
-                 policy:Policy|None=None,         # the base policy, without adapter (default: `load_policy` of the runs' base)
+                 # the base policy, without adapter (default: `load_policy` of the runs' base)
+                 policy:Policy|None=None,
                  task:Task|None=None,             # the task that scores the models (default: `runs_task`)
-                 lanes:int=2,                     # 2: long and quick Generate requests and credit each have a copy of the networks; 1: one copy
+                 # 2: long and quick Generate requests and credit each have a copy of the networks; 1: one copy
+                 lanes:int=2,
                  device=None):
-        if lanes not in (1, 2): raise ValueError(f"lanes={lanes!r}: allowed 1 (generate and credit share the networks) or 2 (a copy each)")
+        if lanes not in (1, 2):
+            raise ValueError(f"lanes={lanes!r}: allowed 1 (generate and credit share the networks) or 2 (a copy each)")
         self.runs, self.lanes = (None if runs is None else Path(runs)), lanes
         found, self.skipped = find_models(runs) if runs is not None else ([], [])
         groups, left_out = pick_bases(found, base)
         self.skipped += left_out
         if policy is not None and len(groups) > 1:
-            raise ValueError(f"policy: one base policy given for runs of {len(groups)} bases ({', '.join(groups)}); pick one with base=")
-        bases = {l: policy if policy is not None else load_policy(**(ms[0].backend if ms else parse_base(l)), device=device) for l, ms in groups.items()}
+            raise ValueError(
+                f"policy: one base policy given for runs of {len(groups)} bases ({', '.join(groups)}); pick one with "
+                "base="
+            )
+        bases = {
+            l: policy if policy is not None else load_policy(**(ms[0].backend if ms else parse_base(l)), device=device)
+            for l, ms in groups.items()
+        }
         nets, self.models = self._attach(groups, bases)
         self.base_names = {('base' if len(bases) == 1 else f'base ({l})'): l for l in bases}
         self.by_name = {m.name: m for m in self.models}
-        self.task, self.other_tasks = (task, []) if task is not None else runs_task(self.models, next(iter(bases.values())).device)
+        self.task, self.other_tasks = (
+            (task, []) if task is not None else runs_task(self.models, next(iter(bases.values())).device)
+        )
         gen = Lane(bases, nets, CheapestFirst())
         copied = lambda: gen if lanes == 1 else Lane(*copy.deepcopy((bases, nets)), CheapestFirst())
         self._lanes = {'generate': gen, 'quick': copied(), 'credit': copied()}
@@ -209,14 +251,18 @@ class ModelBank:
         nets, kept = {}, []
         for l, ms in groups.items():
             fp, shapes = bases[l].base_fingerprint(), list(dict.fromkeys(m.shape for m in ms))
-            for s, net in zip(shapes, [bases[l]] + [copy.deepcopy(bases[l]) for _ in shapes[1:]]): nets[l, s] = net.add_lora(*s)
+            for s, net in zip(shapes, [bases[l]] + [copy.deepcopy(bases[l]) for _ in shapes[1:]]):
+                nets[l, s] = net.add_lora(*s)
             for m in ms:
                 try:
                     check_base(m.run_dir, fp, m.name)
                     verify_checkpoint(m.ckpt, [m.adapter_file])
                     net = nets[l, m.shape].load_lora(m.ckpt)
-                except ValueError as e: self.skipped.append(str(e) if str(e).startswith(m.name) else f"{m.name}: {e}"); continue
-                m.lora = {k: v.clone() for k, v in net.lora_state_dict().items()}  # a copy: the next load overwrites the weights
+                except ValueError as e:
+                    self.skipped.append(str(e) if str(e).startswith(m.name) else f"{m.name}: {e}")
+                    continue
+                # a copy: the next load overwrites the weights
+                m.lora = {k: v.clone() for k, v in net.lora_state_dict().items()}
                 kept.append(m)
         return nets, kept
 
@@ -231,7 +277,8 @@ class ModelBank:
     @contextmanager
     def use(self, name:str, lane:str='generate', cost:float=0):
         "The policy of model `name` (a base or a run name), held under `lane`'s lock for a request of `cost`."
-        if name not in self.base_names and name not in self.by_name: raise ValueError(f"model={name!r}: allowed one of {self.names}")
+        if name not in self.base_names and name not in self.by_name:
+            raise ValueError(f"model={name!r}: allowed one of {self.names}")
         ln = self._lanes[lane]
         with self.lane(lane).hold(cost):
             if name in self.base_names:
@@ -245,15 +292,29 @@ class ModelBank:
     def kept(self) -> list[str]: return [k.removesuffix(f': {KEPT}') for k in self.skipped if k.endswith(f': {KEPT}')]
 
     def message(self) -> str:
-        "What was found under the runs folder and what scores it, in Markdown: runs kept without checkpoints in one line."
+        """What was found under the runs folder and what scores it, in Markdown: runs kept without checkpoints in one
+        line."""
         if self.runs is None: s = "No `--runs` folder: the base model only."
         elif not self.models: s = f"**No fine-tuned checkpoints under `{self.runs}`**: the base model only."
-        else: s = f"{len(self.models)} fine-tuned model(s) under `{self.runs}`: " + ', '.join(f'`{n}`' for n in self.names[len(self.base_names):]) + '.' 
-        if len(self.base_names) > 1: s += ' Bases: ' + ', '.join(f'`{n}`' for n in self.base_names) + '.' 
-        s += f" Scored by the task `{self.task.name}`" + (f" (also the runs configured for another: {', '.join(self.other_tasks)})" if self.other_tasks else '') + '.'
+        else:
+            s = (
+                f"{len(self.models)} fine-tuned model(s) under `{self.runs}`: "
+                + ', '.join(f'`{n}`' for n in self.names[len(self.base_names) :])
+                + '.'
+            )
+        if len(self.base_names) > 1: s += ' Bases: ' + ', '.join(f'`{n}`' for n in self.base_names) + '.'
+        s += (
+            f" Scored by the task `{self.task.name}`"
+            + (f" (also the runs configured for another: {', '.join(self.other_tasks)})" if self.other_tasks else '')
+            + '.'
+        )
         if kept := self.kept:
-            s += (f"\n\n{len(kept)} run{'s' if len(kept) > 1 else ''} kept without checkpoints (e.g. `{kept[0]}`): report and curves only;"
-                  " train one with `flowgrpo train --preset METHOD --out DIR` and open the app on DIR to generate images with it.")
+            s += (
+                f"\n\n{len(kept)} run{'s' if len(kept) > 1 else ''} kept without checkpoints (e.g. `{kept[0]}`): "
+                "report and curves only;"
+                " train one with `flowgrpo train --preset METHOD --out DIR` and open the app on DIR to generate images "
+                "with it."
+            )
         other = [k for k in self.skipped if not k.endswith(f': {KEPT}')]
         more = f"\n- and {len(other) - SHOWN_SKIPS} more skipped" if len(other) > SHOWN_SKIPS else ''
         return s + ''.join(f"\n- skipped {k}" for k in other[:SHOWN_SKIPS]) + more

@@ -1,4 +1,4 @@
-"""Base scores of the tiny model on held-out prompts (`flowgrpo eval-tiny`) and its model card, rendered from the checkpoint's own record.
+"""The tiny model's card: its held-out base scores, rendered from the checkpoint's own record.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/card.html.md"""
 
@@ -34,10 +34,17 @@ def eval_prompts(n:int, split:str='heldout', seed:int=0) -> list[str]:
 
 def base_scores(model:TinyFlowModel, n:int=1200, K:int=10, guidance:float=4.0, seed:int=0, split:str='heldout',
                 batch_size:int=200):
-    "The model card's scores: strict mini-GenEval report of `n` images of `split` prompts (Euler ODE, `K` steps, CFG `guidance`)."
-    for name, v, ok in (('n', n, isinstance(n, int) and n >= 1), ('K', K, isinstance(K, int) and K >= 1),
-                        ('guidance', guidance, isinstance(guidance, (int, float)) and math.isfinite(guidance) and guidance > 0)):
-        if not ok: raise ValueError(f"{name}={v!r}: must be {'a finite number > 0 (the model card uses 4.0)' if name == 'guidance' else 'an int >= 1'}")
+    """The model card's scores: strict mini-GenEval report of `n` images of `split` prompts (Euler ODE, `K` steps, CFG
+    `guidance`)."""
+    for name, v, ok in (
+        ('n', n, isinstance(n, int) and n >= 1), ('K', K, isinstance(K, int) and K >= 1),
+        ('guidance', guidance, isinstance(guidance, (int, float)) and math.isfinite(guidance) and guidance > 0)
+    ):
+        if not ok:
+            raise ValueError(
+                f"{name}={v!r}: must be "
+                f"{'a finite number > 0 (the model card uses 4.0)' if name == 'guidance' else 'an int >= 1'}"
+            )
     prompts, g = eval_prompts(n, split, seed), torch.Generator().manual_seed(seed)
     images = torch.cat([generate(model, prompts[i:i + batch_size], K, guidance, g)
                         for i in range(0, n, batch_size)])
@@ -54,8 +61,10 @@ def evaluate_cli(path:str=None,        # checkpoint .safetensors (default: the s
                  threads:int=1):       # torch CPU threads
     "Base scores of the tiny model on held-out prompts (`flowgrpo eval-tiny`); reproduces the model card."
     torch.set_num_threads(threads)
-    try: rep = base_scores(load_tiny(path), n=n, K=K, guidance=guidance, seed=seed, split=split)
-    except KeyboardInterrupt as e: raise stopped(e, 'nothing was kept (it writes no file: the scores are printed at its end)', invoked()) from None
+    try:
+        rep = base_scores(load_tiny(path), n=n, K=K, guidance=guidance, seed=seed, split=split)
+    except KeyboardInterrupt as e:
+        raise stopped(e, 'nothing was kept (it writes no file: the scores are printed at its end)', invoked()) from None
     print(f"strict mini-GenEval, {split} prompts, n={n}, Euler ODE K={K}, guidance={guidance}, seed={seed}\n")
     print(rep._repr_markdown_())
     return rep
@@ -66,36 +75,71 @@ def model_card(path:str|Path|None=None) -> str:
     path = Path(path) if path is not None else ASSETS / 'tiny.safetensors'
     m, sd = tiny_meta(path), load_file(str(path))
     c, ev = m['config'], m['eval']
-    rows = [f"| {r['category']} | {r['n']} | {r['strict']:.3f} ± {r['strict_se']:.3f} | {r['partial']:.3f} ± {r['partial_se']:.3f} |"
-            for r in [*(m['scores'][k] for k in CATEGORIES), m['scores']['overall']]]
-    return '\n'.join([
-        "# Tiny text-to-image flow model (grid world)", "",
-        f"A {sum(v.numel() for v in sd.values()) / 1e6:.2f}M-parameter text-to-image model for the 32x32 grid world of "
-        "`flowgrpo_nb.world`: a 2-layer text encoder over the world's vocabulary and diffusers' `SD3Transformer2DModel` "
-        f"({c['num_layers']} blocks, {c['num_heads']} heads x {c['head_dim']}, patch {c['patch_size']}) in pixel space, "
-        "predicting the clean image (velocity = (x_t - x0_hat) / max(t, 0.05)). It is the base policy of the embedded "
-        "GRPO experiments; it is not a general image model.", "",
-        *([f"Version {m['version']}: {m['version_note']}", ""] if 'version' in m else []),
-        "## Files", "",
-        f"`tiny.safetensors` ({path.stat().st_size / 1e6:.1f} MB, fp16 EMA weights) and `tiny.json` (config, vocabulary, "
-        "training record). Load with `flowgrpo_nb.tiny.load_tiny()`.", "",
-        "## Training", "",
-        f"Rectified flow with x-prediction on the world's training prompts (held-out compositions never seen), "
-        f"logit-normal t, prompt dropout {m['p_uncond']} to '' for classifier-free guidance, AdamW lr {m['lr']} "
-        f"(warmup {m['warmup']}, then constant), batch {m['batch_size']}, EMA (diffusers `EMAModel`, decay warming up "
-        f"to {m['ema_decay']}); {m['step']} steps, seed {m['seed']}.", "",
-        f"Wall time: {m['train_seconds'] / 60:.0f} minutes on {m.get('hardware', 'a CPU')}.", "",
-        *([m['selection'], ""] if 'selection' in m else []),
-        "Reproduce (then export step with `export_tiny(run_dir, step)`):", "",
-        f"```\n{m['command']}\n```", "",
-        "## Base scores", "",
-        f"Strict mini-GenEval on held-out prompts, {ev['n']} images ({ev['n'] // len(CATEGORIES)} per category), Euler ODE "
-        f"K={ev['K']}, guidance {ev['guidance']}, seed {ev['seed']} (mean ± standard error; overall = mean over categories). "
-        "Reproduce with:", "",
-        f"```\nflowgrpo eval-tiny --n {ev['n']} --k {ev['K']} --guidance {ev['guidance']} --seed {ev['seed']}\n```", "",
-        "| category | n | strict | partial |", "|---|---|---|---|", *rows, "",
-        f"Loading the model and sampling 64 held-out images (10 steps, CFG): {m['sample_seconds_64']:.1f} s with one CPU thread.", "",
-        "## Limitations", "",
-        "Trained only on the grid world's grammar; unknown words raise an error. Counting, spatial relations and the "
-        "colours of two objects are weak, and on multi-object prompts the model often draws a glyph too many (which "
-        "mini-GenEval's \"nothing else\" rule fails), a few samples come out empty: room for RL fine-tuning.", ""])
+    rows = [
+        f"| {r['category']} | {r['n']} | {r['strict']:.3f} ± {r['strict_se']:.3f} | {r['partial']:.3f} ± "
+        f"{r['partial_se']:.3f} |"
+        for r in [*(m['scores'][k] for k in CATEGORIES), m['scores']['overall']]
+    ]
+    return '\n'.join(
+        [
+            "# Tiny text-to-image flow model (grid world)",
+            "",
+            f"A {sum(v.numel() for v in sd.values()) / 1e6:.2f}M-parameter text-to-image model for the 32x32 grid "
+            "world of "
+            "`flowgrpo_nb.world`: a 2-layer text encoder over the world's vocabulary and diffusers' "
+            "`SD3Transformer2DModel` "
+            f"({c['num_layers']} blocks, {c['num_heads']} heads x {c['head_dim']}, patch {c['patch_size']}) in pixel "
+            "space, "
+            "predicting the clean image (velocity = (x_t - x0_hat) / max(t, 0.05)). It is the base policy of the "
+            "embedded "
+            "GRPO experiments; it is not a general image model.",
+            "",
+            *([f"Version {m['version']}: {m['version_note']}", ""] if 'version' in m else []),
+            "## Files",
+            "",
+            f"`tiny.safetensors` ({path.stat().st_size / 1e6:.1f} MB, fp16 EMA weights) and `tiny.json` (config, "
+            "vocabulary, "
+            "training record). Load with `flowgrpo_nb.tiny.load_tiny()`.",
+            "",
+            "## Training",
+            "",
+            f"Rectified flow with x-prediction on the world's training prompts (held-out compositions never seen), "
+            f"logit-normal t, prompt dropout {m['p_uncond']} to '' for classifier-free guidance, AdamW lr {m['lr']} "
+            f"(warmup {m['warmup']}, then constant), batch {m['batch_size']}, EMA (diffusers `EMAModel`, decay warming "
+            "up "
+            f"to {m['ema_decay']}); {m['step']} steps, seed {m['seed']}.",
+            "",
+            f"Wall time: {m['train_seconds'] / 60:.0f} minutes on {m.get('hardware', 'a CPU')}.",
+            "",
+            *([m['selection'], ""] if 'selection' in m else []),
+            "Reproduce (then export step with `export_tiny(run_dir, step)`):",
+            "",
+            f"```\n{m['command']}\n```",
+            "",
+            "## Base scores",
+            "",
+            f"Strict mini-GenEval on held-out prompts, {ev['n']} images ({ev['n'] // len(CATEGORIES)} per category), "
+            "Euler ODE "
+            f"K={ev['K']}, guidance {ev['guidance']}, seed {ev['seed']} (mean ± standard error; overall = mean over "
+            "categories). "
+            "Reproduce with:",
+            "",
+            f"```\nflowgrpo eval-tiny --n {ev['n']} --k {ev['K']} --guidance {ev['guidance']} --seed {ev['seed']}\n```",
+            "",
+            "| category | n | strict | partial |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+            f"Loading the model and sampling 64 held-out images (10 steps, CFG): {m['sample_seconds_64']:.1f} s with "
+            "one CPU thread.",
+            "",
+            "## Limitations",
+            "",
+            "Trained only on the grid world's grammar; unknown words raise an error. Counting, spatial relations and "
+            "the "
+            "colours of two objects are weak, and on multi-object prompts the model often draws a glyph too many "
+            "(which "
+            "mini-GenEval's \"nothing else\" rule fails), a few samples come out empty: room for RL fine-tuning.",
+            "",
+        ]
+    )

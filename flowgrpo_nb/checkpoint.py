@@ -1,4 +1,4 @@
-"""A run folder read and written through one type, by one writer at a time: checkpoints written all or nothing with a checksum per file, a metrics log that survives a kill, and checks that fail in one sentence naming the file.
+"""A run folder read or written through one type, by one writer at a time, each file whole or not at all.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/checkpoint.html.md"""
 
@@ -64,7 +64,9 @@ def _fsync_file(path:Path):
 
 def _digest(path:Path) -> dict:
     "sha256 and size of a file."
-    with open(path, 'rb') as f: return dict(sha256=hashlib.file_digest(f, 'sha256').hexdigest(), size=path.stat().st_size)
+    with open(path, 'rb') as f:
+        return dict(sha256=hashlib.file_digest(f, 'sha256').hexdigest(), size=path.stat().st_size)
+
 
 def _encode(name:str, obj) -> bytes:
     "The bytes of one checkpoint file: a dict of tensors as safetensors, anything else as JSON."
@@ -73,7 +75,8 @@ def _encode(name:str, obj) -> bytes:
 
 def _check_files(files:dict):
     "Refuse names and contents `write_checkpoint` cannot store, before anything is written."
-    if not isinstance(files, dict): raise ValueError(f"files must be a dict of file name -> content, not {type(files).__name__}")
+    if not isinstance(files, dict):
+        raise ValueError(f"files must be a dict of file name -> content, not {type(files).__name__}")
     for name, obj in files.items():
         if not isinstance(name, str) or not name or '/' in name or name.startswith('.'):
             raise ValueError(f"checkpoint file name {name!r}: must be a plain file name (no '/', not hidden)")
@@ -83,10 +86,16 @@ def _check_files(files:dict):
             if not (isinstance(obj, dict) and all(isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items())):
                 raise ValueError(f"checkpoint file {name!r}: a .safetensors file needs a dict of name -> tensor")
         elif not name.endswith('.json'):
-            raise ValueError(f"checkpoint file {name!r}: allowed are .safetensors (tensors), .json (JSON-able) or a writer f(folder)")
+            raise ValueError(
+                f"checkpoint file {name!r}: allowed are .safetensors (tensors), .json (JSON-able) or a writer f(folder)"
+            )
     state = files.get('state.json', {})
     if not isinstance(state, dict) or 'files' in state:
-        raise ValueError("checkpoint file 'state.json' must be a dict without a 'files' key (write_checkpoint records the files there)")
+        raise ValueError(
+            "checkpoint file 'state.json' must be a dict without a 'files' key (write_checkpoint records the files "
+            "there)"
+        )
+
 
 def _step_of(p:Path) -> int|None:
     "The step of a checkpoint folder name `ckpt-000012`, None for other names."
@@ -106,15 +115,22 @@ def list_checkpoints(run_dir:str|Path) -> list[Path]:
 
 def write_checkpoint(run_dir:str|Path,  # run folder; the checkpoint goes to run_dir/checkpoints/ckpt-{step:06d}
                      step:int,          # training step, >= 0
-                     files:dict,        # file name -> dict of tensors (.safetensors) | JSON-able (.json) | writer f(folder)
+                     # file name -> dict of tensors (.safetensors) | JSON-able (.json) | writer f(folder)
+                     files:dict,
                      keep_last:int=2,   # checkpoints kept, newest first
-                    ) -> Path:          # the checkpoint folder
-    "Write `files` as one checkpoint folder, all or nothing, with each file's sha256 in state.json; keep the newest `keep_last`."
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0: raise ValueError(f"step={step!r}: must be an int >= 0")
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1: raise ValueError(f"keep_last={keep_last!r}: must be an int >= 1")
+                    ) -> Path:  # the checkpoint folder
+    """Write `files` as one checkpoint folder, all or nothing, with each file's sha256 in state.json; keep the newest
+    `keep_last`."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0: raise ValueError(f"step={step!r}: must be an "
+                                                                                         "int >= 0")
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise ValueError(f"keep_last={keep_last!r}: must be an int >= 1")
     _check_files(files)
     root = Path(run_dir)/'checkpoints'
-    final, tmp, old = (root/f'{pre}{CKPT_PREFIX}{step:06d}{post}' for pre, post in [('', ''), ('.tmp-', f'-{os.getpid()}'), ('.old-', f'-{os.getpid()}')])
+    final, tmp, old = (
+        root / f'{pre}{CKPT_PREFIX}{step:06d}{post}'
+        for pre, post in [('', ''), ('.tmp-', f'-{os.getpid()}'), ('.old-', f'-{os.getpid()}')]
+    )
     try:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
@@ -132,7 +148,8 @@ def write_checkpoint(run_dir:str|Path,  # run folder; the checkpoint goes to run
     except BaseException as e:  # a full disk, a read-only mount, Ctrl-C, a failing writer: leave no half checkpoint
         shutil.rmtree(tmp, ignore_errors=True); _restore(old, final)
         if isinstance(e, (OSError, SafetensorError)):
-            raise CheckpointError(f"cannot write checkpoint {final}: {_cause(e)} (it was not kept; earlier checkpoints are untouched)") from e
+            raise CheckpointError(f"cannot write checkpoint {final}: {_cause(e)} (it was not kept; earlier checkpoints "
+                                  "are untouched)") from e
         raise
     shutil.rmtree(old, ignore_errors=True)
     for p in list_checkpoints(run_dir)[:-keep_last]: shutil.rmtree(p, ignore_errors=True)
@@ -143,15 +160,19 @@ def _read_state(ckpt:Path) -> dict:
     "state.json of a checkpoint folder, or a CheckpointError naming what is wrong."
     f = ckpt/'state.json'
     if not f.is_file(): raise CheckpointError(f"{ckpt} is not a checkpoint (no state.json)")
-    try: state = json.loads(f.read_bytes())
-    except (OSError, ValueError) as e: raise CheckpointError(f"checkpoint {ckpt}: state.json cannot be read ({e})") from e
-    if not isinstance(state, dict): raise CheckpointError(f"checkpoint {ckpt}: state.json holds a {type(state).__name__}, not an object")
+    try:
+        state = json.loads(f.read_bytes())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: state.json cannot be read ({e})") from e
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {ckpt}: state.json holds a {type(state).__name__}, not an object")
     return state
 
 def verify_checkpoint(ckpt:str|Path,
                       names=None,  # the files to check (default: every file state.json records)
-                     ) -> dict:    # the checkpoint's state.json
-    "Check the size and sha256 of a checkpoint's files against state.json; CheckpointError names the first that differs."
+                     ) -> dict:  # the checkpoint's state.json
+    """Check the size and sha256 of a checkpoint's files against state.json; CheckpointError names the first that
+    differs."""
     ckpt = Path(ckpt)
     state = _read_state(ckpt)
     record = state.get('files')
@@ -179,14 +200,22 @@ def read_checkpoint(ckpt:str|Path,
     state = verify_checkpoint(ckpt, names) if verify else _read_state(ckpt)
     if names is None:
         rec = state.get('files')
-        names = [*rec, 'state.json'] if rec is not None else [p.relative_to(ckpt).as_posix() for p in ckpt.rglob('*') if p.is_file()]
+        names = (
+            [*rec, 'state.json']
+            if rec is not None
+            else [p.relative_to(ckpt).as_posix() for p in ckpt.rglob('*') if p.is_file()]
+        )
     out = {}
     for name in sorted(names):
         f = ckpt/name
         if name == 'state.json': out[name] = state; continue
         if not f.is_file(): raise CheckpointError(f"checkpoint {ckpt} is incomplete: {name} is missing")
-        try: out[name] = load_file(f) if f.suffix == '.safetensors' else json.loads(f.read_bytes()) if f.suffix == '.json' else f
-        except (OSError, ValueError, SafetensorError) as e: raise CheckpointError(f"checkpoint {ckpt}: {name} cannot be read ({e})") from e
+        try:
+            out[name] = (
+                load_file(f) if f.suffix == '.safetensors' else json.loads(f.read_bytes()) if f.suffix == '.json' else f
+            )
+        except (OSError, ValueError, SafetensorError) as e:
+            raise CheckpointError(f"checkpoint {ckpt}: {name} cannot be read ({e})") from e
     return out
 
 # %% ../nbs/00c_checkpoint.ipynb #d62e203c
@@ -203,7 +232,8 @@ def latest_checkpoint(run_dir:str|Path) -> Path|None:
 
 # %% ../nbs/00c_checkpoint.ipynb #1f372350
 def clean_interrupted(run_dir:str|Path) -> list[Path]:
-    "Remove what interrupted writes left (`checkpoints/.tmp-*`, `checkpoints/.old-*`, the run folder's `.tmp-*` files); returns what it removed."
+    """Remove what interrupted writes left (`checkpoints/.tmp-*`, `checkpoints/.old-*`, the run folder's `.tmp-*`
+    files); returns what it removed."""
     run_dir, root, removed = Path(run_dir), Path(run_dir)/'checkpoints', []
     for p in sorted(root.glob('.old-*')):
         final = root/p.name[len('.old-'):].rsplit('-', 1)[0]
@@ -216,12 +246,18 @@ def clean_interrupted(run_dir:str|Path) -> list[Path]:
 
 # %% ../nbs/00c_checkpoint.ipynb #3a2d1e18
 @contextlib.contextmanager
-def resumable(run_dir:str|Path, resume=()):  # the run folder; the options its command needs to resume (added once a checkpoint exists)
-    "Within: an interrupt (Ctrl-C, SIGTERM) becomes a `Stopped` saying which checkpoint of `run_dir` is kept and the command line that continues."
+# the run folder; the options its command needs to resume (added once a checkpoint exists)
+def resumable(run_dir:str|Path, resume=()):
+    """Within: an interrupt (Ctrl-C, SIGTERM) becomes a `Stopped` saying which checkpoint of `run_dir` is kept and the
+    command line that continues."""
     try: yield
     except KeyboardInterrupt as e:
         ks = list_checkpoints(run_dir)
-        kept = f"its checkpoint of step {_step_of(ks[-1])} is kept in {run_dir}" if ks else f"it had no checkpoint yet in {run_dir}, so it starts over"
+        kept = (
+            f"its checkpoint of step {_step_of(ks[-1])} is kept in {run_dir}"
+            if ks
+            else f"it had no checkpoint yet in {run_dir}, so it starts over"
+        )
         raise stopped(e, kept, invoked(resume if ks else ())) from None
 
 # %% ../nbs/00c_checkpoint.ipynb #53b95676
@@ -236,7 +272,8 @@ def _atomic_write(path:Path, data:bytes, what:str):
         raise CheckpointError(f"cannot write {what} {path}: {_cause(e)}") from e
 
 class MetricsLog:
-    "A run's metrics.jsonl: one JSON object per line, appended once per step, cut back to a checkpoint's step on resume."
+    """A run's metrics.jsonl: one JSON object per line, appended once per step, cut back to a checkpoint's step on
+    resume."""
     def __init__(self, path:str|Path): self.path, self._whole = Path(path), False
     def __repr__(self): return f"MetricsLog({str(self.path)!r})"
 
@@ -253,7 +290,9 @@ class MetricsLog:
             if j < len(body) - 1:
                 raise CheckpointError(f"metrics log {self.path}, line {i}: not a JSON object, and not the last line "
                                       "(which a killed run may leave cut): the file is damaged; restore or delete it")
-            warnings.warn(f"metrics log {self.path}, line {i}: dropped a partial last line (a run killed while writing it)")
+            warnings.warn(
+                f"metrics log {self.path}, line {i}: dropped a partial last line (a run killed while writing it)"
+            )
             return rows, False
         return rows, not data or data.endswith(b'\n')
 
@@ -278,7 +317,10 @@ class MetricsLog:
     def truncate(self, step:int|None) -> list[dict]:
         "Keep the rows of steps <= `step` (None: no rows), rewritten atomically; returns them."
         rows = self.read()
-        bad = next((i for i, r in enumerate(rows, 1) if isinstance(r.get('step'), bool) or not isinstance(r.get('step'), int)), None)
+        bad = next(
+            (i for i, r in enumerate(rows, 1) if isinstance(r.get('step'), bool) or not isinstance(r.get('step'), int)),
+            None,
+        )
         if bad is not None: raise CheckpointError(f"metrics log {self.path}: row {bad} has no integer 'step'")
         keep = [] if step is None else [r for r in rows if r['step'] <= step]
         if self.path.exists(): self._rewrite(keep)
@@ -295,9 +337,15 @@ def read_json(path:str|Path,
     "The object in a JSON file; a missing or corrupt file is one ValueError naming `what` it is and where."
     path = Path(path)
     if not path.is_file(): raise ValueError(f"{what} {path} {'is a folder' if path.is_dir() else 'does not exist'}")
-    try: return json.loads(path.read_bytes())
-    except OSError as e: raise ValueError(f"{what} {path} cannot be read: {_cause(e)}") from e
-    except ValueError as e: raise ValueError(f"{what} {path} is not valid JSON ({e}): it was probably cut short when written; restore or delete it") from e
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be read: {_cause(e)}") from e
+    except ValueError as e:
+        raise ValueError(
+            f"{what} {path} is not valid JSON ({e}): it was probably cut short when written; restore or delete it"
+        ) from e
+
 
 def write_json(path:str|Path, obj, what:str='JSON file') -> Path:
     "Write `obj` as JSON atomically (a reader never sees half of it); an OSError is one CheckpointError sentence."
@@ -305,7 +353,8 @@ def write_json(path:str|Path, obj, what:str='JSON file') -> Path:
     return Path(path)
 
 def write_text(path:str|Path, text:str, what:str='file') -> Path:
-    "Write `text` atomically (a page, a figure file); an OSError (a full disk) is one CheckpointError sentence naming the file."
+    """Write `text` atomically (a page, a figure file); an OSError (a full disk) is one CheckpointError sentence naming
+    the file."""
     _atomic_write(Path(path), text.encode(), what)
     return Path(path)
 
@@ -322,17 +371,23 @@ def check_output_dir(path:str|Path,    # the folder a command will write (it nee
                     ) -> Path:
     "Refuse an output folder that cannot be written, in one sentence each, before any work; creates nothing."
     path = Path(path)
-    if path.exists() and not path.is_dir(): raise ValueError(f"output folder {path} is a file: choose another folder or remove the file")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output folder {path} is a file: choose another folder or remove the file")
     base = path
     while not base.exists(): base = base.parent
     if not base.is_dir(): raise ValueError(f"output folder {path} cannot be created: {base} is a file")
     if not os.access(base, os.W_OK | os.X_OK):
         ro = os.statvfs(base).f_flag & os.ST_RDONLY
-        raise ValueError(f"output folder {path} cannot be written: {base} is {'on a read-only file system' if ro else 'not writable by this user'}")
+        raise ValueError(
+            f"output folder {path} cannot be written: {base} is "
+            f"{'on a read-only file system' if ro else 'not writable by this user'}"
+        )
     free = shutil.disk_usage(base).free
     if free < need_bytes:
-        raise ValueError(f"output folder {path}: {base} has {_size(free)} free and the command needs about {_size(need_bytes)}; "
-                         "free some space or choose another folder")
+        raise ValueError(
+            f"output folder {path}: {base} has {_size(free)} free and the command needs about {_size(need_bytes)}; "
+            "free some space or choose another folder"
+        )
     return path
 
 # %% ../nbs/00c_checkpoint.ipynb #95109162
@@ -341,7 +396,8 @@ LOCK_FILE = '.lock'  # the lock file of a folder being written (its holder remov
 class FolderLocked(ValueError):
     "A folder another process is writing."
 
-_held = {}  # this process's locks: real path of the folder -> dict(fd, holders, pid that took it, whether it made the folder)
+# this process's locks: real path of the folder -> dict(fd, holders, pid that took it, whether it made the folder)
+_held = {}
 
 def _holder(fd:int) -> dict:
     "What a lock's holder wrote into the lock file ({pid, what, since}), or {} (nothing yet, or unreadable)."
@@ -351,15 +407,20 @@ def _holder(fd:int) -> dict:
 
 # %% ../nbs/00c_checkpoint.ipynb #60d4159c
 def _take(folder:Path) -> int:
-    "A descriptor of `folder`'s lock file, locked by this process; FolderLocked naming the holder when another process has it."
+    """A descriptor of `folder`'s lock file, locked by this process; FolderLocked naming the holder when another process
+    has it."""
     path = folder/LOCK_FILE
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             h = _holder(fd); os.close(fd)
-            raise FolderLocked(f"{folder} is being written by another process ({h.get('what', 'a writer')}, PID {h.get('pid', 'unknown')}"
-                               + (f", since {h['since']}" if 'since' in h else '') + "): wait for it to finish, or choose another folder") from None
+            raise FolderLocked(
+                f"{folder} is being written by another process ({h.get('what', 'a writer')}, PID "
+                f"{h.get('pid', 'unknown')}"
+                + (f", since {h['since']}" if 'since' in h else '')
+                + "): wait for it to finish, or choose another folder"
+            ) from None
         except BaseException: os.close(fd); raise
         with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(fd), os.stat(path)): return fd
@@ -367,7 +428,8 @@ def _take(folder:Path) -> int:
 
 # %% ../nbs/00c_checkpoint.ipynb #69896aa0
 class FolderLock:
-    "An exclusive lock on `folder` for one writer: another process is refused at once; a killed holder's lock is taken over."
+    """An exclusive lock on `folder` for one writer: another process is refused at once; a killed holder's lock is taken
+    over."""
     def __init__(self, folder:str|Path, what:str='a writer'):  # what: who writes, for the sentence another writer gets
         self.folder, self.what, self.held = Path(folder), what, False
         self._key, pid = os.path.realpath(folder), os.getpid()
@@ -387,7 +449,9 @@ def _acquire(self:FolderLock) -> dict:
     made = not self.folder.exists()
     self.folder.mkdir(parents=True, exist_ok=True)
     if fcntl is None:
-        warnings.warn(f"{self.folder}: this system has no file locks; a second writer on the folder would not be refused")
+        warnings.warn(
+            f"{self.folder}: this system has no file locks; a second writer on the folder would not be refused"
+        )
         return dict(fd=None, holders=1, pid=os.getpid(), made=False)
     try: fd = _take(self.folder)
     except BaseException:
@@ -395,9 +459,15 @@ def _acquire(self:FolderLock) -> dict:
             with contextlib.suppress(OSError): self.folder.rmdir()  # not when the holder wrote into it meanwhile
         raise
     last = _holder(fd)
-    os.ftruncate(fd, 0); os.pwrite(fd, json.dumps(dict(pid=os.getpid(), what=self.what, since=time.strftime('%Y-%m-%d %H:%M:%S'))).encode(), 0)
-    if last.get('pid'): warnings.warn(f"{self.folder}: its last writer ({last.get('what', 'a writer')}, PID {last['pid']}) ended without "
-                                      "letting go of it (killed?); taking it over")
+    os.ftruncate(fd, 0)
+    os.pwrite(
+        fd, json.dumps(dict(pid=os.getpid(), what=self.what, since=time.strftime('%Y-%m-%d %H:%M:%S'))).encode(), 0
+    )
+    if last.get('pid'):
+        warnings.warn(
+            f"{self.folder}: its last writer ({last.get('what', 'a writer')}, PID {last['pid']}) ended without "
+            "letting go of it (killed?); taking it over"
+        )
     return dict(fd=fd, holders=1, pid=os.getpid(), made=made)
 
 @patch
@@ -416,10 +486,15 @@ def release(self:FolderLock):
     os.close(h['fd'])
 
 # %% ../nbs/00c_checkpoint.ipynb #d4aba5f8
-RUN_FILES = dict(config='config.json', base='base.json', metrics='metrics.jsonl', summary='summary.json', calibration='calibration.json')
+RUN_FILES = dict(
+    config='config.json', base='base.json', metrics='metrics.jsonl', summary='summary.json',
+    calibration='calibration.json'
+)
+
 
 class RunFolder:
-    "A trainer's run folder read and written through one type: its JSON files, metrics log, checkpoints and writer's lock."
+    """A trainer's run folder read and written through one type: its JSON files, metrics log, checkpoints and writer's
+    lock."""
     def __init__(self, path:str|Path):
         self.path = Path(path)
         self.log = MetricsLog(self.file('metrics'))
@@ -433,30 +508,38 @@ class RunFolder:
 # %% ../nbs/00c_checkpoint.ipynb #40b74cd9
 @patch
 def read(self:RunFolder, name:str, default=None):
-    "The object in the run's JSON file `name`, or `default` when there is none; a corrupt file is one ValueError naming it."
+    """The object in the run's JSON file `name`, or `default` when there is none; a corrupt file is one ValueError
+    naming it."""
     f = self.file(name)
     if not f.exists(): return default
     d = read_json(f, f'the run {name}')
-    if not isinstance(d, dict): raise ValueError(f"the run {name} {f} holds a {type(d).__name__}, not a JSON object; restore or delete it")
+    if not isinstance(d, dict):
+        raise ValueError(f"the run {name} {f} holds a {type(d).__name__}, not a JSON object; restore or delete it")
     return d
 
 @patch
 def write(self:RunFolder, name:str, obj:dict) -> Path:
-    "Write the run's JSON file `name` atomically, as the trainer always has (calibration.json on one line, the rest indented)."
+    """Write the run's JSON file `name` atomically, as the trainer always has (calibration.json on one line, the rest
+    indented)."""
     self.path.mkdir(parents=True, exist_ok=True)
-    _atomic_write(self.file(name), json.dumps(obj, **({} if name == 'calibration' else dict(indent=1))).encode(), f'the run {name}')
+    _atomic_write(
+        self.file(name), json.dumps(obj, **({} if name == 'calibration' else dict(indent=1))).encode(),
+        f'the run {name}'
+    )
     return self.file(name)
 
 # %% ../nbs/00c_checkpoint.ipynb #5027f63e
 @patch
 def config(self:RunFolder) -> dict:
     "config.json, the run's `GRPOConfig.to_dict()`; without it the folder is not a trainer run (one ValueError)."
-    if not self.is_run(): raise ValueError(f"run={str(self.path)!r}: not a trainer run folder ({self.file('config')} does not exist)")
+    if not self.is_run():
+        raise ValueError(f"run={str(self.path)!r}: not a trainer run folder ({self.file('config')} does not exist)")
     return self.read('config')
 
 @patch
 def fingerprint(self:RunFolder) -> str|None:
-    "The fingerprint of the base weights the run trains (base.json); None for a run written before base records existed."
+    """The fingerprint of the base weights the run trains (base.json); None for a run written before base records
+    existed."""
     b = self.read('base')
     if b is not None and not isinstance(b.get('fingerprint'), str):
         raise ValueError(f"the run base record {self.file('base')} has no 'fingerprint'; restore or delete it")
@@ -464,7 +547,8 @@ def fingerprint(self:RunFolder) -> str|None:
 
 @patch
 def metrics(self:RunFolder) -> list[dict]:
-    "The rows of metrics.jsonl (none without the file); a torn last line, which a kill leaves, is dropped with a warning."
+    """The rows of metrics.jsonl (none without the file); a torn last line, which a kill leaves, is dropped with a
+    warning."""
     return self.log.read()
 
 @patch
@@ -481,7 +565,9 @@ def checkpoints(self:RunFolder) -> list[Path]: return list_checkpoints(self.path
 def latest_checkpoint(self:RunFolder) -> Path|None: return latest_checkpoint(self.path)
 
 @patch
-def write_checkpoint(self:RunFolder, step:int, files:dict, keep_last:int=2) -> Path: return write_checkpoint(self.path, step, files, keep_last)
+def write_checkpoint(self: RunFolder, step: int, files: dict, keep_last: int = 2) -> Path:
+    return write_checkpoint(self.path, step, files, keep_last)
+
 
 @patch
 def clean_interrupted(self:RunFolder) -> list[Path]: return clean_interrupted(self.path)

@@ -16,19 +16,16 @@ from .processes import stop_on_signals, Stopped, stopped, running_as, invoked
 
 # %% ../nbs/10_cli.ipynb #cd896d72
 COMMANDS = {
-    'demo': 'flowgrpo_nb.flow.demo',
-    'pretrain': 'flowgrpo_nb.tiny.pretrain_cli',
-    'eval-tiny': 'flowgrpo_nb.card.evaluate_cli',
-    'train': 'flowgrpo_nb.train.train_cli',
-    'compare': 'flowgrpo_nb.study.compare.compare_cli',
-    'train-score': 'flowgrpo_nb.score.train_score_cli',
-    'app': 'flowgrpo_nb.app.app_cli',
-    'fidelity': 'flowgrpo_nb.study.fidelity_report.fidelity_cli',
+    'demo': 'flowgrpo_nb.flow.demo', 'pretrain': 'flowgrpo_nb.tiny.pretrain_cli',
+    'eval-tiny': 'flowgrpo_nb.card.evaluate_cli', 'train': 'flowgrpo_nb.train.train_cli',
+    'compare': 'flowgrpo_nb.study.compare.compare_cli', 'train-score': 'flowgrpo_nb.score.train_score_cli',
+    'app': 'flowgrpo_nb.app.app_cli', 'fidelity': 'flowgrpo_nb.study.fidelity_report.fidelity_cli'
 }
 
 def _command(name:str):
     "The function behind command `name`, imported."
-    if name not in COMMANDS: raise ValueError(f"unknown command {name!r}; the commands are {', '.join(COMMANDS)} (flowgrpo --help)")
+    if name not in COMMANDS:
+        raise ValueError(f"unknown command {name!r}; the commands are {', '.join(COMMANDS)} (flowgrpo --help)")
     mod, _, fn = COMMANDS[name].rpartition('.')
     fn = getattr(importlib.import_module(mod), fn)
     return getattr(fn, '__wrapped__', fn)  # the plain function under fastcore's call_parse
@@ -81,27 +78,32 @@ def _warnings_as_lines(prog:str):
     try: yield
     finally: warnings.formatwarning = fmt
 
-FORK_SERVER = {'compare': 'flowgrpo_nb.study.pool'}  # commands whose workers fork from a server: the module that starts it
+# commands whose workers fork from a server: the module that starts it
+FORK_SERVER = {'compare': 'flowgrpo_nb.study.pool'}
 
 def _start_fork_server(name:str, argv:list[str]):
     "Start the server `name`'s workers fork from now, so that it imports the package beside this process's own imports."
     if name not in FORK_SERVER or {'-h', '--help', '--estimate'} & set(argv): return
-    importlib.import_module(FORK_SERVER[name]).start_fork_server()  # its worker_context reaps it at exit when the jobs run
+    # its worker_context reaps it at exit when the jobs run
+    importlib.import_module(FORK_SERVER[name]).start_fork_server()
 
 def _close_bars():
-    "Close the progress bars an interrupt left open (each ends its line), so that the stop's sentence has a line of its own."
+    """Close the progress bars an interrupt left open (each ends its line), so that the stop's sentence has a line of
+    its own."""
     from tqdm import tqdm
     for bar in list(getattr(tqdm, '_instances', ())):  # tqdm keeps no public list of its open bars
         try: bar.close()
         except Exception: pass
 
 def _quiet_torchvision_notice():
-    "transformers announces on every start that torchvision is missing (the package never needs it): drop that line only."
+    """transformers announces on every start that torchvision is missing (the package never needs it): drop that line
+    only."""
     import logging
     from transformers.utils import logging as tl
     for h in tl._get_library_root_logger().handlers: h.addFilter(lambda r: 'requires torchvision' not in r.getMessage())
 
-def main(argv:list[str]|None=None) -> int: # the exit status: 0 success, 2 bad input or OS error, 130 Ctrl-C, 143 SIGTERM
+# the exit status: 0 success, 2 bad input or OS error, 130 Ctrl-C, 143 SIGTERM
+def main(argv:list[str]|None=None) -> int:
     "Run `flowgrpo COMMAND [options]`."
     with stop_on_signals():  # SIGTERM unwinds like Ctrl-C: workers stopped, locks and temporary files let go
         try: return _main(sys.argv[1:] if argv is None else list(argv))
@@ -117,14 +119,16 @@ def _main(argv:list[str]) -> int:
     argv = [a for a in argv if a != '--debug']
     if not argv or argv[0] in ('-h', '--help', 'help'): print(usage()); return 0
     prog = f'flowgrpo {argv[0]}' if argv[0] in COMMANDS else 'flowgrpo'
-    with _warnings_as_lines(prog), running_as(['flowgrpo', *argv]):  # the command line a stopped command says continues it
+    # the command line a stopped command says continues it
+    with _warnings_as_lines(prog), running_as(['flowgrpo', *argv]):
         try:
             fn = _command(argv[0])
             fn(**_kwargs(argv[0], fn, argv[1:]))
         except (ValueError, OSError, KeyboardInterrupt) as e:
             if debug: traceback.print_exc()
             if isinstance(e, KeyboardInterrupt):
-                e = e if isinstance(e, Stopped) and str(e) else stopped(e, again=invoked())  # the command's own sentence, or the same command again
+                # the command's own sentence, or the same command again
+                e = e if isinstance(e, Stopped) and str(e) else stopped(e, again=invoked())
                 _close_bars()
                 print(f"{prog}: {_one_line(e)}", file=sys.stderr)
                 return e.status

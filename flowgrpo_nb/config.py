@@ -1,4 +1,4 @@
-"""`GRPOConfig`: every choice of a GRPO run in one readable dataclass, the four papers' presets, typed command-line overrides, and validation before any work.
+"""`GRPOConfig`: every choice of a GRPO run in one dataclass, checked before any work.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/config.html.md"""
 
@@ -28,11 +28,13 @@ from .precision import FAST_CHOICES
 class GRPOConfig(RolloutConfig, CreditConfig):
     "Every choice of a GRPO run: the credit rule's and the rollouts' fields (inherited), then the run's own."
     # -- the window over training (the sampler, its level and the window at step 0: `RolloutConfig`)
-    window_slide:int=0          # MixGRPO-like: the window moves one step later every n optimizer steps, wrapping (0: fixed)
+    # MixGRPO-like: the window moves one step later every n optimizer steps, wrapping (0: fixed)
+    window_slide:int=0
     train_start:int|None=None   # first step the loss takes, inside the SDE window (None: the window's first)
     train_size:int|None=None    # steps the loss takes from train_start (None: to the window's end)
     trim_degenerate:bool=False  # drop from the window's ends the steps whose std is below min_std_ratio x the largest
-    min_std_ratio:float=0.05    # a trained step whose std is below this x the largest trained std is degenerate (warned)
+    # a trained step whose std is below this x the largest trained std is degenerate (warned)
+    min_std_ratio:float=0.05
     # -- step values (the credit rule and its options: `CreditConfig`)
     lookahead:str|None=None     # step values: tweedie, ode:N, ode:rest; None: the method's default (flow_grpo: none)
     # -- DenseGRPO's exploration calibration
@@ -41,22 +43,33 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     calib_samples:int=16        # rollouts per round
     calib_eps1:float=2.0        # balance threshold on |n+ - n-|
     calib_eps2:float=0.01       # psi step per round
-    calib_no_signal:str='hold'  # a step with n+ + n- < calib_eps1 (no gain either way): hold psi, or raise it (the literal rule)
-    calib_stop:str='rounds'     # rounds: calib_iters rounds of +-calib_eps2; stable: halve a step's increment when it reverses, until psi stops moving
+    # a step with n+ + n- < calib_eps1 (no gain either way): hold psi, or raise it (the literal rule)
+    calib_no_signal:str='hold'
+    # rounds: calib_iters rounds of +-calib_eps2; stable: halve a step's increment when it reverses, until psi stops
+    # moving
+    calib_stop:str='rounds'
     # -- batch and loss
     prompts_per_step:int=4      # prompts per rollout batch
-    prompt_mix:str='category'   # how a step draws its prompts: category (each of the task's categories equally likely, then a prompt) or prompt (every prompt equally likely)
+    # how a step draws its prompts: category (each of the task's categories equally likely, then a prompt) or prompt
+    # (every prompt equally likely)
+    prompt_mix:str='category'
     minibatch:int=16            # samples per backward pass (per process)
-    backward_pairs:int=0        # most (sample, step) pairs in one backward graph (0: all of a minibatch's); the same gradient in chunks, for SD3/FLUX at full size
-    updates_per_rollout:int=2   # optimizer steps taken on one rollout batch (each on its share of the samples: from the second on, the ratio leaves 1 and the clip acts)
+    # most (sample, step) pairs in one backward graph (0: all of a minibatch's); the same gradient in chunks, for
+    # SD3/FLUX at full size
+    backward_pairs:int=0
+    # optimizer steps taken on one rollout batch (each on its share of the samples: from the second on, the ratio leaves
+    # 1 and the clip acts)
+    updates_per_rollout:int=2
     clip_range:float=1e-4       # PPO ratio clip (Flow-GRPO: 1e-4)
     beta:float=0.0              # weight of the KL to the adapter-disabled reference
     max_grad_norm:float=1.0     # gradient-norm clipping
     lr:float=1e-3               # AdamW learning rate (its peak, with a schedule)
-    lr_schedule:str='constant'  # the lr over optimizer steps: constant, cosine or linear (to 0 at the last), after lr_warmup
+    # the lr over optimizer steps: constant, cosine or linear (to 0 at the last), after lr_warmup
+    lr_schedule:str='constant'
     lr_warmup:int=0             # optimizer steps of linear warmup from 0 to lr
     weight_decay:float=1e-4     # AdamW weight decay (Flow-GRPO: 1e-4)
-    skip_zero_adv:bool=True     # leave (sample, step) pairs with advantage exactly 0 out of the update (only when beta = 0)
+    # leave (sample, step) pairs with advantage exactly 0 out of the update (only when beta = 0)
+    skip_zero_adv:bool=True
     # -- adapter
     lora_rank:int=16            # LoRA rank
     lora_alpha:float=16.0       # LoRA alpha
@@ -68,32 +81,48 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     eval_every:int=20           # evaluation every n steps (0: only at the start and the end)
     eval_images:int=256         # images per evaluation (0: no evaluation)
     eval_start:bool=True        # evaluate the base model before the first step (a comparison does it once for all runs)
-    diag_every:int=8            # per-step gradient-norm shares every n steps (0: never; one extra pass over one minibatch)
-    kl_every:int=4              # with beta = 0, log the KL to the reference every n steps (0: never; a no-grad pass over one minibatch, with and without the adapter)
+    # per-step gradient-norm shares every n steps (0: never; one extra pass over one minibatch)
+    diag_every:int=8
+    # with beta = 0, log the KL to the reference every n steps (0: never; a no-grad pass over one minibatch, with and
+    # without the adapter)
+    kl_every:int=4
     save_every:int=10           # checkpoint every n steps (and at the end)
     keep_last:int=2             # checkpoints kept
     seed:int=0                  # everything random derives from it and the step
-    log_with:str='tensorboard'  # accelerate tracker: none, or one of accelerate's that is installed (tensorboard, wandb, mlflow, aim, comet_ml, ...)
+    # accelerate tracker: none, or one of accelerate's that is installed (tensorboard, wandb, mlflow, aim, comet_ml,
+    # ...)
+    log_with:str='tensorboard'
     # -- backend and task
     model:str='tiny'            # backend: tiny (the shipped embedded model), sd3 or flux (a local diffusers folder)
     model_path:str|None=None    # the backend's weights: tiny checkpoint (None: the shipped one) or the SD3/FLUX folder
-    reward:str='partial'        # tiny: partial, strict or score; sd3/flux: clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MOD:FN, sums
+    # tiny: partial, strict or score; sd3/flux: clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MOD:FN, sums
+    reward:str='partial'
     prompts:str|None=None       # prompt file or folder (sd3/flux); None: the grid world's train split
-    eval_prompts:str|None=None  # evaluation prompt file; None: the task's own (held-out split, test file or the same file)
+    # evaluation prompt file; None: the task's own (held-out split, test file or the same file)
+    eval_prompts:str|None=None
     resolution:int|None=None    # sd3/flux: image side in pixels (None: 512)
-    dtype:str='auto'            # sd3/flux: weights' dtype: auto (bfloat16 on a GPU, float32 on a CPU), bfloat16, float16, float32
+    # sd3/flux: weights' dtype: auto (bfloat16 on a GPU, float32 on a CPU), bfloat16, float16, float32
+    dtype:str='auto'
     t5:bool=True                # sd3: load the T5 text encoder (False: without it, zeros in its place)
-    gradient_checkpointing:bool=False  # sd3/flux: recompute the transformer's blocks in the backward pass (less memory, more compute; same gradient)
-    fast:bool|str='auto'        # tiny: True: bf16 fast path (a bf16 copy without gradient, fp32 for the update); False: fp32 eager; auto: whichever this machine runs faster (02b_precision)
+    # sd3/flux: recompute the transformer's blocks in the backward pass (less memory, more compute; same gradient)
+    gradient_checkpointing:bool=False
+    # tiny: True: bf16 fast path (a bf16 copy without gradient, fp32 for the update); False: fp32 eager; auto: whichever
+    # this machine runs faster (02b_precision)
+    fast:bool|str='auto'
 
     def __post_init__(self): validate_config(self)
     @property
     def batch_size(self): return self.prompts_per_step * self.group_size
     def rollout_config(self, step:int=0, **kw) -> RolloutConfig:
-        "The `RolloutConfig` of this run's training rollouts at optimizer step `step` (the window may slide or be trimmed)."
-        return RolloutConfig(**{**{f.name: getattr(self, f.name) for f in fields(RolloutConfig)}, **self.window_at(step), **kw})
+        """The `RolloutConfig` of this run's training rollouts at optimizer step `step` (the window may slide or be
+        trimmed)."""
+        return RolloutConfig(
+            **{**{f.name: getattr(self, f.name) for f in fields(RolloutConfig)}, **self.window_at(step), **kw}
+        )
+
     @property
-    def window(self) -> tuple[int, int]: return self.rollout_config().window    # step 0's SDE steps (start, stop), trimmed
+    # step 0's SDE steps (start, stop), trimmed
+    def window(self) -> tuple[int, int]: return self.rollout_config().window
     @property
     def trained(self) -> torch.Tensor: return self.rollout_config().trained  # [K] bool: step 0's SDE window, trimmed
     def window_at(self, step:int=0) -> dict:
@@ -103,14 +132,16 @@ class GRPOConfig(RolloutConfig, CreditConfig):
         if self.trim_degenerate: start, size = _trimmed(self)
         return dict(window_start=start, window_size=size)
     def loss_steps(self, step:int=0) -> torch.Tensor:
-        "BoolTensor[K]: the steps the loss takes at optimizer step `step`: the SDE window, or train_start/train_size in it."
+        """BoolTensor[K]: the steps the loss takes at optimizer step `step`: the SDE window, or train_start/train_size
+        in it."""
         rc = self.rollout_config(step)
         s, e = rc.window
         a = s if self.train_start is None else self.train_start
         b = e if self.train_size is None else a + self.train_size
         return rc.trained & (torch.arange(self.K) >= a) & (torch.arange(self.K) < b)
     def backend(self, train:bool=False) -> dict:
-        "The keyword arguments of `load_policy` for this run's model; `train`: with the options only training reads (gradient checkpointing)."
+        """The keyword arguments of `load_policy` for this run's model; `train`: with the options only training reads
+        (gradient checkpointing)."""
         return dict(model=self.model, model_path=self.model_path, resolution=self.resolution, dtype=self.dtype,
                     t5=self.t5) | (dict(gradient_checkpointing=self.gradient_checkpointing) if train else {})
     def credit_config(self) -> CreditConfig:
@@ -157,11 +188,13 @@ _FLOW = dict(method='flow_grpo', sampler='flow_sde', level=0.7, global_std=True)
 _STEPWISE = dict(method='stepwise', sampler='ddim', level=1.0, shared_noise=True, trim_degenerate=True)
 _DENSE = dict(method='dense', sampler='flow_sde', level=0.7, lookahead=LOOKAHEAD['dense'], calibrate=True)
 _TP = dict(method='turning_point', sampler='flow_sde', level=0.7, lookahead=LOOKAHEAD['turning_point'])
-EARLY = dict(window_start=0, window_size=3)  # the first 3 steps (Flow-GRPO-Fast-like; where dense credit lies is measured by the comparison)
+# the first 3 steps (Flow-GRPO-Fast-like; where dense credit lies is measured by the comparison)
+EARLY = dict(window_start=0, window_size=3)
 
 PRESETS = {
     'flow_grpo':           _FLOW,
-    'flow_grpo_ddim':      _FLOW | {k: v for k, v in _STEPWISE.items() if k != 'method'},  # Flow-GRPO's credit on Stepwise's sampler
+    # Flow-GRPO's credit on Stepwise's sampler
+    'flow_grpo_ddim':      _FLOW | {k: v for k, v in _STEPWISE.items() if k != 'method'},
     'flow_grpo_early':     _FLOW | EARLY,                   # Flow-GRPO-Fast-like: the SDE on the first steps only
     'mix_grpo':            _FLOW | EARLY | dict(window_slide=4),  # MixGRPO-like: a window of 3 sliding to later steps
     'stepwise':            _STEPWISE | dict(lookahead=LOOKAHEAD['stepwise']),
@@ -180,7 +213,8 @@ def preset_config(name:str, # a key of `PRESETS`, or several joined by '+' (late
     "A `GRPOConfig` from presets and overrides."
     d = {}
     for n in name.split('+'):
-        if n not in PRESETS: raise ValueError(f"preset {n!r} is unknown; allowed: {', '.join(PRESETS)} (combine with '+')")
+        if n not in PRESETS:
+            raise ValueError(f"preset {n!r} is unknown; allowed: {', '.join(PRESETS)} (combine with '+')")
         d.update(PRESETS[n])
     return GRPOConfig(**{**d, **overrides})
 
@@ -232,8 +266,10 @@ def validate_config(c:GRPOConfig):
     if isinstance(c.lora_targets, list): c.lora_targets = tuple(c.lora_targets)
     if c.log_with is None: c.log_with = 'none'
     check_fields(c, _AT_LEAST, _POSITIVE, _NON_NEGATIVE, _CHOICES)
-    if c.log_with not in trackers(): _fail('log_with', c.log_with, f"one of {', '.join(trackers())} (accelerate's trackers, or none)")
-    if c.gradient_checkpointing not in (True, False): _fail('gradient_checkpointing', c.gradient_checkpointing, 'true or false')
+    if c.log_with not in trackers():
+        _fail('log_with', c.log_with, f"one of {', '.join(trackers())} (accelerate's trackers, or none)")
+    if c.gradient_checkpointing not in (True, False):
+        _fail('gradient_checkpointing', c.gradient_checkpointing, 'true or false')
     if c.gradient_checkpointing and c.model == 'tiny':
         _fail('gradient_checkpointing', True, "false for model='tiny' (the diffusers backends sd3 and flux have it)")
     if not 0 < c.ema_decay < 1: _fail('ema_decay', c.ema_decay, 'a number in (0, 1)')
@@ -269,7 +305,10 @@ def _check_combinations(c:GRPOConfig):
         _fail('sampler', c.sampler, "'flow_sde' when calibrate=True (psi replaces its s_k)")
     rc = c.rollout_config()
     if not rc.trained.any():
-        _fail('window_size', c.window_size, f"at least 1: the window [{c.window_start}, {c.window_start}+{c.window_size}) trains no step")
+        _fail(
+            'window_size', c.window_size,
+            f"at least 1: the window [{c.window_start}, {c.window_start}+{c.window_size}) trains no step"
+        )
     _check_train_steps(c, rc)
     if c.batch_size % c.updates_per_rollout or (c.batch_size // c.updates_per_rollout) % c.minibatch:
         _fail('minibatch', c.minibatch,
@@ -292,16 +331,23 @@ def _check_noise(c:GRPOConfig):
     bad = degenerate_steps(c)
     if bad:
         std = step_stds(c)
-        warnings.warn(f"GRPOConfig: trained step(s) {bad} draw std {[round(float(std[k]), 5) for k in bad]}, below min_std_ratio="
-                      f"{c.min_std_ratio} x the largest trained std ({float(trained_stds(c).max()):.4f}) on the {c.K}-step schedule: "
-                      f"their log-probs are near-deterministic; set trim_degenerate=True or another window_start/window_size/ddim_schedule",
-                      stacklevel=3)
+        warnings.warn(
+            f"GRPOConfig: trained step(s) {bad} draw std {[round(float(std[k]), 5) for k in bad]}, below min_std_ratio="
+            f"{c.min_std_ratio} x the largest trained std ({float(trained_stds(c).max()):.4f}) on the {c.K}-step "
+            "schedule: "
+            "their log-probs are near-deterministic; set trim_degenerate=True or another "
+            "window_start/window_size/ddim_schedule",
+            stacklevel=3,
+        )
 
 # %% ../nbs/05c_config.ipynb #71ef0ac1
 REMOVED_FIELDS = ('log_images',)  # written by older versions, read by nothing
-ADDED_FIELDS = dict(fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0,
-                    backward_pairs=0)  # a config written before these fields existed ran with these values
-RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with', 'gradient_checkpointing', 'kl_every')  # the same experiment
+ADDED_FIELDS = dict(
+    fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0,
+    backward_pairs=0
+)  # a config written before these fields existed ran with these values
+# the same experiment
+RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with', 'gradient_checkpointing', 'kl_every')
 
 def _known_fields(d:dict, source:str) -> dict:
     if not isinstance(d, dict):
@@ -346,13 +392,17 @@ def parse_overrides(pairs:list[str]|None) -> dict:
     for pair in pairs or []:
         k, sep, v = pair.partition('=')
         if not sep or k not in hints:
-            raise ValueError(f"override {pair!r}: expected FIELD=VALUE with FIELD a GRPOConfig field (flowgrpo train --help lists them)")
+            raise ValueError(
+                f"override {pair!r}: expected FIELD=VALUE with FIELD a GRPOConfig field (flowgrpo train --help lists "
+                "them)"
+            )
         out[k] = _parse_value(k, v, hints[k])
     return out
 
 def config_help() -> str:
     "One line per `GRPOConfig` field: name, type, default and help."
-    docs = {k: v for c in (CreditConfig, RolloutConfig, GRPOConfig) for k, v in docments(c).items() if v}  # each field's own help
+    # each field's own help
+    docs = {k: v for c in (CreditConfig, RolloutConfig, GRPOConfig) for k, v in docments(c).items() if v}
     hints, d = typing.get_type_hints(GRPOConfig), GRPOConfig().to_dict()
     fmt = lambda t: ' or '.join('None' if a is type(None) else a.__name__ for a in field_types(t))
     return '\n'.join(f"  {n} ({fmt(hints[n])}, default {d[n]!r}): {docs.get(n) or ''}" for n in hints)

@@ -1,4 +1,4 @@
-"""Per-step advantages from step values: Flow-GRPO, Stepwise-Flow-GRPO, DenseGRPO and TP-GRPO as pure functions of tensors, plus DenseGRPO's exploration calibration.
+"""Per-step advantages from step values: the four papers' credit rules as pure functions of tensors.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/credit.html.md"""
 
@@ -34,7 +34,8 @@ GROUP_SIZE_ONE = ('error', 'warn_zero')  # what happens to a group with a single
 class CreditConfig:
     "Every open choice of the credit rules."
     method:str='flow_grpo'      # credit rule: flow_grpo, stepwise, dense or turning_point (`METHODS`)
-    global_std:bool=True        # flow_grpo: normalise by the batch's std of R instead of the group's (Flow-GRPO's default)
+    # flow_grpo: normalise by the batch's std of R instead of the group's (Flow-GRPO's default)
+    global_std:bool=True
     eps:float=1e-4              # added to the std before dividing
     adv_clip:float=5.0          # advantages clipped to +-adv_clip
     tp_constraint:bool=True     # turning_point: also require sign(r_k) = sign(R - V_{k+1})
@@ -44,7 +45,10 @@ class CreditConfig:
     unbiased_std:bool=False     # std with n-1 instead of n (Flow-GRPO uses n, as numpy)
 
     def __post_init__(self):
-        check_fields(self, positive=('eps', 'adv_clip'), choices=dict(method=METHODS, untrained=UNTRAINED, group_size_one=GROUP_SIZE_ONE))
+        check_fields(
+            self, positive=('eps', 'adv_clip'),
+            choices=dict(method=METHODS, untrained=UNTRAINED, group_size_one=GROUP_SIZE_ONE)
+        )
 
 # %% ../nbs/05_credit.ipynb #d323c534
 def step_spans(trained:Tensor,      # [K] bool, the SDE window
@@ -71,10 +75,19 @@ def _check_v_trained(V, trained):
         raise ValueError(f"V: got a {desc}; allowed a floating tensor [B, K+1] with K >= 1 (V[:, K] = final reward)")
     K = V.shape[1] - 1
     if not (isinstance(trained, Tensor) and trained.dtype == torch.bool and trained.shape == (K,)):
-        desc = f"{trained.dtype} tensor of shape {tuple(trained.shape)}" if isinstance(trained, Tensor) else type(trained).__name__
-        raise ValueError(f"trained: got a {desc}; allowed a bool tensor of shape [K] = ({K},) (V has K+1 = {K+1} columns)")
-    if trained[-1]: raise ValueError(f"trained[{K-1}]=True: the last step (t_K = 0) has no noise and is outside the SDE "
-                                     f"schedule; allowed a window within steps 0..{K-2}")
+        desc = (
+            f"{trained.dtype} tensor of shape {tuple(trained.shape)}"
+            if isinstance(trained, Tensor)
+            else type(trained).__name__
+        )
+        raise ValueError(
+            f"trained: got a {desc}; allowed a bool tensor of shape [K] = ({K},) (V has K+1 = {K + 1} columns)"
+        )
+    if trained[-1]:
+        raise ValueError(
+            f"trained[{K - 1}]=True: the last step (t_K = 0) has no noise and is outside the SDE "
+            f"schedule; allowed a window within steps 0..{K - 2}"
+        )
     if not trained.any(): raise ValueError("trained: no step is trained; allowed a mask with at least one True")
     return trained.to(V.device)
 
@@ -87,15 +100,25 @@ def check_credit_inputs(V:Tensor,        # [B, K+1] step values, V[:, K] = final
     "Raise `ValueError` on inputs that `cfg.method` cannot give credit for; warn under `group_size_one='warn_zero'`."
     trained = _check_v_trained(V, trained)
     B = V.shape[0]
-    if not (isinstance(group, Tensor) and group.shape == (B,) and not group.is_floating_point() and group.dtype != torch.bool):
-        desc = f"{group.dtype} tensor of shape {tuple(group.shape)}" if isinstance(group, Tensor) else type(group).__name__
+    if not (
+        isinstance(group, Tensor)
+        and group.shape == (B,)
+        and not group.is_floating_point()
+        and group.dtype != torch.bool
+    ):
+        desc = (
+            f"{group.dtype} tensor of shape {tuple(group.shape)}" if isinstance(group, Tensor) else type(group).__name__
+        )
         raise ValueError(f"group: got a {desc}; allowed an integer tensor of shape [B] = ({B},)")
     group = group.to(V.device)
     ids, inv, counts = torch.unique(group, return_inverse=True, return_counts=True)
     if (counts == 1).any():
         lone = ids[counts == 1].tolist()
-        msg = (f"group: group id(s) {lone} have a single sample (sample(s) {torch.nonzero(counts[inv] == 1).flatten().tolist()}); "
-               f"group statistics need >= 2 samples per group")
+        msg = (
+            f"group: group id(s) {lone} have a single sample (sample(s) "
+            f"{torch.nonzero(counts[inv] == 1).flatten().tolist()}); "
+            f"group statistics need >= 2 samples per group"
+        )
         if cfg.group_size_one == 'error': raise ValueError(msg + "; or set CreditConfig.group_size_one='warn_zero'")
         warnings.warn(msg + "; their advantages are set to 0 (group_size_one='warn_zero')")
     cols = _reads(cfg.method, trained.cpu(), cfg.untrained).to(V.device)
@@ -159,7 +182,8 @@ def credit_flow_grpo(V:Tensor,       # [B, K+1] step values (only V[:, K] is rea
                      trained:Tensor, # [K] bool, the SDE window
                      cfg:CreditConfig|None=None
                     ) -> Credit:  # advantages [B, K], the final rewards
-    "Flow-GRPO: the final reward minus its group's mean, over the batch's std (the group's without `global_std`), on every trained step."
+    """Flow-GRPO: the final reward minus its group's mean, over the batch's std (the group's without `global_std`), on
+    every trained step."""
     cfg = replace(cfg or CreditConfig(), method='flow_grpo')
     group, trained = check_credit_inputs(V, group, trained, cfg)
     r = final_rewards(V, trained)
@@ -285,7 +309,10 @@ def credit_turning_point(V:Tensor,       # [B, K+1] step values
     return Credit(normalize_rewards(r, group, trained, cfg), r, tp)
 
 # %% ../nbs/05_credit.ipynb #258af06e
-RULES = dict(flow_grpo=credit_flow_grpo, stepwise=credit_stepwise, dense=credit_dense, turning_point=credit_turning_point)
+RULES = dict(
+    flow_grpo=credit_flow_grpo, stepwise=credit_stepwise, dense=credit_dense, turning_point=credit_turning_point
+)
+
 
 def compute_credit(V:Tensor,       # [B, K+1] step values, V[:, K] = final reward
                    group:Tensor,   # [B] group id of each sample
@@ -323,8 +350,14 @@ def plot_credit(credits:dict[str, Credit],  # rule name -> its `Credit`
     B, K = next(iter(credits.values())).advantages.shape
     rows = [f"p{g}·{i}" for i, g in enumerate(group.tolist())] if group is not None else list(range(B))
     for c, (name, cr) in enumerate(credits.items(), 1):
-        fig.add_trace(go.Heatmap(z=cr.advantages.tolist(), x=list(range(K)), y=rows, zmin=-clip, zmax=clip,
-                                 colorscale='RdBu', showscale=c == 1, name=name, colorbar=dict(thickness=12, title='A')), 1, c)
+        fig.add_trace(
+            go.Heatmap(
+                z=cr.advantages.tolist(), x=list(range(K)), y=rows, zmin=-clip, zmax=clip, colorscale='RdBu',
+                showscale=c == 1, name=name, colorbar=dict(thickness=12, title='A')
+            ),
+            1,
+            c,
+        )
         tp = cr.turning_points
         for mask, sym, lab in ((tp.kept, 'x', 'kept'), (tp.dropped, 'circle-open', 'dropped')) if tp else ():
             i, k = mask.nonzero(as_tuple=True)
@@ -332,10 +365,13 @@ def plot_credit(credits:dict[str, Credit],  # rule name -> its `Credit`
                                      marker=dict(symbol=sym, size=9, color='black')), 1, c)
     fig.update_yaxes(autorange='reversed', type='category')
     fig.update_xaxes(title_text='step k', dtick=1)
-    return fig.update_layout(height=120 + 18 * B, width=min(MAX_WIDTH, 140 + 200 * len(credits)), legend=dict(orientation='h', y=-0.2))
+    return fig.update_layout(
+        height=120 + 18 * B, width=min(MAX_WIDTH, 140 + 200 * len(credits)), legend=dict(orientation='h', y=-0.2)
+    )
 
 # %% ../nbs/05_credit.ipynb #f8266ad7
-LOOKAHEAD = dict(flow_grpo=None, stepwise='tweedie', dense='ode:rest', turning_point='ode:rest')  # each method's step values
+# each method's step values
+LOOKAHEAD = dict(flow_grpo=None, stepwise='tweedie', dense='ode:rest', turning_point='ode:rest')
 
 @dataclass
 class MethodCredit:
@@ -346,7 +382,8 @@ class MethodCredit:
     credit:Credit  # advantages [B, K], step rewards, turning points
 
 # %% ../nbs/05_credit.ipynb #31dfd567
-def method_credits(ro, values:dict,                # a `Rollout`; lookahead op -> its `StepValues` (or the [B, K+1] tensor)
+# a `Rollout`; lookahead op -> its `StepValues` (or the [B, K+1] tensor)
+def method_credits(ro, values:dict,
                    methods=METHODS,                # rules to run
                    lookahead:dict|None=None,       # method -> op, default `LOOKAHEAD`
                    cfg:CreditConfig|None=None      # shared options (its `method` is replaced)
@@ -357,8 +394,13 @@ def method_credits(ro, values:dict,                # a `Rollout`; lookahead op -
     for m in methods:
         if m not in METHODS: raise ValueError(f"methods: {m!r} is unknown; allowed {METHODS}")
         op = lookahead[m]
-        if op is not None and op not in values: raise ValueError(f"method {m!r} needs values of op {op!r}; values has {list(values)}")
-        V = (values[op] if torch.is_tensor(values[op]) else values[op].V).cpu() if op else ro.reward.cpu()[:, None].repeat(1, ro.K + 1)
+        if op is not None and op not in values:
+            raise ValueError(f"method {m!r} needs values of op {op!r}; values has {list(values)}")
+        V = (
+            (values[op] if torch.is_tensor(values[op]) else values[op].V).cpu()
+            if op
+            else ro.reward.cpu()[:, None].repeat(1, ro.K + 1)
+        )
         out[m] = MethodCredit(m, op, V, compute_credit(V, ro.group.cpu(), ro.trained.cpu(), replace(cfg, method=m)))
     return out
 
@@ -391,7 +433,8 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
                           eps2:float=0.01,          # step size of psi
                           clamp_min:float=0.0,      # lower bound of psi
                           trained:Tensor|None=None, # [K] bool, steps to calibrate (default: all but the last)
-                          no_signal:str='hold',     # a step with n+ + n- < eps1 (no gain either way): 'hold' psi, or 'raise' it
+                          # a step with n+ + n- < eps1 (no gain either way): 'hold' psi, or 'raise' it
+                          no_signal:str='hold',
                           stop:str='rounds'         # 'rounds': `iters` rounds of ±eps2; 'stable': see below
                          ) -> Calibration:
     "DenseGRPO's exploration calibration (its Algorithm 1); untrained steps keep `psi0`."
@@ -402,11 +445,12 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
     if trained is None: trained = torch.arange(K) < max(K - 1, 1)
     if not (isinstance(trained, Tensor) and trained.dtype == torch.bool and trained.shape == (K,)):
         raise ValueError(f"trained={trained!r}: allowed a bool tensor of shape [K] = ({K},)")
-    for name, v, ok, allowed in (('iters', iters, isinstance(iters, int) and iters >= 0, 'an int >= 0'),
-                                 ('eps1', eps1, isinstance(eps1, (int, float)) and eps1 > 0, 'a number > 0'),
-                                 ('eps2', eps2, isinstance(eps2, (int, float)) and eps2 > 0, 'a number > 0'),
-                                 ('clamp_min', clamp_min, isinstance(clamp_min, (int, float)) and math.isfinite(clamp_min),
-                                  'a finite number')):
+    for name, v, ok, allowed in (
+        ('iters', iters, isinstance(iters, int) and iters >= 0, 'an int >= 0'),
+        ('eps1', eps1, isinstance(eps1, (int, float)) and eps1 > 0, 'a number > 0'),
+        ('eps2', eps2, isinstance(eps2, (int, float)) and eps2 > 0, 'a number > 0'),
+        ('clamp_min', clamp_min, isinstance(clamp_min, (int, float)) and math.isfinite(clamp_min), 'a finite number')
+    ):
         if not ok: raise ValueError(f"{name}={v!r}: allowed {allowed}")
     if no_signal not in NO_SIGNAL: raise ValueError(f"no_signal={no_signal!r}: allowed {', '.join(NO_SIGNAL)}")
     if stop not in CALIB_STOP: raise ValueError(f"stop={stop!r}: allowed {', '.join(CALIB_STOP)}")
@@ -428,7 +472,8 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
 
 # %% ../nbs/05_credit.ipynb #bf424992
 def credit_stats(V:torch.Tensor, credit, trained:torch.Tensor, group:torch.Tensor|None=None) -> dict:
-    "What the logs keep of a batch's credit: reward mean/std, |A|, std of A, the share of exact zeros, groups without spread, turning points."
+    """What the logs keep of a batch's credit: reward mean/std, |A|, std of A, the share of exact zeros, groups without
+    spread, turning points."""
     A = credit.advantages[:, trained]
     s = dict(reward=float(V[:, -1].mean()), reward_std=float(V[:, -1].std()), adv_abs=float(A.abs().mean()),
              adv_std=float(A.std()), adv_zero=float((A == 0).float().mean()))

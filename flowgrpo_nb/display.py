@@ -1,4 +1,4 @@
-"""What every notebook, dashboard and the app show alike: plotly figures drawn without a network and as wide as the page, one colour and one name per method and arm, and no third-party notices that are not the reader's business.
+"""How every figure of the package looks: drawn without a network, page-wide, one colour per method.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/display.html.md"""
 
@@ -13,8 +13,10 @@ import plotly.io as pio
 from plotly.colors import qualitative
 
 # %% ../nbs/00_display.ipynb #beeb2d74
-RENDERER = 'plotly_mimetype'  # figures as JSON, drawn by JupyterLab's plotly extension: no CDN, no plotly.js per notebook
-MAX_WIDTH = 820  # px: the widest a figure may be drawn (JupyterLab's output area at a 1280-px window with the file browser open)
+# figures as JSON, drawn by JupyterLab's plotly extension: no CDN, no plotly.js per notebook
+RENDERER = 'plotly_mimetype'
+# px: the widest a figure may be drawn (JupyterLab's output area at a 1280-px window with the file browser open)
+MAX_WIDTH = 820
 
 def setup_notebook() -> str:
     "The notebooks' shared setup: plotly figures drawn offline at the output area's width; returns the renderer."

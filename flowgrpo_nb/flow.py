@@ -1,4 +1,4 @@
-"""Timestep schedules, Tweedie estimates and one step of each sampler GRPO needs (Euler ODE, Flow-GRPO SDE, CPS, DDIM-like SDE), with the exact Gaussian log-prob of every transition in fp32.
+"""The samplers GRPO needs, one step each, with the exact Gaussian log-prob of every transition.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/flow.html.md"""
 
@@ -28,8 +28,10 @@ def flow_sigmas(K:int, # number of sampling steps, >= 1
                 shift:float=1.0, # diffusers' timestep shift (SD3 uses 3)
                ) -> Tensor: # [K+1] float32, t_0 = 1 > ... > t_K = 0
     "The rectified-flow timesteps of diffusers' `FlowMatchEulerDiscreteScheduler(shift=shift)` for `K` steps."
-    if isinstance(K, bool) or not isinstance(K, int) or K < 1: raise ValueError(f"K={K!r}: the number of steps must be an int >= 1")
-    if not (isinstance(shift, (int, float)) and math.isfinite(shift) and shift > 0): raise ValueError(f"shift={shift!r}: must be a finite number > 0")
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(f"K={K!r}: the number of steps must be an int >= 1")
+    if not (isinstance(shift, (int, float)) and math.isfinite(shift) and shift > 0):
+        raise ValueError(f"shift={shift!r}: must be a finite number > 0")
     sched = FlowMatchEulerDiscreteScheduler(shift=float(shift))
     sched.set_timesteps(K)
     return sched.sigmas.to(torch.float32).cpu()
@@ -123,7 +125,8 @@ def gaussian_log_prob(x:Tensor, # [B, ...] the point
 # %% ../nbs/00_flow.ipynb #2465498c
 SAMPLERS = ('ode', 'flow_sde', 'cps', 'ddim')
 DDIM_SCHEDULES = {'sqrt_1mt': lambda t, t_next, eta: eta * t_next * (1 - t).sqrt(),  # the authors' early write-up
-                  'const': lambda t, t_next, eta: eta * t_next}                      # a fixed share of the remaining noise
+                  # a fixed share of the remaining noise
+                  'const': lambda t, t_next, eta: eta * t_next}
 
 @dataclass
 class StepOutput:
@@ -141,7 +144,11 @@ def flow_sde_scale(t, # float or Tensor[B] (or [K]): t_k
                   ) -> Tensor: # fp32, t's shape
     "Flow-GRPO's noise scale `s = a √(t / (1 - t))`, with `t1` in the denominator at `t = 1` (DenseGRPO's initial psi)."
     t, t_next = torch.as_tensor(t, dtype=torch.float32), torch.as_tensor(t_next, dtype=torch.float32)
-    return level * (t / (1 - torch.where(t >= 1, t_next if t1 is None else torch.as_tensor(t1, dtype=torch.float32), t))).sqrt()
+    return (
+        level
+        * (t / (1 - torch.where(t >= 1, t_next if t1 is None else torch.as_tensor(t1, dtype=torch.float32), t))).sqrt()
+    )
+
 
 def step_coefficients(t:Tensor, # [B] fp32 t_k
                       t_next:Tensor, # [B] fp32 t_{k+1}
@@ -182,21 +189,27 @@ def sampler_step(v:Tensor, # [B, ...] velocity at (x, t), any float dtype
     check_step_args(v, x, t, t_next, sampler, level, noise, x_next, scale, t1, ddim_schedule)
     B, dev = x.shape[0], x.device
     rows = lambda a: None if a is None else torch.as_tensor(a, dtype=torch.float32, device=dev).expand(B)  # [B]
-    a, b, std = step_coefficients(rows(t), rows(t_next), sampler, level, None if sampler == 'ode' else rows(scale), rows(t1),
-                                  ddim_schedule)
+    a, b, std = step_coefficients(
+        rows(t), rows(t_next), sampler, level, None if sampler == 'ode' else rows(scale), rows(t1), ddim_schedule
+    )
     xf = x.float()
     mean = torch.addcmul(xf if sampler == 'ode' else _per_row(a, x) * xf, _per_row(b, x), v.float())
     if x_next is None:
         if sampler == 'ode': x_next = mean
         else:
-            eps = noise.float() if noise is not None else torch.randn(x.shape, generator=generator, device=dev, dtype=torch.float32)
+            eps = (
+                noise.float()
+                if noise is not None
+                else torch.randn(x.shape, generator=generator, device=dev, dtype=torch.float32)
+            )
             x_next = torch.addcmul(mean, _per_row(std, x), eps)
     std = std.expand(B).contiguous()  # a scale given as a number arrives as an expanded view
     return StepOutput(x_next.float(), mean, std, gaussian_log_prob(x_next, mean, std))
 
 # %% ../nbs/00_flow.ipynb #154afd3c
 def _raise_first(checks):
-    "Raise ValueError for the first failing `(ok, msg)`: `ok` a 0-d bool tensor (all of them read with one host sync), `msg()` the text."
+    """Raise ValueError for the first failing `(ok, msg)`: `ok` a 0-d bool tensor (all of them read with one host sync),
+    `msg()` the text."""
     if not checks: return
     flags = torch.stack([ok.to(checks[0][0].device) for ok, _ in checks]).tolist()
     for good, (_, msg) in zip(flags, checks):
@@ -211,25 +224,34 @@ def _rng(a) -> str:
 def _check_time(name, t, B):
     "Shape check of a time argument: a number, a 0-d tensor or a Tensor[B]."
     if isinstance(t, Tensor):
-        if not (t.ndim == 0 or t.shape == (B,)): raise ValueError(f"{name} has shape {tuple(t.shape)}: must be a number, 0-d or [B] = [{B}]")
+        if not (t.ndim == 0 or t.shape == (B,)):
+            raise ValueError(f"{name} has shape {tuple(t.shape)}: must be a number, 0-d or [B] = [{B}]")
         if t.is_floating_point() or t.dtype in (torch.int32, torch.int64): return
     elif isinstance(t, (int, float)) and not isinstance(t, bool): return
     raise ValueError(f"{name}={t!r}: must be a real number or a float Tensor[B]")
 
 
-def check_step_args(v, x, t, t_next, sampler, level, noise=None, x_next=None, scale=None, t1=None, ddim_schedule='sqrt_1mt'):
+def check_step_args(
+    v, x, t, t_next, sampler, level, noise=None, x_next=None, scale=None, t1=None, ddim_schedule='sqrt_1mt'
+):
     "Raise ValueError naming the argument, its value and the allowed range; see `sampler_step`."
     if sampler not in SAMPLERS: raise ValueError(f"sampler={sampler!r} is unknown: allowed {SAMPLERS}")
-    if ddim_schedule not in DDIM_SCHEDULES: raise ValueError(f"ddim_schedule={ddim_schedule!r} is unknown: allowed {', '.join(DDIM_SCHEDULES)}")
-    if not isinstance(x, Tensor) or x.ndim < 1 or not x.is_floating_point(): raise ValueError(f"x must be a float Tensor[B, ...]")
+    if ddim_schedule not in DDIM_SCHEDULES:
+        raise ValueError(f"ddim_schedule={ddim_schedule!r} is unknown: allowed {', '.join(DDIM_SCHEDULES)}")
+    if not isinstance(x, Tensor) or x.ndim < 1 or not x.is_floating_point():
+        raise ValueError(f"x must be a float Tensor[B, ...]")
     for name, a in (('v', v), ('noise', noise), ('x_next', x_next)):
         if a is not None and (not isinstance(a, Tensor) or a.shape != x.shape):
-            raise ValueError(f"{name} has shape {tuple(getattr(a, 'shape', ()))}: must equal x's shape {tuple(x.shape)}")
+            raise ValueError(
+                f"{name} has shape {tuple(getattr(a, 'shape', ()))}: must equal x's shape {tuple(x.shape)}"
+            )
     B = x.shape[0]
     for name, a in (('t', t), ('t_next', t_next), ('scale', scale), ('t1', t1)):
         if a is not None: _check_time(name, a, B)
     stochastic = sampler != 'ode'
-    if stochastic and not (isinstance(level, (int, float)) and not isinstance(level, bool) and math.isfinite(level) and level >= 0):
+    if stochastic and not (
+        isinstance(level, (int, float)) and not isinstance(level, bool) and math.isfinite(level) and level >= 0
+    ):
         raise ValueError(f"level={level!r}: the noise level must be a finite number >= 0")
     if sampler == 'cps' and level > 1:
         raise ValueError(f"level={level!r}: CPS's alpha must be in [0, 1] (std = t_next sin(alpha pi/2) <= t_next)")
@@ -246,16 +268,30 @@ def check_step_args(v, x, t, t_next, sampler, level, noise=None, x_next=None, sc
         sc = torch.as_tensor(scale)
         checks.append(((sc >= 0).all(), lambda: f"scale={_rng(scale)}: the noise scale must be >= 0"))
         if sampler in ('cps', 'ddim'):
-            checks.append(((sc <= tn).all(), lambda: f"scale={_rng(scale)} (t_next={_rng(t_next)}): {sampler}'s std must be in [0, t_next]"))
+            checks.append(
+                (
+                    (sc <= tn).all(),
+                    lambda: f"scale={_rng(scale)} (t_next={_rng(t_next)}): {sampler}'s std must be in [0, t_next]",
+                )
+            )
     if sampler == 'flow_sde' and t1 is not None:
         t1_ = torch.as_tensor(t1)
         checks.append((((t1_ > 0) & (t1_ < 1)).all(), lambda: f"t1={_rng(t1)}: must be in (0, 1)"))
     if sampler == 'ddim' and scale is None and ddim_schedule == 'const' and level > 1:
-        raise ValueError(f"level={level!r}: DDIM's eta must be in [0, 1] with ddim_schedule='const' (sigma = eta t_next <= t_next)")
+        raise ValueError(
+            f"level={level!r}: DDIM's eta must be in [0, 1] with ddim_schedule='const' (sigma = eta t_next <= t_next)"
+        )
     if sampler == 'ddim' and scale is None and ddim_schedule == 'sqrt_1mt' and level > 0:
         # sigma = eta t_next sqrt(1 - t) <= t_next  <=>  eta^2 (1 - t) <= 1
-        checks.append(((level ** 2 * (1 - tt) <= 1).all(), lambda: f"level={level!r} (DDIM's eta) gives sigma > t_next at "
-                       f"t={_rng(t)}: need eta <= 1/sqrt(1 - t) = {_rng((1 - tt.float()).rsqrt().min())}"))
+        checks.append(
+            (
+                (level**2 * (1 - tt) <= 1).all(),
+                lambda: (
+                    f"level={level!r} (DDIM's eta) gives sigma > t_next at "
+                    f"t={_rng(t)}: need eta <= 1/sqrt(1 - t) = {_rng((1 - tt.float()).rsqrt().min())}"
+                ),
+            )
+        )
     _raise_first(checks)
 
 # %% ../nbs/00_flow.ipynb #0277ea03
@@ -270,7 +306,8 @@ class Trajectory:
 
 def default_sde_steps(K:int) -> Tensor: # [K] bool
     "The default SDE window: every step but the last."
-    if isinstance(K, bool) or not isinstance(K, int) or K < 1: raise ValueError(f"K={K!r}: the number of steps must be an int >= 1")
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(f"K={K!r}: the number of steps must be an int >= 1")
     return torch.arange(K) < K - 1
 
 def sample_trajectory(velocity:Callable, # (x [B, ...], t float) -> v [B, ...]
@@ -341,24 +378,42 @@ def compare_samplers(gm:GaussianMixture|None=None, # the data; None = `default_m
     sig = flow_sigmas(K, shift)
     g = torch.Generator().manual_seed(seed)
     x1, ref = torch.randn(n, gm.means.shape[1], generator=g), gm.sample(n, generator=g)
-    rows = [dict(sampler='exact', level=None, K=K, **_scores(gm, gm.sample(n, generator=g), ref), log_prob=None, sec=0.0)]
+    rows = [
+        dict(sampler='exact', level=None, K=K, **_scores(gm, gm.sample(n, generator=g), ref), log_prob=None, sec=0.0)
+    ]
     trajs = {}
     for s, lvl in levels.items():
         t0 = time.time()
-        tr = trajs[s] = sample_trajectory(gm.velocity, x1, sig, s, lvl, generator=torch.Generator().manual_seed(seed + 1))
+        tr = trajs[s] = sample_trajectory(
+            gm.velocity, x1, sig, s, lvl, generator=torch.Generator().manual_seed(seed + 1)
+        )
         on = tr.std[0] > 0
         lp = round(tr.log_prob[:, on].mean().item(), 3) if on.any() else None
-        rows.append(dict(sampler=s, level=lvl, K=K, **_scores(gm, tr.x, ref), log_prob=lp, sec=round(time.time() - t0, 3)))
-    sweep_ratio = {s: [_scores(gm, sample_trajectory(gm.velocity, x1, sig, s, lvl, keep_states=False,
-                                                     generator=torch.Generator().manual_seed(seed + 1)).x, ref)['var_ratio']
-                       for lvl in sweep] for s in ('flow_sde', 'cps', 'ddim')}
+        rows.append(
+            dict(sampler=s, level=lvl, K=K, **_scores(gm, tr.x, ref), log_prob=lp, sec=round(time.time() - t0, 3))
+        )
+    sweep_ratio = {
+        s: [
+            _scores(
+                gm,
+                sample_trajectory(
+                    gm.velocity, x1, sig, s, lvl, keep_states=False, generator=torch.Generator().manual_seed(seed + 1)
+                ).x,
+                ref,
+            )['var_ratio']
+            for lvl in sweep
+        ]
+        for s in ('flow_sde', 'cps', 'ddim')
+    }
     return SamplerComparison(gm, levels, rows, trajs, tuple(sweep), sweep_ratio)
 
 # %% ../nbs/00_flow.ipynb #f2a27d2a
 def format_table(rows:list[dict]) -> str:
     "Fixed-width text of a list of dicts with the same keys."
     cols = list(rows[0])
-    cells = [[('-' if r[c] is None else f"{r[c]:g}" if isinstance(r[c], float) else str(r[c])) for c in cols] for r in rows]
+    cells = [
+        [('-' if r[c] is None else f"{r[c]:g}" if isinstance(r[c], float) else str(r[c])) for c in cols] for r in rows
+    ]
     w = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     line = lambda vals: '  '.join(v.rjust(w[i]) for i, v in enumerate(vals))
     return '\n'.join([line(cols)] + [line(r) for r in cells])
@@ -370,25 +425,42 @@ def sampler_figure(cmp:SamplerComparison, n_paths:int=12, n_pts:int=1500) -> go.
     "Paths and final samples per sampler (top), log-prob per step and variance ratio against level (bottom)."
     gm, trajs, levels, sweep, sweep_rows = cmp.gm, cmp.trajs, cmp.levels, cmp.sweep, cmp.sweep_ratio
     names = list(trajs)
-    fig = make_subplots(rows=2, cols=len(names), vertical_spacing=0.14,
-                        specs=[[{}] * len(names), [{'colspan': len(names) // 2}] + [None] * (len(names) // 2 - 1)
-                               + [{'colspan': len(names) - len(names) // 2}] + [None] * (len(names) - len(names) // 2 - 1)],
-                        subplot_titles=[f"{s} (level {levels[s]:g})" for s in names]
-                                       + ["mean log-prob per step (trained steps)", "within-mode variance ratio vs level"])
+    fig = make_subplots(
+        rows=2,
+        cols=len(names),
+        vertical_spacing=0.14,
+        specs=[
+            [{}] * len(names),
+            [{'colspan': len(names) // 2}]
+            + [None] * (len(names) // 2 - 1)
+            + [{'colspan': len(names) - len(names) // 2}]
+            + [None] * (len(names) - len(names) // 2 - 1),
+        ],
+        subplot_titles=[f"{s} (level {levels[s]:g})" for s in names]
+        + ["mean log-prob per step (trained steps)", "within-mode variance ratio vs level"],
+    )
     for c, s in enumerate(names, 1):
         tr, col = trajs[s], _COLOURS.get(s, '#9467bd')
-        fig.add_scatter(x=tr.x[:n_pts, 0].numpy(), y=tr.x[:n_pts, 1].numpy(), mode='markers', marker=dict(size=2, color=col, opacity=0.35),
-                        showlegend=False, row=1, col=c)
+        fig.add_scatter(
+            x=tr.x[:n_pts, 0].numpy(), y=tr.x[:n_pts, 1].numpy(), mode='markers',
+            marker=dict(size=2, color=col, opacity=0.35), showlegend=False, row=1, col=c
+        )
         for i in range(n_paths):
-            fig.add_scatter(x=tr.xs[i, :, 0].numpy(), y=tr.xs[i, :, 1].numpy(), mode='lines', line=dict(width=1, color='black'),
-                            opacity=0.6, showlegend=False, row=1, col=c)
-        fig.add_scatter(x=gm.means[:, 0].numpy(), y=gm.means[:, 1].numpy(), mode='markers', marker=dict(symbol='x', size=8, color='orange'),
-                        showlegend=False, row=1, col=c)
+            fig.add_scatter(
+                x=tr.xs[i, :, 0].numpy(), y=tr.xs[i, :, 1].numpy(), mode='lines', line=dict(width=1, color='black'),
+                opacity=0.6, showlegend=False, row=1, col=c
+            )
+        fig.add_scatter(
+            x=gm.means[:, 0].numpy(), y=gm.means[:, 1].numpy(), mode='markers',
+            marker=dict(symbol='x', size=8, color='orange'), showlegend=False, row=1, col=c
+        )
         on = tr.std[0] > 0
         if on.any():
             k = torch.arange(tr.log_prob.shape[1])[on]
-            fig.add_scatter(x=k.numpy(), y=tr.log_prob[:, on].mean(0).numpy(), mode='lines+markers', name=s, line=dict(color=col),
-                            legendgroup=s, row=2, col=1)
+            fig.add_scatter(
+                x=k.numpy(), y=tr.log_prob[:, on].mean(0).numpy(), mode='lines+markers', name=s, line=dict(color=col),
+                legendgroup=s, row=2, col=1
+            )
     for s, vr in sweep_rows.items():
         fig.add_scatter(x=list(sweep), y=vr, mode='lines+markers', name=s, line=dict(color=_COLOURS[s], dash='dot'),
                         legendgroup=s, showlegend=False, row=2, col=len(names) // 2 + 1)

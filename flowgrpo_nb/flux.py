@@ -1,4 +1,4 @@
-"""`Policy` over diffusers' `FluxPipeline` (FLUX.1-dev, FLUX.1-schnell): packed latents with position ids, the pipeline's resolution-shifted schedule, guidance as a network input, and LoRA on Flow-GRPO's targets.
+"""`Policy` over diffusers' `FluxPipeline` (FLUX.1-dev, FLUX.1-schnell).
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/flux.html.md"""
 
@@ -35,14 +35,19 @@ def tiny_flux_pipeline(seed:int=0,                       # seeds the random weig
     "A FLUX pipeline with random weights for CPU tests: one double and one single block, 2-level VAE, tiny CLIP and T5."
     tok, tok_2 = char_tokenizer(), char_t5_tokenizer()
     n = len(tok.get_vocab())
-    clip = CLIPTextConfig(vocab_size=n, bos_token_id=n-2, eos_token_id=n-1, pad_token_id=n-1, max_position_embeddings=32,
-                          hidden_size=16, intermediate_size=32, num_attention_heads=2, num_hidden_layers=2)
-    t5 = T5Config(vocab_size=len(tok_2), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, feed_forward_proj='gated-gelu',
-                  pad_token_id=tok_2.pad_token_id, eos_token_id=tok_2.eos_token_id, decoder_start_token_id=tok_2.pad_token_id)
+    clip = CLIPTextConfig(
+        vocab_size=n, bos_token_id=n - 2, eos_token_id=n - 1, pad_token_id=n - 1, max_position_embeddings=32,
+        hidden_size=16, intermediate_size=32, num_attention_heads=2, num_hidden_layers=2
+    )
+    t5 = T5Config(
+        vocab_size=len(tok_2), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, feed_forward_proj='gated-gelu',
+        pad_token_id=tok_2.pad_token_id, eos_token_id=tok_2.eos_token_id, decoder_start_token_id=tok_2.pad_token_id
+    )
     torch.manual_seed(seed)
-    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8,
-                                         num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16,
-                                         guidance_embeds=guidance_embeds, axes_dims_rope=(2, 2, 4))
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=guidance_embeds, axes_dims_rope=(2, 2, 4)
+    )
     vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=('DownEncoderBlock2D',) * 2,
                         up_block_types=('UpDecoderBlock2D',) * 2, block_out_channels=(4, 8), layers_per_block=1,
                         latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
@@ -58,7 +63,8 @@ def tiny_flux_pipeline(seed:int=0,                       # seeds the random weig
 
 # %% ../nbs/03d_flux.ipynb #32c94eb8
 class FluxPolicy(DiffusersPolicy):
-    "`Policy` over a diffusers `FluxPipeline`: states are unpacked VAE latents [C, H/f, W/f], packed for each network call."
+    """`Policy` over a diffusers `FluxPipeline`: states are unpacked VAE latents [C, H/f, W/f], packed for each network
+    call."""
     pipeline_cls, max_sequence_length = FluxPipeline, 512
 
     def _resolution_step(self, pipe):
@@ -84,8 +90,12 @@ def sigmas(self:FluxPolicy, K:int,   # sampling steps, >= 1
            shift:float=1.0           # must be 1: the shift comes from the scheduler's configuration and `mu`
           ) -> torch.Tensor:         # [K+1] float32 on the cpu: 1 = t_0 > ... > t_K = 0
     "`FluxPipeline`'s K-step schedule at this resolution, from a copy of the pipeline's scheduler."
-    if isinstance(K, bool) or not isinstance(K, int) or K < 1: raise ValueError(f"K={K!r}: the number of steps must be an int >= 1")
-    if shift != 1: raise ValueError(f"shift={shift!r}: must be 1 for FLUX, whose schedule is shifted by its resolution (mu={self.mu:.3f})")
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(f"K={K!r}: the number of steps must be an int >= 1")
+    if shift != 1:
+        raise ValueError(
+            f"shift={shift!r}: must be 1 for FLUX, whose schedule is shifted by its resolution (mu={self.mu:.3f})"
+        )
     sched = copy.deepcopy(self.pipe.scheduler)
     sigmas = None if sched.config.get('use_flow_sigmas') else np.linspace(1.0, 1 / K, K)
     retrieve_timesteps(sched, K, 'cpu', sigmas=sigmas, mu=self.mu)
@@ -95,7 +105,9 @@ def sigmas(self:FluxPolicy, K:int,   # sampling steps, >= 1
 @patch
 @torch.no_grad()
 def _encode(self:FluxPolicy, prompts:list[str]):
-    embeds, pooled, _ = self.pipe.encode_prompt(prompts, device=self.device, max_sequence_length=self.max_sequence_length)
+    embeds, pooled, _ = self.pipe.encode_prompt(
+        prompts, device=self.device, max_sequence_length=self.max_sequence_length
+    )
     return embeds, pooled  # [n, T5 length, joint dim], [n, pooled dim]
 
 # %% ../nbs/03d_flux.ipynb #545c3863
@@ -103,10 +115,12 @@ def _encode(self:FluxPolicy, prompts:list[str]):
 def _velocity(self:FluxPolicy, x, t, embeds, pooled, guidance=None):
     B, C, h, w = x.shape
     p, f = self.pipe, self.pipe.vae_scale_factor
-    v = self.transformer(hidden_states=p._pack_latents(x, B, C, h, w), timestep=t.to(x.dtype), guidance=guidance,
-                         pooled_projections=pooled.to(x.dtype), encoder_hidden_states=embeds.to(x.dtype),
-                         txt_ids=torch.zeros(embeds.shape[1], 3, device=x.device, dtype=x.dtype),
-                         img_ids=p._prepare_latent_image_ids(B, h // 2, w // 2, x.device, x.dtype), return_dict=False)[0]
+    v = self.transformer(
+        hidden_states=p._pack_latents(x, B, C, h, w), timestep=t.to(x.dtype), guidance=guidance,
+        pooled_projections=pooled.to(x.dtype), encoder_hidden_states=embeds.to(x.dtype),
+        txt_ids=torch.zeros(embeds.shape[1], 3, device=x.device, dtype=x.dtype),
+        img_ids=p._prepare_latent_image_ids(B, h // 2, w // 2, x.device, x.dtype), return_dict=False
+    )[0]
     return p._unpack_latents(v, h * f, w * f, f)
 
 @patch

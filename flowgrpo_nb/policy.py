@@ -1,4 +1,4 @@
-"""The model-agnostic policy interface that rollouts, the trainer and the app drive: cached prompt encoding, guided velocities, decoding, a LoRA adapter in diffusers' file format, NFE counting.
+"""The model-agnostic policy: the one interface to a text-to-image flow model the package drives.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/policy.html.md"""
 
@@ -53,7 +53,8 @@ class NFECounter:
 
     @contextmanager
     def __call__(self, phase:str):
-        "Book calls inside the block under `phase`; yields a `Counter` that holds the block's `nfe` and `calls` on exit."
+        """Book calls inside the block under `phase`; yields a `Counter` that holds the block's `nfe` and `calls` on
+        exit."""
         prev, n0, c0, out = self.phase, self.nfe[phase], self.calls[phase], Counter()
         self.phase = phase
         try: yield out
@@ -73,11 +74,14 @@ def _nfe_total(counter:NFECounter|None) -> int: return sum(counter.nfe.values())
 
 @contextmanager
 def timed(book:dict, name:str, nfe:NFECounter|None=None):
-    "Add the block's wall seconds to `book['sec_<name>']`, its CPU seconds to `cpu_<name>`, its NFE (given `nfe`) to `nfe_<name>`."
+    """Add the block's wall seconds to `book['sec_<name>']`, its CPU seconds to `cpu_<name>`, its NFE (given `nfe`) to
+    `nfe_<name>`."""
     n0, w, c = _nfe_total(nfe), time.perf_counter(), time.process_time()
     try: yield
     finally:
-        took = dict(sec=time.perf_counter() - w, cpu=time.process_time() - c) | ({} if nfe is None else dict(nfe=_nfe_total(nfe) - n0))
+        took = dict(sec=time.perf_counter() - w, cpu=time.process_time() - c) | (
+            {} if nfe is None else dict(nfe=_nfe_total(nfe) - n0)
+        )
         for k, v in took.items(): book[f'{k}_{name}'] = book.get(f'{k}_{name}', 0) + v
 
 # %% ../nbs/00b_policy.ipynb #27aa2f66
@@ -251,13 +255,15 @@ def save_lora(self:Policy, path:str|Path):  # a folder (created if needed)
     "Write the adapter as diffusers does: `path`/pytorch_lora_weights.safetensors with its LoraConfig as metadata."
     path, sd = Path(path), self.lora_state_dict()
     if path.is_file(): raise ValueError(f"path={str(path)!r} is a file: save_lora writes a folder")
-    meta = {k: sorted(v) if isinstance(v, (set, frozenset)) else v  # peft's sets in a fixed order: identical runs, identical bytes
+    # peft's sets in a fixed order: identical runs, identical bytes
+    meta = {k: sorted(v) if isinstance(v, (set, frozenset)) else v
             for k, v in self.transformer.peft_config['default'].to_dict().items()}
     self.lora_pipeline_cls.save_lora_weights(path, transformer_lora_layers=sd, transformer_lora_adapter_metadata=meta)
     _sort_metadata(path/LORA_FILE)
 
 def _sort_metadata(f:Path):
-    "Rewrite a safetensors file's header with its metadata keys in order (safetensors writes them in a random order per call)."
+    """Rewrite a safetensors file's header with its metadata keys in order (safetensors writes them in a random order
+    per call)."""
     data = f.read_bytes()
     n = int.from_bytes(data[:8], 'little')
     head = json.loads(data[8:8 + n])
@@ -284,7 +290,8 @@ def _config_from_peft(m:dict, f:Path) -> dict:
     if odd: raise ValueError(f"{str(f)!r}: the adapter uses {odd}, which Policy.add_lora cannot rebuild")
     return dict(rank=m['r'], alpha=m['lora_alpha'], targets=sorted(m['target_modules']), dropout=m['lora_dropout'])
 
-def read_lora_file(path:str|Path  # a LoRA file, or a folder holding pytorch_lora_weights.safetensors or lora.safetensors
+# a LoRA file, or a folder holding pytorch_lora_weights.safetensors or lora.safetensors
+def read_lora_file(path:str|Path
                   ) -> tuple[dict[str, torch.Tensor], dict|None]:  # (peft state dict, adapter shape or None)
     "Read a LoRA file in diffusers' format or this package's older one."
     f = _lora_file(Path(path))
@@ -294,11 +301,15 @@ def read_lora_file(path:str|Path  # a LoRA file, or a folder holding pytorch_lor
     lora = bool(sd) and all('.lora_A.' in k or '.lora_B.' in k for k in sd)
     if lora and all(k.startswith('transformer.') for k in sd):
         m = meta.get('lora_adapter_metadata')
-        return {k.removeprefix('transformer.'): v for k, v in sd.items()}, _config_from_peft(json.loads(m), f) if m else None
+        return {k.removeprefix('transformer.'): v for k, v in sd.items()}, _config_from_peft(
+            json.loads(m), f
+        ) if m else None
     if lora and not any(k.split('.')[0] in ('transformer', 'text_encoder', 'text_encoder_2', 'unet') for k in sd):
         return sd, json.loads(meta['lora_config']) if 'lora_config' in meta else None
-    raise ValueError(f"{str(f)!r} is neither a diffusers LoRA file of a transformer ('transformer.'-prefixed peft "
-                     f"keys) nor this package's older {OLD_LORA_FILE} (peft keys); its first key is {next(iter(sd), None)!r}")
+    raise ValueError(
+        f"{str(f)!r} is neither a diffusers LoRA file of a transformer ('transformer.'-prefixed peft "
+        f"keys) nor this package's older {OLD_LORA_FILE} (peft keys); its first key is {next(iter(sd), None)!r}"
+    )
 
 # %% ../nbs/00b_policy.ipynb #3f6c3ed0
 def _same_adapter(a:dict, b:dict) -> bool:
@@ -333,7 +344,8 @@ def base_fingerprint(self:Policy, samples:int=4096  # values hashed per tensor (
 
 @patch
 def model_version(self:Policy) -> int|None:
-    "The version of the package's shipped model these base weights are (a backend that ships one says); None: any other model."
+    """The version of the package's shipped model these base weights are (a backend that ships one says); None: any
+    other model."""
     return None
 
 # %% ../nbs/00b_policy.ipynb #13cf839e
@@ -344,7 +356,8 @@ def ema_of(params, decay:float):
 
 @contextmanager
 def ema_weights(ema, params):
-    "Inside the block `params` hold `ema`'s averaged weights (a diffusers `EMAModel`; nothing happens when `ema` is None)."
+    """Inside the block `params` hold `ema`'s averaged weights (a diffusers `EMAModel`; nothing happens when `ema` is
+    None)."""
     params = list(params)
     if ema is None: yield; return
     ema.store(params); ema.copy_to(params)

@@ -1,4 +1,4 @@
-"""`fast='auto'`: the tiny model's bf16 fast path where this machine runs bf16 faster than fp32, its fp32 eager path elsewhere, chosen by timing the model's own calls once per machine and cached.
+"""`fast='auto'`: the faster of the tiny model's bf16 and fp32 paths on this machine, measured once.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/precision.html.md"""
 
@@ -30,19 +30,22 @@ def cpu_name() -> str:
 PATHS_VERSION = 2  # what the two paths run: 2 = the fast path's update in fp32 (1: under bf16 autocast)
 
 def machine_key() -> dict:
-    "What a bf16/fp32 measurement holds for: the CPU, the instructions torch may use (and their caps), torch's version, the paths' version."
+    """What a bf16/fp32 measurement holds for: the CPU, the instructions torch may use (and their caps), torch's
+    version, the paths' version."""
     return dict(cpu=cpu_name(), capability=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__,
                 **{k: os.environ.get(k, '') for k in ISA_LIMITS}, paths=PATHS_VERSION)
 
 # %% ../nbs/02b_precision.ipynb #4ce53158
-PROBE_ROWS = dict(forward=32, update=16)  # rows of a call without gradient (a rollout step) and of one with its backward
+# rows of a call without gradient (a rollout step) and of one with its backward
+PROBE_ROWS = dict(forward=32, update=16)
 
 def _cpu_seconds(f) -> float:
     c = time.process_time(); f(); return time.process_time() - c
 
 def probe_policy(seed:int=0) -> Policy:
     "The shipped tiny model with a rank-16 adapter moved off zero, as after some training."
-    from flowgrpo_nb.tiny import TinyPolicy, load_tiny  # here, so that the method side importing this module stays model-free
+    # here, so that the method side importing this module stays model-free
+    from flowgrpo_nb.tiny import TinyPolicy, load_tiny
     pol = TinyPolicy(load_tiny()).add_lora(16, 16.0)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -50,7 +53,8 @@ def probe_policy(seed:int=0) -> Policy:
     return pol
 
 def probe_call(policy:Policy, kind:str, rows:int):
-    "A function making one call of `kind` ('forward': no gradient; 'update': with gradient, then its backward) on `rows` rows."
+    """A function making one call of `kind` ('forward': no gradient; 'update': with gradient, then its backward) on
+    `rows` rows."""
     g = torch.Generator().manual_seed(rows)
     x, t = torch.randn(rows, *policy.latent_shape, generator=g), torch.rand(rows, generator=g)
     c = policy.encode(['a red circle and a blue square'] * rows)
@@ -63,8 +67,9 @@ def probe_call(policy:Policy, kind:str, rows:int):
 # %% ../nbs/02b_precision.ipynb #4a9b5634
 def time_paths(policy:Policy|None=None,  # default: `probe_policy()`
                rows:dict=PROBE_ROWS, reps:int=3,
-               give_up:float=2.0) -> dict:   # stop timing bf16 once its first call takes this x fp32's
-    "Process CPU seconds per row of each kind of call on each path: {'fp32': {kind: s}, 'bf16': {kind: s or None}, 'seconds': spent}."
+               give_up:float=2.0) -> dict:  # stop timing bf16 once its first call takes this x fp32's
+    """Process CPU seconds per row of each kind of call on each path: {'fp32': {kind: s}, 'bf16': {kind: s or None},
+    'seconds': spent}."""
     t0, threads = time.perf_counter(), torch.get_num_threads()
     eager = policy or probe_policy()
     fast = copy.deepcopy(eager).set_fast(True)
@@ -104,8 +109,11 @@ def choose_path(timings:dict, capability:str|None=None) -> tuple[bool, str]:
     fp32, bf16 = step_seconds(timings['fp32']), step_seconds(timings['bf16'])
     f, u = _speed(timings, 'forward'), _speed(timings, 'update')
     note = '' if u else '; the forward + backward was not timed once the forward had lost'
-    speeds = (f"bf16 runs the forward at {f or 'an untimed fraction of'}" + (f" and the forward + backward at {u}" if u else '') +
-              f" fp32's speed on this CPU ({capability or torch.backends.cpu.get_cpu_capability()}{note})")
+    speeds = (
+        f"bf16 runs the forward at {f or 'an untimed fraction of'}"
+        + (f" and the forward + backward at {u}" if u else '')
+        + f" fp32's speed on this CPU ({capability or torch.backends.cpu.get_cpu_capability()}{note})"
+    )
     return bf16 is not None and bf16 <= MARGIN * fp32, speeds
 
 # %% ../nbs/02b_precision.ipynb #65ffcfc5
@@ -124,12 +132,14 @@ def _read_cache(f:Path) -> dict:
 def _write_cache(f:Path, d:dict):
     try:
         f.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile('w', dir=f.parent, suffix='.tmp', delete=False) as tmp: json.dump(d, tmp, indent=1)
+        with tempfile.NamedTemporaryFile('w', dir=f.parent, suffix='.tmp', delete=False) as tmp:
+            json.dump(d, tmp, indent=1)
         os.replace(tmp.name, f)
     except OSError: pass  # kept in this process (`_MEMO`) only
 
 def machine_paths(refresh:bool=False) -> dict:
-    "This machine's measurement and choice: {key, timings, fast, why, measured}; timed once per `machine_key` and cached."
+    """This machine's measurement and choice: {key, timings, fast, why, measured}; timed once per `machine_key` and
+    cached."""
     key = machine_key()
     k = json.dumps(key, sort_keys=True)
     if not refresh and k in _MEMO: return _MEMO[k]
@@ -148,7 +158,8 @@ def machine_paths(refresh:bool=False) -> dict:
 FAST_CHOICES = (True, False, 'auto')
 
 def resolve_fast(fast:bool|str='auto', model:str='tiny',
-                 timings:dict|None=None) -> tuple[bool, str]:  # another machine's probe (`time_paths`); default: this one's
+                 # another machine's probe (`time_paths`); default: this one's
+                 timings:dict|None=None) -> tuple[bool, str]:
     "(the path a run of `fast` takes here, or on the machine of `timings`: True for bf16, why)."
     if fast is True or fast is False: return fast, f"fast={str(fast).lower()} in the config"
     if fast != 'auto': raise ValueError(f"fast={fast!r}: allowed true, false or 'auto'")

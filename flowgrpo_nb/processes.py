@@ -1,4 +1,4 @@
-"""Child processes that stop whole: the PNG export in one kaleido child that a timeout stops, Ctrl-C and SIGTERM as one exception, and the sentence that says what a stopped command kept.
+"""Stopping whole: a kaleido child that a timeout kills with its browser, a command stopped by a signal.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/child_processes.html.md"""
 
@@ -19,11 +19,12 @@ PNG_WIDTH = 820  # px: a figure that takes its width from the page is exported a
 _PNG_CHILD = r"""
 import asyncio, ctypes, json, os, signal, sys
 from pathlib import Path
-items, scale, width, browser, parent = json.loads(Path(sys.argv[1]).read_text()), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+items, scale = json.loads(Path(sys.argv[1]).read_text()), float(sys.argv[2])
+width, browser, parent = int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 if sys.platform.startswith('linux'):
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed with the process that started it
-    prctl(36, 1)              # PR_SET_CHILD_SUBREAPER: the browser's orphans stay its descendants, for the parent to kill
+    prctl(36, 1)              # PR_SET_CHILD_SUBREAPER: the browser's orphans stay its descendants (the parent kills)
     if os.getppid() != parent: sys.exit('its parent exited before it started')
 import kaleido
 async def export():
@@ -31,14 +32,16 @@ async def export():
         for spec, out in items:
             fig = json.loads(Path(spec).read_text())
             lay = fig.get('layout', {})
-            opts = dict(format='png', scale=scale, width=lay.get('width') or width) | ({'height': lay['height']} if lay.get('height') else {})
+            opts = dict(format='png', scale=scale, width=lay.get('width') or width)
+            if lay.get('height'): opts['height'] = lay['height']
             Path(out + '.part').write_bytes(await k.calc_fig(fig, opts=opts))
             os.replace(out + '.part', out)  # each file appears whole when it is done
 asyncio.run(export())
 """
 
 def find_browser() -> str|None:
-    "The Chrome or Chromium kaleido drives: `$BROWSER_PATH`, one on the `PATH` or in its usual places, or one `kaleido_get_chrome` downloaded; None: none."
+    """The Chrome or Chromium kaleido drives: `$BROWSER_PATH`, one on the `PATH` or in its usual places, or one
+    `kaleido_get_chrome` downloaded; None: none."""
     try:
         from choreographer.browsers.chromium import Chromium
         p = Chromium.find_browser(skip_local=False)
@@ -49,16 +52,19 @@ NO_BROWSER = ("kaleido needs Chrome or Chromium and none was found: install one 
               "anywhere: kaleido_get_chrome) or set BROWSER_PATH to one")
 
 def _no_png_why() -> str:
-    "Why no PNG can be made here: kaleido 1.x missing (an environment older than this package's dependencies), or no browser."
+    """Why no PNG can be made here: kaleido 1.x missing (an environment older than this package's dependencies), or no
+    browser."""
     from importlib.metadata import version, PackageNotFoundError
     try: v = version('kaleido')
     except PackageNotFoundError: v = None
     if v is None or int(v.split('.')[0]) < 1:
-        return f"this environment has {f'kaleido {v}' if v else 'no kaleido'}; PNGs need kaleido 1.x: pip install 'kaleido>=1.1,<2'"
+        return (f"this environment has {f'kaleido {v}' if v else 'no kaleido'}; "
+                "PNGs need kaleido 1.x: pip install 'kaleido>=1.1,<2'")
     return NO_BROWSER
 
 def _exited(proc:subprocess.Popen, timeout:float, progress=lambda: 0) -> bool:
-    "Wait for `proc` to exit until `timeout` s pass without `progress()` growing, without reaping it (its tree stays ours to kill)."
+    """Wait for `proc` to exit until `timeout` s pass without `progress()` growing, without reaping it (its tree stays
+    ours to kill)."""
     deadline, seen = time.monotonic() + timeout, progress()
     while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         if (now := progress()) > seen: seen, deadline = now, time.monotonic() + timeout
@@ -67,7 +73,8 @@ def _exited(proc:subprocess.Popen, timeout:float, progress=lambda: 0) -> bool:
     return True
 
 def kill_tree(pid:int, also_group:bool=False):
-    "SIGKILL process `pid` and all its descendants, stopped first (SIGSTOP) so that none forks meanwhile; `also_group`: its process group too."
+    """SIGKILL process `pid` and all its descendants, stopped first (SIGSTOP) so that none forks meanwhile;
+    `also_group`: its process group too."""
     try: root = psutil.Process(pid)
     except psutil.Error: return
     stopped, procs = set(), [root]
@@ -90,16 +97,23 @@ def _sweep_png_folders():
             shutil.rmtree(d, ignore_errors=True)
 
 def write_pngs(figs:dict, scale:float=1.0,  # {path: go.Figure}
-               timeout:float=60.0, # seconds a try may go without finishing a figure before its processes are killed (a loaded machine starts Chromium in 20 s and more)
+               # seconds a try may go without finishing a figure before its processes are killed (a loaded machine
+               # starts Chromium in 20 s and more)
+               timeout:float=60.0,
                tries:int=2,        # tries before the files still missing are skipped
-              ) -> dict:           # {path: True when its PNG was written}
-    "Save every figure as PNG through kaleido in one child process; a file skipped after `tries`, or for want of a browser, is a warning."
+              ) -> dict:  # {path: True when its PNG was written}
+    """Save every figure as PNG through kaleido in one child process; a file skipped after `tries`, or for want of a
+    browser, is a warning."""
     if not (isinstance(tries, int) and tries >= 1): raise ValueError(f"tries={tries!r}: must be an int >= 1")
     if not timeout > 0: raise ValueError(f"timeout={timeout!r}: must be > 0 seconds")
     figs, written, why = {Path(p): f for p, f in figs.items()}, {}, ''
     if not figs: return {}
     if (browser := find_browser()) is None:
-        where = str(next(iter(figs))) if len(figs) == 1 else f"{len(figs)} figures ({', '.join(sorted({str(p.parent) for p in figs}))})"
+        where = (
+            str(next(iter(figs)))
+            if len(figs) == 1
+            else f"{len(figs)} figures ({', '.join(sorted({str(p.parent) for p in figs}))})"
+        )
         warnings.warn(f"{where}: PNG skipped: {_no_png_why()}")
         return {p: False for p in figs}
     _sweep_png_folders()
@@ -116,7 +130,8 @@ def write_pngs(figs:dict, scale:float=1.0,  # {path: go.Figure}
     return {p: p in written for p in figs}
 
 def _put(src:Path, dst:Path):
-    "Copy `src` to `dst` whole or not at all (a temporary name beside it, renamed); a full disk is one sentence naming `dst`."
+    """Copy `src` to `dst` whole or not at all (a temporary name beside it, renamed); a full disk is one sentence naming
+    `dst`."""
     tmp = dst.with_name(f'.tmp-{dst.name}-{os.getpid()}')
     try: shutil.copyfile(src, tmp); os.replace(tmp, dst)
     except OSError as e:
@@ -133,9 +148,15 @@ def _export(left:list, tmp:dict, scale:float, timeout:float, err:Path, browser:s
     "One try of the child on the files `left`; why it stopped short (when it did)."
     (items := err.with_name('items.json')).write_text(json.dumps([[str(tmp[p][0]), str(tmp[p][1])] for p in left]))
     with open(err, 'wb') as e:
-        proc = subprocess.Popen([sys.executable, '-c', _PNG_CHILD, str(items), str(scale), str(PNG_WIDTH), browser, str(os.getpid())],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=e, start_new_session=True,
-                                env={**os.environ, 'TMPDIR': str(err.parent)})  # kaleido's and the browser's temporary files go in our folder
+        proc = subprocess.Popen(
+            [sys.executable, '-c', _PNG_CHILD, str(items), str(scale), str(PNG_WIDTH), browser, str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=e,
+            start_new_session=True,
+            # kaleido's and the browser's temporary files go in our folder
+            env={**os.environ, 'TMPDIR': str(err.parent)},
+        )
     try: done = _exited(proc, timeout, lambda: sum(tmp[p][1].is_file() for p in left))
     finally:
         kill_tree(proc.pid, also_group=True)  # the child and its browser, even on an interrupt
@@ -146,7 +167,8 @@ def _export(left:list, tmp:dict, scale:float, timeout:float, err:Path, browser:s
 
 # %% ../nbs/00_child_processes.ipynb #1a1984b1
 class Stopped(KeyboardInterrupt):
-    "A stop by signal `signum` (SIGINT: Ctrl-C; SIGTERM); its message, when there is one, says what finished and how to continue."
+    """A stop by signal `signum` (SIGINT: Ctrl-C; SIGTERM); its message, when there is one, says what finished and how
+    to continue."""
     def __init__(self, signum:int=signal.SIGINT, msg:str=''): super().__init__(msg); self.signum = int(signum)
     @property
     def status(self) -> int: return 128 + self.signum  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
@@ -155,7 +177,8 @@ class Stopped(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM), quiet:float=3.0):
-    "Within: SIGINT or SIGTERM raises `Stopped` in the main thread; another within `quiet` seconds of the first is ignored (no-op off the main thread)."
+    """Within: SIGINT or SIGTERM raises `Stopped` in the main thread; another within `quiet` seconds of the first is
+    ignored (no-op off the main thread)."""
     if threading.current_thread() is not threading.main_thread(): yield; return
     first = []
     def handler(signum, frame):
@@ -168,7 +191,8 @@ def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM), quiet:float=3.0):
         for s, h in old.items(): signal.signal(s, h)
 
 # %% ../nbs/00_child_processes.ipynb #3aa9c9fd
-_command_line = []  # the command line this process runs as `flowgrpo ...` (`running_as`): what a stopped command says continues it
+# the command line this process runs as `flowgrpo ...` (`running_as`): what a stopped command says continues it
+_command_line = []
 
 @contextlib.contextmanager
 def running_as(argv:list):
@@ -178,12 +202,16 @@ def running_as(argv:list):
     finally: _command_line.pop()
 
 def invoked(add=()) -> str|None:
-    "The command line of `running_as`, shell-quoted, with the options of `add` it lacks appended; None outside `running_as`."
+    """The command line of `running_as`, shell-quoted, with the options of `add` it lacks appended; None outside
+    `running_as`."""
     if not _command_line: return None
     argv = _command_line[-1]
     return shlex.join(argv + [a for a in add if a not in argv])
 
 def stopped(e:BaseException, kept:str='', again:str|None=None) -> Stopped:
-    "The `Stopped` of interrupt `e` (a `Stopped`; any other: Ctrl-C) whose message is one sentence: the signal, what was `kept`, the command `again` that continues."
+    """The `Stopped` of interrupt `e` (a `Stopped`; any other: Ctrl-C) whose message is one sentence: the signal, what
+    was `kept`, the command `again` that continues."""
     e = e if isinstance(e, Stopped) else Stopped()
-    return Stopped(e.signum, f"stopped by {e.how}" + (f": {kept}" if kept else '') + (f"; continue with: {again}" if again else ''))
+    return Stopped(
+        e.signum, f"stopped by {e.how}" + (f": {kept}" if kept else '') + (f"; continue with: {again}" if again else '')
+    )

@@ -1,4 +1,4 @@
-"""The papers' rewards as callables on (images, prompts): a CLIP/PickScore score, an aesthetic head, GenEval through a detector, OCR through a recognizer, and weighted sums.
+"""The papers' rewards as callables on (images, prompts), for the diffusers backends.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/rewards.html.md"""
 
@@ -27,11 +27,23 @@ __all__ = ['REWARD_CALL', 'check_reward_inputs', 'check_finite', 'Reward', 'call
 def check_reward_inputs(images:torch.Tensor, # [B, 3, H, W] in [0, 1]
                         prompts:list[str]):
     "Raise `ValueError` unless `images` is a float `Tensor[B, 3, H, W]` with one prompt per image."
-    if not isinstance(images, torch.Tensor) or images.ndim != 4 or images.shape[1] != 3 or not images.is_floating_point():
-        got = f"{type(images).__name__} {tuple(images.shape)} {images.dtype}" if isinstance(images, torch.Tensor) else type(images).__name__
+    if (
+        not isinstance(images, torch.Tensor)
+        or images.ndim != 4
+        or images.shape[1] != 3
+        or not images.is_floating_point()
+    ):
+        got = (
+            f"{type(images).__name__} {tuple(images.shape)} {images.dtype}"
+            if isinstance(images, torch.Tensor)
+            else type(images).__name__
+        )
         raise ValueError(f"images: got {got}; expected a float Tensor[B, 3, H, W] in [0, 1]")
     if isinstance(prompts, str) or len(prompts) != len(images):
-        raise ValueError(f"prompts: got {len(prompts) if not isinstance(prompts, str) else 'a str'} for {len(images)} images; expected a list of one prompt per image")
+        raise ValueError(
+            f"prompts: got {len(prompts) if not isinstance(prompts, str) else 'a str'} for {len(images)} images; "
+            "expected a list of one prompt per image"
+        )
 
 # %% ../nbs/03c_rewards.ipynb #22dff47d
 def check_finite(x:torch.Tensor, # [B, ...] one row per sample: scores [B] or images [B, 3, H, W]
@@ -41,14 +53,17 @@ def check_finite(x:torch.Tensor, # [B, ...] one row per sample: scores [B] or im
     if bad:
         i = bad[0]
         is_ = f"is {x[i].item()}" if x.ndim == 1 else "has NaN or infinite values"
-        raise ValueError(f"{what} {is_} for sample {i} (prompt {prompts[i]!r}); {len(bad)} of {len(x)} samples are not finite")
+        raise ValueError(
+            f"{what} {is_} for sample {i} (prompt {prompts[i]!r}); {len(bad)} of {len(x)} samples are not finite"
+        )
 
 # %% ../nbs/03c_rewards.ipynb #1a39c942
 class Reward:
     "A reward callable `(images [B,3,H,W] in [0,1], prompts) -> Tensor[B]` float32, scored in chunks on its own device."
     def __init__(self, batch_size:int=16, # images per forward pass
-                 device:str|torch.device='cpu'): # where the reward model runs
-        if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"batch_size={batch_size!r}; expected an int >= 1")
+                 device:str|torch.device='cpu'):  # where the reward model runs
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r}; expected an int >= 1")
         self.batch_size, self.device = batch_size, torch.device(device)
 
     def validate(self, prompts:list[str]):
@@ -64,8 +79,15 @@ class Reward:
         check_finite(images, prompts, 'images')
         self.validate(list(prompts))
         bs = self.batch_size
-        scores = torch.cat([self.score(images[i:i+bs].to(self.device, torch.float32), list(prompts[i:i+bs])).float().flatten().cpu()
-                            for i in range(0, len(images), bs)])
+        scores = torch.cat(
+            [
+                self.score(images[i : i + bs].to(self.device, torch.float32), list(prompts[i : i + bs]))
+                .float()
+                .flatten()
+                .cpu()
+                for i in range(0, len(images), bs)
+            ]
+        )
         check_finite(scores, prompts, type(self).__name__)
         return scores.to(images.device)
 
@@ -80,13 +102,19 @@ def _shown(x) -> str:
     return f"{a} ({r if len(r) <= 40 else r[:37] + '...'})"
 
 def call_user(fn:Callable, call:str, expected:str, *args):
-    "`fn(*args)`, `fn` being the user's code: whatever it raises is one ValueError naming `call` and what was `expected`."
-    try: return fn(*args)
+    """`fn(*args)`, `fn` being the user's code: whatever it raises is one ValueError naming `call` and what was
+    `expected`."""
+    try:
+        return fn(*args)
     except Exception as e:
-        raise ValueError(f"{call} raised {type(e).__name__} ({' '.join(str(e).split()) or 'no message'}); expected {expected}") from e
+        raise ValueError(
+            f"{call} raised {type(e).__name__} ({' '.join(str(e).split()) or 'no message'}); expected {expected}"
+        ) from e
+
 
 def check_scores(out, n:int, call:str) -> torch.Tensor:  # [n]
-    "What a reward returned as a tensor of `n` real scores; anything else is one ValueError naming `call` and what came back."
+    """What a reward returned as a tensor of `n` real scores; anything else is one ValueError naming `call` and what
+    came back."""
     try: t = out if torch.is_tensor(out) else torch.as_tensor(out)
     except Exception: t = None
     if t is None or t.is_complex() or tuple(t.shape) != (n,):
@@ -97,20 +125,28 @@ def check_scores(out, n:int, call:str) -> torch.Tensor:  # [n]
 REWARD_CALL = 'reward(images [B, 3, H, W] in [0, 1], prompts) -> Tensor[B]'
 
 class UserReward:
-    "A reward the user wrote, checked: callable as `fn(images, prompts)` at load; at every call, what it raises or returns wrongly."
+    """A reward the user wrote, checked: callable as `fn(images, prompts)` at load; at every call, what it raises or
+    returns wrongly."""
     def __init__(self, fn:Callable, name:str,   # name: how the user named it, e.g. the spec 'py:mymodule:make_reward'
                  made_by:str|None=None):        # the call that returned `fn`, e.g. 'mymodule.make_reward()'
         self.fn, self.name, got = fn, name, f"{made_by} returned" if made_by else 'got'
         if not callable(fn): raise ValueError(f"reward {name!r}: {got} {_shown(fn)}; expected a callable {REWARD_CALL}")
         try: sig = inspect.signature(fn)
         except (TypeError, ValueError): sig = None  # no signature to read (some builtins): the first call tells
-        try: sig and sig.bind(None, None)
-        except TypeError as e: raise ValueError(f"reward {name!r}: {got} a callable that cannot be called as {REWARD_CALL} ({e})") from None
+        try:
+            sig and sig.bind(None, None)
+        except TypeError as e:
+            raise ValueError(
+                f"reward {name!r}: {got} a callable that cannot be called as {REWARD_CALL} ({e})"
+            ) from None
+
     def __repr__(self): return f"UserReward({self.name!r})"
 
     def __call__(self, images:torch.Tensor, prompts:list[str]) -> torch.Tensor:  # [B]
         call = f"reward {self.name!r}: reward(images {list(images.shape)}, {len(prompts)} prompts)"
-        return check_scores(call_user(self.fn, call, f'a Tensor[{len(prompts)}] of scores', images, prompts), len(prompts), call)
+        return check_scores(
+            call_user(self.fn, call, f'a Tensor[{len(prompts)}] of scores', images, prompts), len(prompts), call
+        )
 
 # %% ../nbs/03c_rewards.ipynb #2f16d195
 def to_uint8(images:torch.Tensor)->torch.Tensor: # [B, 3, H, W] uint8
@@ -135,16 +171,24 @@ class CLIPScore(Reward):
     def from_pretrained(cls, folder:str|Path, # a folder saved by CLIPModel/CLIPProcessor.save_pretrained
                         dtype:torch.dtype=torch.float32, device:str|torch.device='cpu', **kwargs):
         "Load model and processor from a local folder (`local_files_only`)."
-        if not Path(folder).is_dir(): raise ValueError(f"folder={str(folder)!r} is not a directory; expected a local CLIP folder (config.json, weights, processor files)")
+        if not Path(folder).is_dir():
+            raise ValueError(
+                f"folder={str(folder)!r} is not a directory; expected a local CLIP folder (config.json, weights, "
+                "processor files)"
+            )
         model = CLIPModel.from_pretrained(folder, local_files_only=True).to(dtype)
         return cls(model, AutoProcessor.from_pretrained(folder, local_files_only=True), device=device, **kwargs)
 
     def embed_images(self, images:torch.Tensor)->torch.Tensor: # [B, D] unit norm, float32
         pixels = self.processor(images=list(to_uint8(images).cpu()), return_tensors='pt').pixel_values
-        return F.normalize(_embedding(self.model.get_image_features(pixel_values=pixels.to(self.device, self.model.dtype))).float(), dim=-1)
+        return F.normalize(
+            _embedding(self.model.get_image_features(pixel_values=pixels.to(self.device, self.model.dtype))).float(),
+            dim=-1,
+        )
 
     def embed_text(self, prompts:list[str])->torch.Tensor: # [B, D] unit norm, float32, cached per prompt
-        for p in dict.fromkeys(prompts):  # one prompt per call: a cached embedding cannot depend on what was encoded with it
+        # one prompt per call: a cached embedding cannot depend on what was encoded with it
+        for p in dict.fromkeys(prompts):
             if p in self._text: continue
             tokens = self.processor(text=[p], truncation=True, return_tensors='pt',
                                     max_length=self.model.config.text_config.max_position_embeddings).to(self.device)
@@ -199,7 +243,8 @@ class AestheticScore(CLIPScore):
 # %% ../nbs/03c_rewards.ipynb #65a48079
 @dataclass(frozen=True)
 class Detection:
-    "One detected object: class `label`, `box` (x0, y0, x1, y1) in pixels (y down), confidence `score`, `colour` or None."
+    """One detected object: class `label`, `box` (x0, y0, x1, y1) in pixels (y down), confidence `score`, `colour` or
+    None."""
     label:str
     box:tuple[float, float, float, float]
     score:float = 1.0
@@ -215,7 +260,11 @@ def relative_position(a:Detection, b:Detection, threshold:float=0.1)->set[str]:
     revised = np.maximum(np.abs(offset) - threshold * (size_a + size_b), 0) * np.sign(offset)
     if np.all(np.abs(revised) < 1e-3): return set()
     dx, dy = revised / np.linalg.norm(offset)
-    return {r for r, hit in (('left of', dx < -0.5), ('right of', dx > 0.5), ('above', dy < -0.5), ('below', dy > 0.5)) if hit}
+    return {
+        r
+        for r, hit in (('left of', dx < -0.5), ('right of', dx > 0.5), ('above', dy < -0.5), ('below', dy > 0.5))
+        if hit
+    }
 
 # %% ../nbs/03c_rewards.ipynb #da9e7a06
 def geneval_check(detections:list[Detection], metadata:dict, # one image's detections; its GenEval metadata
@@ -230,11 +279,16 @@ def geneval_check(detections:list[Detection], metadata:dict, # one image's detec
         objs = found.get(req['class'], [])[:req['count']]
         hit = len(objs) >= req['count']
         if hit and 'color' in req:
-            if any(o.colour is None for o in objs): raise ValueError(f"detector gave no colour for {req['class']!r}; the prompt {metadata.get('prompt')!r} needs colours")
+            if any(o.colour is None for o in objs):
+                raise ValueError(
+                    f"detector gave no colour for {req['class']!r}; the prompt {metadata.get('prompt')!r} needs colours"
+                )
             hit = sum(o.colour == req['color'] for o in objs) >= req['count']
         if hit and 'position' in req:
             rel, target = req['position']
-            hit = groups[target] is not None and all(rel in relative_position(o, t, position_threshold) for o in objs for t in groups[target])
+            hit = groups[target] is not None and all(
+                rel in relative_position(o, t, position_threshold) for o in objs for t in groups[target]
+            )
         ok.append(hit); groups.append(objs if hit else None)
     ok += [len(found.get(req['class'], [])) < req['count'] for req in metadata.get('exclude', [])]
     return all(ok), (sum(ok) / len(ok) if ok else 1.0)
@@ -254,14 +308,20 @@ class GenEvalReward(Reward):
         if kind not in ('strict', 'partial'): raise ValueError(f"kind={kind!r}; allowed: ('strict', 'partial')")
         super().__init__(batch_size, device)
         self.detector, self.metadata, self.kind = detector, metadata, kind
-        self.thresholds = dict(threshold=threshold, counting_threshold=counting_threshold, position_threshold=position_threshold)
+        self.thresholds = dict(
+            threshold=threshold, counting_threshold=counting_threshold, position_threshold=position_threshold
+        )
 
     def validate(self, prompts):
         missing = [p for p in dict.fromkeys(prompts) if p not in self.metadata]
-        if missing: raise ValueError(f"prompts without GenEval metadata: {missing[:3]}{' ...' if len(missing) > 3 else ''}")
+        if missing:
+            raise ValueError(f"prompts without GenEval metadata: {missing[:3]}{' ...' if len(missing) > 3 else ''}")
 
     def score(self, images, prompts):
-        call, want = f"detector(images {list(images.shape)})", f"a list of {len(images)} lists of Detection, one per image"
+        call, want = (
+            f"detector(images {list(images.shape)})",
+            f"a list of {len(images)} lists of Detection, one per image",
+        )
         detections = call_user(self.detector, call, want, images)
         if not (isinstance(detections, (list, tuple)) and len(detections) == len(images) and
                 all(isinstance(d, (list, tuple)) and all(isinstance(o, Detection) for o in d) for d in detections)):
@@ -282,7 +342,10 @@ def edit_distance(a:str, b:str)->int:
 def ocr_target(prompt:str)->str:
     "The text a prompt asks to render: what stands between its first pair of double quotes."
     parts = prompt.split('"')
-    if len(parts) < 3 or not parts[1].strip(): raise ValueError(f"prompt {prompt!r} has no text in double quotes; OCR prompts look like 'a sign that says \"open\"'")
+    if len(parts) < 3 or not parts[1].strip():
+        raise ValueError(
+            f"prompt {prompt!r} has no text in double quotes; OCR prompts look like 'a sign that says \"open\"'"
+        )
     return parts[1]
 
 def ocr_similarity(text:str, target:str)->float:
@@ -301,7 +364,9 @@ class OCRReward(Reward):
     def score(self, images, prompts):
         call, want = f"recognizer(images {list(images.shape)})", f"a list of {len(images)} str, one per image"
         texts = call_user(self.recognizer, call, want, images)
-        if not (isinstance(texts, (list, tuple)) and len(texts) == len(images) and all(isinstance(t, str) for t in texts)):
+        if not (
+            isinstance(texts, (list, tuple)) and len(texts) == len(images) and all(isinstance(t, str) for t in texts)
+        ):
             raise ValueError(f"{call} returned {_shown(texts)}; expected {want}")
         return torch.tensor([ocr_similarity(t, ocr_target(p)) for t, p in zip(texts, prompts)])
 
@@ -311,7 +376,8 @@ class WeightedSum:
     def __init__(self, rewards:dict[str, Callable], # {name: reward callable}
                  weights:dict[str, float]|None=None): # {name: weight}; default 1 each
         weights = {k: 1.0 for k in rewards} if weights is None else dict(weights)
-        if set(weights) != set(rewards): raise ValueError(f"weights: keys {sorted(weights)} differ from rewards' {sorted(rewards)}")
+        if set(weights) != set(rewards):
+            raise ValueError(f"weights: keys {sorted(weights)} differ from rewards' {sorted(rewards)}")
         bad = {k: w for k, w in weights.items() if not np.isfinite(w)}
         if bad: raise ValueError(f"weights: {bad} are not finite numbers")
         self.rewards, self.weights, self.last = dict(rewards), weights, {}

@@ -1,4 +1,4 @@
-"""Grouped rollouts with an SDE window into one typed batch, the log-probs the trainer recomputes, and the values of every intermediate state under the lookahead operators tweedie, ode:n and ode:rest, batched in lock-step.
+"""Grouped rollouts as one typed batch, with the values of every intermediate state.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/rollout.html.md"""
 
@@ -21,18 +21,21 @@ __all__ = ['bad_field', 'field_types', 'check_fields', 'check_window', 'RolloutC
 
 # %% ../nbs/04_rollout.ipynb #2aaac976
 def bad_field(owner, name:str, value, allowed:str):
-    "Raise the one sentence of a bad config field: `Class.name=value: allowed ...` (`owner`: the object or its class name)."
+    """Raise the one sentence of a bad config field: `Class.name=value: allowed ...` (`owner`: the object or its class
+    name)."""
     raise ValueError(f"{owner if isinstance(owner, str) else type(owner).__name__}.{name}={value!r}: allowed {allowed}")
 
 def field_types(tp) -> tuple:
     "The runtime types a field annotation allows."
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union: return sum(map(field_types, typing.get_args(tp)), ())
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        return sum(map(field_types, typing.get_args(tp)), ())
     return (type(None),) if tp is type(None) else (tp,)
 
 def _check_type(obj, name:str, v, tp):
     ok = field_types(tp)
     if ok == (bool,) and not isinstance(v, bool): bad_field(obj, name, v, 'True or False')
-    if isinstance(v, bool) and bool not in ok: bad_field(obj, name, v, f"{' or '.join(t.__name__ for t in ok)}, not a boolean")
+    if isinstance(v, bool) and bool not in ok:
+        bad_field(obj, name, v, f"{' or '.join(t.__name__ for t in ok)}, not a boolean")
     if float in ok and isinstance(v, int) and not isinstance(v, bool): return
     if not isinstance(v, ok): bad_field(obj, name, v, f"a value of type {' or '.join(t.__name__ for t in ok)}")
     if isinstance(v, float) and not math.isfinite(v): bad_field(obj, name, v, 'a finite number')
@@ -52,7 +55,8 @@ def check_fields(obj, at_least:dict|None=None, positive=(), non_negative=(), cho
         if not getattr(obj, n) >= 0: bad_field(obj, n, getattr(obj, n), 'a finite number >= 0')
 
 def check_window(c):
-    "The SDE window `(window_start, window_size)` of config `c` lies on its K-step schedule and ends before the last step."
+    """The SDE window `(window_start, window_size)` of config `c` lies on its K-step schedule and ends before the last
+    step."""
     K, s, n = c.K, c.window_start, c.window_size
     if not 0 <= s <= K - 1: bad_field(c, 'window_start', s, f"0..{K - 1}: a step of the K={K} schedule")
     if n is not None and not 0 <= n <= K - 1 - s:
@@ -64,11 +68,13 @@ def check_window(c):
 class RolloutConfig:
     "How a batch of grouped trajectories is sampled and how large its network calls may be."
     K:int=10                    # denoising steps of a rollout (the schedule's length)
-    shift:float=1.0             # schedule shift of diffusers' FlowMatchEulerDiscreteScheduler, via `policy.sigmas` (SD3.5: 3)
+    # schedule shift of diffusers' FlowMatchEulerDiscreteScheduler, via `policy.sigmas` (SD3.5: 3)
+    shift:float=1.0
     guidance:float=4.0          # classifier-free guidance scale w of rollouts and evaluation (1: none)
     sampler:str='flow_sde'      # SDE on the window: flow_sde (Flow-GRPO), cps, ddim (Stepwise); ode: none
     level:float=0.7             # noise level: a (flow_sde), alpha (cps), eta (ddim)
-    ddim_schedule:str='sqrt_1mt' # ddim's sigma: 'sqrt_1mt' (eta t' sqrt(1 - t)) or 'const' (eta t'); flow.DDIM_SCHEDULES
+    # ddim's sigma: 'sqrt_1mt' (eta t' sqrt(1 - t)) or 'const' (eta t'); flow.DDIM_SCHEDULES
+    ddim_schedule:str='sqrt_1mt'
     window_start:int=0          # first stochastic (exploring) step: the SDE window
     window_size:int|None=None   # stochastic steps from window_start; None: all but the last
     group_size:int=8            # G samples per prompt (the GRPO group)
@@ -76,8 +82,10 @@ class RolloutConfig:
     max_batch:int=1024          # samples per network and reward call (a memory bound)
 
     def __post_init__(self):
-        check_fields(self, at_least=dict(K=1, group_size=1, max_batch=1), positive=('shift',), non_negative=('guidance', 'level'),
-                     choices=dict(sampler=SAMPLERS, ddim_schedule=DDIM_SCHEDULES))
+        check_fields(
+            self, at_least=dict(K=1, group_size=1, max_batch=1), positive=('shift',),
+            non_negative=('guidance', 'level'), choices=dict(sampler=SAMPLERS, ddim_schedule=DDIM_SCHEDULES)
+        )
         check_window(self)
 
     @property
@@ -120,8 +128,10 @@ class Rollout:
     def P(self) -> int: return len(self.group.unique())  # prompts (groups) present
     def __repr__(self):
         s, e = self.cfg.window
-        return (f"Rollout(B={self.B} = {self.P} prompts × {self.G}, K={self.K}, {self.cfg.sampler} on steps "
-                f"[{s}, {e}), reward {self.reward.mean().item():.4f} ± {self.reward.std().item() if self.B > 1 else 0:.4f})")
+        return (
+            f"Rollout(B={self.B} = {self.P} prompts × {self.G}, K={self.K}, {self.cfg.sampler} on steps "
+            f"[{s}, {e}), reward {self.reward.mean().item():.4f} ± {self.reward.std().item() if self.B > 1 else 0:.4f})"
+        )
 
 # %% ../nbs/04_rollout.ipynb #e0fcbce5
 @torch.no_grad()
@@ -138,7 +148,8 @@ def reward_states(policy:Policy, x:torch.Tensor,  # [N, C, H, W] states
     for i in range(0, N, step):
         r = torch.as_tensor(reward_fn(images[i:i + step], prompts[i:i + step])).float().to(x.device)
         n = min(step, N - i)
-        if r.shape != (n,): raise ValueError(f"reward_fn returned shape {tuple(r.shape)} for {n} images: must be Tensor[{n}]")
+        if r.shape != (n,):
+            raise ValueError(f"reward_fn returned shape {tuple(r.shape)} for {n} images: must be Tensor[{n}]")
         rewards.append(r)
     rewards = torch.cat(rewards)
     bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
@@ -166,7 +177,8 @@ def _check_rows(rows, n:int) -> torch.Tensor:
     return idx
 
 def _step(rollout_cfg:RolloutConfig, v, x, t, t_next, trained:bool, psi=None, **kw) -> StepOutput:
-    "One step of rows at times t (Tensor[B]): the sampler on SDE steps (noise scale `psi`: Tensor[B] or None), Euler elsewhere."
+    """One step of rows at times t (Tensor[B]): the sampler on SDE steps (noise scale `psi`: Tensor[B] or None), Euler
+    elsewhere."""
     if not trained: return sampler_step(v, x, t, t_next, 'ode', **kw)
     return sampler_step(v, x, t, t_next, rollout_cfg.sampler, rollout_cfg.level, scale=psi,
                         ddim_schedule=rollout_cfg.ddim_schedule, **kw)
@@ -252,7 +264,9 @@ def ppo_loss(log_prob:torch.Tensor,     # [b, k] current policy
 def kl_to_reference(mean:torch.Tensor, ref_mean:torch.Tensor, std:torch.Tensor) -> torch.Tensor:
     "[b, k] KL of the step Gaussians N(mean, std²) to N(ref_mean, std²), averaged over dimensions; 0 where std = 0."
     var = 2 * std ** 2
-    return torch.where(var > 0, ((mean - ref_mean) ** 2).flatten(2).mean(2) / var.clamp_min(torch.finfo(var.dtype).tiny), 0.)
+    return torch.where(
+        var > 0, ((mean - ref_mean) ** 2).flatten(2).mean(2) / var.clamp_min(torch.finfo(var.dtype).tiny), 0.0
+    )
 
 # %% ../nbs/04_rollout.ipynb #111a13e9
 def parse_lookahead(op:str) -> tuple[str, int|None]:

@@ -1,4 +1,4 @@
-"""TinyCLIP: a small dual encoder trained contrastively on the grid world, the PickScore analogue; `LearnedScore` is its reward callable.
+"""TinyCLIP: the learned score of the grid world, the PickScore analogue.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/score.html.md"""
 
@@ -17,9 +17,11 @@ from safetensors.torch import load_file, save_file
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
 from .processes import stopped, invoked
-from .world import (CATEGORIES, GRID, MAX_WORDS, N_CLASSES, SIZE, VOCAB, all_prompts, cells_to_scenes,
-    draw_prompts, geneval_cells, mini_geneval, perturb, prompt_rows, prompt_split, render_cells, sample_scene, scenes_to_cells,
-    show_images, tokenize)
+from flowgrpo_nb.world import (
+    CATEGORIES, GRID, MAX_WORDS, N_CLASSES, SIZE, VOCAB, all_prompts, cells_to_scenes, draw_prompts, geneval_cells,
+    mini_geneval, perturb, prompt_rows, prompt_split, render_cells, sample_scene, scenes_to_cells, show_images,
+    tokenize
+)
 
 # %% auto #0
 __all__ = ['EDITS', 'ASSETS', 'ScoreConfig', 'TinyCLIP', 'edit_cells', 'ScoreBatch', 'score_batch', 'clip_loss',
@@ -50,7 +52,8 @@ class TinyCLIP(nn.Module):
         w = c.width
         self.image_encoder = nn.Sequential(
             nn.Conv2d(3, w, 4, 2, 1), nn.GELU(), nn.Conv2d(w, 2 * w, 3, 2, 1), nn.GELU(),
-            nn.Conv2d(2 * w, 2 * w, 3, 2, 1), nn.GELU(), nn.Flatten(), nn.Linear(2 * w * GRID * GRID, c.dim))  # 32 -> 16 -> 8 -> 4
+            # 32 -> 16 -> 8 -> 4
+            nn.Conv2d(2 * w, 2 * w, 3, 2, 1), nn.GELU(), nn.Flatten(), nn.Linear(2 * w * GRID * GRID, c.dim))
         self.token = nn.Embedding(c.vocab_size, c.dim)
         self.position = nn.Parameter(torch.randn(c.max_words + 1, c.dim) * 0.02)  # +1: the summary token
         self.summary = nn.Parameter(torch.randn(c.dim) * 0.02)
@@ -116,9 +119,13 @@ def score_batch(batch:int, # P, the number of prompts
     images = render_cells(cells)
     if augment:
         g = torch.Generator().manual_seed(int(rng.integers(2**31)))
-        dim = torch.where(torch.rand(n, 1, 1, 1, generator=g) < 0.3, 0.6 + 0.4 * torch.rand(n, 1, 1, 1, generator=g), 1.)
+        dim = torch.where(
+            torch.rand(n, 1, 1, 1, generator=g) < 0.3, 0.6 + 0.4 * torch.rand(n, 1, 1, 1, generator=g), 1.0
+        )
         images = perturb(images * dim, noise=0., blur=float(rng.choice([0., 0., 0.5, 0.8])))
-        images = (images + 0.2 * torch.rand(n, 1, 1, 1, generator=g) * torch.randn(images.shape, generator=g)).clamp(0, 1)
+        images = (images + 0.2 * torch.rand(n, 1, 1, 1, generator=g) * torch.randn(images.shape, generator=g)).clamp(
+            0, 1
+        )
     return ScoreBatch(images, prompts, cells, truth)
 
 def _soft_ce(logits, truth):
@@ -129,7 +136,8 @@ def _soft_ce(logits, truth):
 
 def clip_loss(model:TinyCLIP, b:ScoreBatch)->torch.Tensor:
     "CLIP's symmetric contrastive loss with several positives per row."
-    logits = model.logit_scale.exp().clamp(max=100) * model.encode_text(b.prompts) @ model.encode_images(b.images).T  # [P, 2P]
+    # [P, 2P]
+    logits = model.logit_scale.exp().clamp(max=100) * model.encode_text(b.prompts) @ model.encode_images(b.images).T
     return (_soft_ce(logits, b.truth) + _soft_ce(logits.T, b.truth.T)) / 2
 
 # %% ../nbs/01b_score.ipynb #b6547588
@@ -177,7 +185,10 @@ def load_score(path:str|Path|None=None, # default: the shipped flowgrpo_nb/asset
     path = Path(path) if path else ASSETS / 'score.safetensors'
     if not path.exists(): raise ValueError(f"path={str(path)!r} does not exist; train one with `flowgrpo-train-score`")
     meta = json.loads(path.with_suffix('.json').read_text())
-    if meta['vocab'] != VOCAB: raise ValueError(f"field 'vocab' of {path.with_suffix('.json')} = {meta['vocab']} differs from the world's VOCAB = {VOCAB}")
+    if meta['vocab'] != VOCAB:
+        raise ValueError(
+            f"field 'vocab' of {path.with_suffix('.json')} = {meta['vocab']} differs from the world's VOCAB = {VOCAB}"
+        )
     model = TinyCLIP(ScoreConfig(**meta['config']))
     model.load_state_dict(load_file(str(path)))
     model.meta = meta
@@ -195,11 +206,16 @@ def train_score_cli(steps:int=900, # optimizer steps
     "Train the learned score on the grid world and save it with its retrieval accuracy."
     torch.set_num_threads(threads)
     t0 = time.time()
-    try: model, losses = train_score(steps, batch, lr, seed)
-    except KeyboardInterrupt as e: raise stopped(e, f"nothing was kept ({out} is written at its end)", invoked()) from None
+    try:
+        model, losses = train_score(steps, batch, lr, seed)
+    except KeyboardInterrupt as e:
+        raise stopped(e, f"nothing was kept ({out} is written at its end)", invoked()) from None
     metrics = {s: retrieval_accuracy(model, s) for s in ('train', 'heldout')}
-    meta = {'command': f"python -m flowgrpo_nb.score --steps {steps} --batch {batch} --lr {lr} --seed {seed} --threads {threads}",
-            'train_seconds': round(time.time() - t0), 'final_loss': float(np.mean(losses[-50:])), 'metrics': metrics}
+    meta = {
+        'command': f"python -m flowgrpo_nb.score --steps {steps} --batch {batch} --lr {lr} --seed {seed} --threads "
+                   f"{threads}",
+        'train_seconds': round(time.time() - t0), 'final_loss': float(np.mean(losses[-50:])), 'metrics': metrics
+    }
     save_score(model, out, meta)
     print(json.dumps(meta, indent=1))
 
@@ -217,7 +233,8 @@ class LearnedScore:
         if images.ndim != 4 or tuple(images.shape[1:]) != (3, SIZE, SIZE):
             raise ValueError(f"images.shape={tuple(images.shape)}; expected [B, 3, {SIZE}, {SIZE}]")
         prompts = list(prompts)
-        if len(prompts) != len(images): raise ValueError(f"len(prompts)={len(prompts)} but images has {len(images)} rows")
+        if len(prompts) != len(images):
+            raise ValueError(f"len(prompts)={len(prompts)} but images has {len(images)} rows")
         tokens = tokenize(prompts)  # unknown words fail here, before any computation
         out = [(self.model.encode_images(images[i:i + self.batch_size].to(self.device, torch.float32)) *
                 self.model.encode_tokens(tokens[i:i + self.batch_size].to(self.device))).sum(-1)

@@ -1,4 +1,4 @@
-"""`Policy` over diffusers' `StableDiffusion3Pipeline` (SD3, SD3.5): its three text encoders, its latent space and VAE, CFG, low-precision weights with fp32 sampler math, and LoRA on Flow-GRPO's targets.
+"""`Policy` over diffusers' `StableDiffusion3Pipeline` (SD3, SD3.5).
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/sd3.html.md"""
 
@@ -33,11 +33,14 @@ def char_tokenizer(max_length:int=32)->CLIPTokenizer:
 # %% ../nbs/03b_sd3.ipynb #973c7173
 def tiny_sd3_pipeline(seed:int=0, # seeds the random weights
                       dtype:torch.dtype=torch.float32)->StableDiffusion3Pipeline:
-    "An SD3 pipeline with random weights for CPU tests: 2-block SD3.5-style transformer, 2-level VAE, tiny CLIPs, no T5."
+    """An SD3 pipeline with random weights for CPU tests: 2-block SD3.5-style transformer, 2-level VAE, tiny CLIPs, no
+    T5."""
     tok = char_tokenizer()
     n = len(tok.get_vocab())
-    text = CLIPTextConfig(vocab_size=n, bos_token_id=n-2, eos_token_id=n-1, pad_token_id=n-1, max_position_embeddings=32,
-                          hidden_size=16, intermediate_size=32, num_attention_heads=2, num_hidden_layers=2, projection_dim=16)
+    text = CLIPTextConfig(
+        vocab_size=n, bos_token_id=n - 2, eos_token_id=n - 1, pad_token_id=n - 1, max_position_embeddings=32,
+        hidden_size=16, intermediate_size=32, num_attention_heads=2, num_hidden_layers=2, projection_dim=16
+    )
     torch.manual_seed(seed)
     transformer = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, out_channels=4, num_layers=2,
                                         attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
@@ -47,10 +50,11 @@ def tiny_sd3_pipeline(seed:int=0, # seeds the random weights
                         up_block_types=('UpDecoderBlock2D',) * 2, block_out_channels=(4, 8), layers_per_block=1,
                         latent_channels=4, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
                         shift_factor=0.0609, scaling_factor=1.5035, sample_size=32)
-    pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
-                                    text_encoder=CLIPTextModelWithProjection(text), tokenizer=tok,
-                                    text_encoder_2=CLIPTextModelWithProjection(text), tokenizer_2=tok,
-                                    text_encoder_3=None, tokenizer_3=None)
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
+        text_encoder=CLIPTextModelWithProjection(text), tokenizer=tok,
+        text_encoder_2=CLIPTextModelWithProjection(text), tokenizer_2=tok, text_encoder_3=None, tokenizer_3=None
+    )
     pipe.set_progress_bar_config(disable=True)
     for m in pipe.components.values():
         if isinstance(m, nn.Module): m.eval()
@@ -58,18 +62,30 @@ def tiny_sd3_pipeline(seed:int=0, # seeds the random weights
 
 # %% ../nbs/03b_sd3.ipynb #e679ed13
 def _model_index(folder:Path, pipeline:str) -> dict:
-    "The pipeline folder's model_index.json, or one ValueError saying why it cannot be read (missing, cut short, not an object)."
+    """The pipeline folder's model_index.json, or one ValueError saying why it cannot be read (missing, cut short, not
+    an object)."""
     f = Path(folder)/'model_index.json'
-    if not f.is_file(): raise ValueError(f"folder={str(folder)!r}: no model_index.json there; expected a local diffusers {pipeline} folder")
-    try: d = json.loads(f.read_text())
+    if not f.is_file():
+        raise ValueError(
+            f"folder={str(folder)!r}: no model_index.json there; expected a local diffusers {pipeline} folder"
+        )
+    try:
+        d = json.loads(f.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{f}: not readable as JSON ({' '.join(str(e).split())}); the folder is damaged or incomplete: copy or download it again") from None
+        raise ValueError(
+            f"{f}: not readable as JSON ({' '.join(str(e).split())}); the folder is damaged or incomplete: copy or "
+            "download it again"
+        ) from None
     if not isinstance(d, dict) or not d.get('_class_name'):
-        raise ValueError(f"{f}: not a diffusers model index (a JSON object with _class_name); expected a local diffusers {pipeline} folder")
+        raise ValueError(
+            f"{f}: not a diffusers model index (a JSON object with _class_name); expected a local diffusers {pipeline} "
+            "folder"
+        )
     return d
 
 class DiffusersPolicy(Policy):
-    "A `Policy` over a diffusers pipeline: its modules, a fixed resolution, VAE decoding, an fp32 adapter, local loading."
+    """A `Policy` over a diffusers pipeline: its modules, a fixed resolution, VAE decoding, an fp32 adapter, local
+    loading."""
     pipeline_cls = None        # the diffusers pipeline class `from_pretrained` loads
     max_sequence_length = 256  # T5 tokens when the constructor is given none
 
@@ -81,8 +97,11 @@ class DiffusersPolicy(Policy):
         f, why = self._resolution_step(pipe)
         if not isinstance(resolution, int) or resolution < f or resolution % f:
             raise ValueError(f"resolution={resolution!r}: must be a positive multiple of {f} ({why})")
-        if not isinstance(decode_batch, int) or decode_batch < 1: raise ValueError(f"decode_batch={decode_batch!r}: must be an int >= 1")
-        modules = {'transformer': pipe.transformer} | {n: m for n, m in pipe.components.items() if isinstance(m, nn.Module)}
+        if not isinstance(decode_batch, int) or decode_batch < 1:
+            raise ValueError(f"decode_batch={decode_batch!r}: must be an int >= 1")
+        modules = {'transformer': pipe.transformer} | {
+            n: m for n, m in pipe.components.items() if isinstance(m, nn.Module)
+        }
         super().__init__(nn.ModuleDict(modules), pipe.transformer)
         self.pipe, self.resolution, self.decode_batch = pipe, resolution, decode_batch
         self.max_sequence_length = max_sequence_length or type(self).max_sequence_length
@@ -106,8 +125,9 @@ class DiffusersPolicy(Policy):
         "Load `cls.pipeline_cls` from a local folder (`local_files_only`)."
         folder = Path(folder)
         _model_index(folder, cls.pipeline_cls.__name__)
-        pipe = cls.pipeline_cls.from_pretrained(folder, dtype={'default': dtype, 'vae': vae_dtype}, local_files_only=True,
-                                                **(components or {}))
+        pipe = cls.pipeline_cls.from_pretrained(
+            folder, dtype={'default': dtype, 'vae': vae_dtype}, local_files_only=True, **(components or {})
+        )
         return cls(pipe.to(device), **kwargs)
 
 # %% ../nbs/03b_sd3.ipynb #8a98dd78
@@ -138,8 +158,10 @@ class SD3Policy(DiffusersPolicy):
 @patch
 @torch.no_grad()
 def _encode(self:SD3Policy, prompts:list[str]):
-    embeds, _, pooled, _ = self.pipe.encode_prompt(prompt=prompts, prompt_2=None, prompt_3=None, device=self.device,
-                                                   do_classifier_free_guidance=False, max_sequence_length=self.max_sequence_length)
+    embeds, _, pooled, _ = self.pipe.encode_prompt(
+        prompt=prompts, prompt_2=None, prompt_3=None, device=self.device, do_classifier_free_guidance=False,
+        max_sequence_length=self.max_sequence_length
+    )
     return embeds, pooled  # [n, 77 + T5 length, joint dim], [n, pooled dim]
 
 # %% ../nbs/03b_sd3.ipynb #f45d03cf

@@ -1,4 +1,4 @@
-"""`Task`: what a training run needs from the world it trains in (prompts, a reward, an evaluation), and `load_task` / `load_policy` from config names.
+"""`Task`: what a training run needs from the world it trains in, built from config names.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/task.html.md"""
 
@@ -35,7 +35,12 @@ class EvalReport:
         m = {f'{prefix}overall': self.overall, f'{prefix}overall_se': self.overall_se}
         for c, v in self.categories.items(): m |= {f'{prefix}{c}': v['score'], f'{prefix}{c}_se': v['se']}
         return m | {f'{prefix}{k}': v for k, v in self.extra.items()}
-    def to_dict(self): return dict(overall=self.overall, overall_se=self.overall_se, n=self.n, categories=self.categories, extra=self.extra)
+
+    def to_dict(self):
+        return dict(
+            overall=self.overall, overall_se=self.overall_se, n=self.n, categories=self.categories, extra=self.extra
+        )
+
     @classmethod
     def from_dict(cls, d): return cls(**{k: d[k] for k in ('overall', 'overall_se', 'n', 'categories', 'extra')})
 
@@ -46,7 +51,8 @@ def mean_se(x) -> tuple[float, float]:
     return float(x.mean()), float(x.std() / math.sqrt(len(x))) if len(x) > 1 else 0.0
 
 def reward_report(scores:torch.Tensor, prompts:list[str], category:Callable|None=None, **extra) -> EvalReport:
-    "An `EvalReport` of per-image `scores` [B]: overall mean ± SE, or the mean over categories when `category` is given."
+    """An `EvalReport` of per-image `scores` [B]: overall mean ± SE, or the mean over categories when `category` is
+    given."""
     if category is None:
         m, se = mean_se(scores)
         return EvalReport(m, se, len(scores), extra=extra)
@@ -79,16 +85,19 @@ class Task:
     evaluate:Callable|None = None    # (images, prompts) -> EvalReport; None: the task has no evaluation
     category:Callable|None = None    # prompt -> category name
     normalise:Callable|None = None   # user prompt -> canonical prompt (ValueError naming what is wrong)
-    describe:Callable|None = None    # (images, prompts) -> [B] str: what the task reads in each image (the app shows it)
+    # (images, prompts) -> [B] str: what the task reads in each image (the app shows it)
+    describe:Callable|None = None
     def __post_init__(self):
         for n in ('train_prompts', 'eval_prompts'):
             v = getattr(self, n)
-            if not v or not all(isinstance(p, str) for p in v): raise ValueError(f"Task {self.name!r}: {n} must be a non-empty list of strings")
+            if not v or not all(isinstance(p, str) for p in v):
+                raise ValueError(f"Task {self.name!r}: {n} must be a non-empty list of strings")
         self.train_prompts, self.eval_prompts = list(self.train_prompts), list(self.eval_prompts)
 
 # %% ../nbs/05b_task.ipynb #0f5f28e8
 def balanced_prompts(prompts:list[str], n:int, seed:int=0, category:Callable|None=None) -> list[str]:
-    "`n` of `prompts`: as many from each category as possible (seeded draws within a category), or cycling without categories."
+    """`n` of `prompts`: as many from each category as possible (seeded draws within a category), or cycling without
+    categories."""
     if category is None: return [prompts[i % len(prompts)] for i in range(n)]
     by_cat = {}
     for p in prompts: by_cat.setdefault(category(p), []).append(p)
@@ -105,46 +114,67 @@ def evaluate_policy(policy:Policy, task:Task,
                     return_images:bool=False,    # also return (images, prompts)
                     progress:bool=False) -> EvalReport | tuple:
     "The task's evaluation of `policy` on `n_images` ODE samples of the evaluation prompts."
-    if task.evaluate is None: raise ValueError(f"task {task.name!r} has no evaluation; turn evaluation off (eval_images=0)")
+    if task.evaluate is None:
+        raise ValueError(f"task {task.name!r} has no evaluation; turn evaluation off (eval_images=0)")
     names = balanced_prompts(task.eval_prompts, n_images, seed, task.category)
-    gen, rcfg = torch.Generator().manual_seed(seed), RolloutConfig(K=K, shift=shift, guidance=guidance, sampler='ode', window_size=0, group_size=1)
+    gen, rcfg = (
+        torch.Generator().manual_seed(seed),
+        RolloutConfig(K=K, shift=shift, guidance=guidance, sampler='ode', window_size=0, group_size=1),
+    )
     images = torch.cat([rollout(policy, names[i:i + batch], rcfg, lambda im, p: torch.zeros(len(p)), gen).images
                         for i in tqdm(range(0, n_images, batch), desc='evaluate', disable=not progress, leave=False)])
     rep = task.evaluate(images, names)
     bad = {k: v for k, v in rep.metrics('').items() if isinstance(v, (int, float)) and not math.isfinite(v)}
-    if bad: raise ValueError(f"task {task.name!r}: the evaluation of {n_images} images gave {', '.join(f'{k} = {v}' for k, v in bad.items())}; "
-                             "an evaluation's scores must be finite")
+    if bad:
+        raise ValueError(
+            f"task {task.name!r}: the evaluation of {n_images} images gave "
+            f"{', '.join(f'{k} = {v}' for k, v in bad.items())}; "
+            "an evaluation's scores must be finite"
+        )
     return (rep, images, names) if return_images else rep
 
 # %% ../nbs/05b_task.ipynb #7b5ca6bb
 GRID_REWARDS = ('partial', 'strict', 'score')
 
 def normalise_grid_prompt(prompt:str) -> str:
-    "Lower case, single spaces, no surrounding punctuation; then the grammar's check (a ValueError naming the unknown words)."
+    """Lower case, single spaces, no surrounding punctuation; then the grammar's check (a ValueError naming the unknown
+    words)."""
     from flowgrpo_nb.world import parse_prompt
     if not isinstance(prompt, str): raise ValueError(f"prompt must be a string, got {prompt!r}")
     p = ' '.join(w.strip(string.punctuation) for w in prompt.lower().split()).strip()
     return parse_prompt(' '.join(p.split())).prompt
 
 def geneval_task(reward:str='partial') -> Task:
-    "The embedded default: train prompts of the grid world, held-out mini-GenEval (strict, per category) as the evaluation."
+    """The embedded default: train prompts of the grid world, held-out mini-GenEval (strict, per category) as the
+    evaluation."""
     from flowgrpo_nb.world import prompt_split, parse_prompt, mini_geneval, geneval_report, MiniGenEvalReward
     from flowgrpo_nb.score import LearnedScore
-    if reward not in GRID_REWARDS: raise ValueError(f"reward={reward!r}: the grid world's rewards are {', '.join(GRID_REWARDS)}")
+
+    if reward not in GRID_REWARDS:
+        raise ValueError(f"reward={reward!r}: the grid world's rewards are {', '.join(GRID_REWARDS)}")
     score = LearnedScore()
     def evaluate(images, prompts):
         rep = geneval_report(mini_geneval(images, prompts)).to_dict()
         cats = {c: dict(score=v['strict'], se=v['strict_se'], n=v['n']) for c, v in rep.items() if c != 'overall'}
         o = rep['overall']
-        return EvalReport(o['strict'], o['strict_se'], o['n'], cats, dict(partial=o['partial'], score=float(score(images, prompts).mean())))
+        return EvalReport(
+            o['strict'], o['strict_se'], o['n'], cats,
+            dict(partial=o['partial'], score=float(score(images, prompts).mean()))
+        )
+
     def describe(images, prompts):
-        return [', '.join(f"{o.colour} {o.shape} ({o.row},{o.col})" for o in s) or 'nothing' for s in mini_geneval(images, prompts).scenes]
+        return [
+            ', '.join(f"{o.colour} {o.shape} ({o.row},{o.col})" for o in s) or 'nothing'
+            for s in mini_geneval(images, prompts).scenes
+        ]
+
     return Task(f'geneval-{reward}', prompt_split('train'), prompt_split('heldout'),
                 score if reward == 'score' else MiniGenEvalReward(reward), evaluate,
                 lambda p: parse_prompt(p).category, normalise_grid_prompt, describe)
 
 # %% ../nbs/05b_task.ipynb #59bd8c95
-MAX_PROMPT_CHARS = 2000  # more than any backend's text encoder reads (T5: 256-512 tokens): a longer line is a file without line breaks
+# more than any backend's text encoder reads (T5: 256-512 tokens): a longer line is a file without line breaks
+MAX_PROMPT_CHARS = 2000
 
 def _text(path:Path) -> str:
     "A prompt file's text; bytes that are not UTF-8 are one ValueError naming the file and the line."
@@ -157,19 +187,33 @@ def _text(path:Path) -> str:
 
 def _check_length(path:Path, line:int, prompt:str, max_words:int|None):
     if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"prompt file {path}, line {line}: a prompt of {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are allowed")
+        raise ValueError(
+            f"prompt file {path}, line {line}: a prompt of {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are "
+            "allowed"
+        )
     if max_words is not None and len(prompt.split()) > max_words:
-        raise ValueError(f"prompt file {path}, line {line}: a prompt of {len(prompt.split())} words; the model reads at most {max_words}")
+        raise ValueError(
+            f"prompt file {path}, line {line}: a prompt of {len(prompt.split())} words; the model reads at most "
+            f"{max_words}"
+        )
 
 # %% ../nbs/05b_task.ipynb #b98c00a3
 def read_prompts(path:str|Path,
-                 max_words:int|None=None,  # the model's limit in words (the tiny model: 8); None: only `MAX_PROMPT_CHARS`
+                 # the model's limit in words (the tiny model: 8); None: only `MAX_PROMPT_CHARS`
+                 max_words:int|None=None,
                 ) -> tuple[list[str], dict]:
     "Prompts of a `.txt` (one per line) or `.jsonl` file (`prompt`, optional `tag`); returns (prompts, {prompt: tag})."
     path = Path(path)
-    if not path.is_file(): raise ValueError(f"prompt file {str(path)!r} does not exist (expected a .txt with one prompt per line or a .jsonl)")
+    if not path.is_file():
+        raise ValueError(
+            f"prompt file {str(path)!r} does not exist (expected a .txt with one prompt per line or a .jsonl)"
+        )
     lines = [(i, l.strip()) for i, l in enumerate(_text(path).split('\n'), 1) if l.strip()]
-    rows = [(i, dict(prompt=l)) for i, l in lines] if path.suffix != '.jsonl' else [(i, _json_row(path, i, l)) for i, l in lines]
+    rows = (
+        [(i, dict(prompt=l)) for i, l in lines]
+        if path.suffix != '.jsonl'
+        else [(i, _json_row(path, i, l)) for i, l in lines]
+    )
     for i, r in rows: _check_length(path, i, r['prompt'], max_words)
     prompts, tags = [r['prompt'] for _, r in rows], {r['prompt']: r['tag'] for _, r in rows if 'tag' in r}
     if not prompts: raise ValueError(f"prompt file {str(path)!r} holds no prompts")
@@ -183,12 +227,16 @@ def _json_row(path:Path, line:int, text:str) -> dict:
     return r
 
 # %% ../nbs/05b_task.ipynb #f08b3d3e
-def prompt_splits(prompts:str|Path, eval_prompts:str|Path|None=None, max_words:int|None=None) -> tuple[list, list, dict]:
+def prompt_splits(
+    prompts: str | Path, eval_prompts: str | Path | None = None, max_words: int | None = None
+) -> tuple[list, list, dict]:
     "(train, eval, tags) from a file (eval = `eval_prompts` or the same file) or a folder with train/test files."
     p = Path(prompts)
     if p.is_dir():
         for tr, te in (('train.txt', 'test.txt'), ('train_metadata.jsonl', 'test_metadata.jsonl')):
-            if (p/tr).exists(): prompts, eval_prompts = p/tr, eval_prompts or ((p/te) if (p/te).exists() else p/tr); break
+            if (p / tr).exists():
+                prompts, eval_prompts = p / tr, eval_prompts or ((p / te) if (p / te).exists() else p / tr)
+                break
         else: raise ValueError(f"prompt folder {str(p)!r} has neither train.txt nor train_metadata.jsonl")
     (train, t1), (test, t2) = read_prompts(prompts, max_words), read_prompts(eval_prompts or prompts, max_words)
     return train, test, t1 | t2
@@ -198,15 +246,24 @@ def _py_reward(spec:str, arg:str):
     "`py:MODULE:FUNCTION`: FUNCTION() returns the reward, checked as a `UserReward`."
     from flowgrpo_nb.rewards import UserReward, call_user, REWARD_CALL
     mod, _, fn = arg.rpartition(':')
-    try: factory = getattr(importlib.import_module(mod), fn)
-    except Exception as e: raise ValueError(f"reward {spec!r}: cannot load {fn!r} from module {mod!r} ({type(e).__name__}: "
-                                            f"{' '.join(str(e).split())}); expected py:MODULE:FUNCTION") from e
+    try:
+        factory = getattr(importlib.import_module(mod), fn)
+    except Exception as e:
+        raise ValueError(
+            f"reward {spec!r}: cannot load {fn!r} from module {mod!r} ({type(e).__name__}: "
+            f"{' '.join(str(e).split())}); expected py:MODULE:FUNCTION"
+        ) from e
     made_by = f"{mod}.{fn}()"
-    return UserReward(call_user(factory, f"reward {spec!r}: {made_by}", f"it to return a callable {REWARD_CALL}"), spec, made_by)
+    return UserReward(
+        call_user(factory, f"reward {spec!r}: {made_by}", f"it to return a callable {REWARD_CALL}"), spec, made_by
+    )
+
 
 def _weights_reward(kind:str, arg:str, device):
     from flowgrpo_nb.rewards import CLIPScore, AestheticScore, AestheticMLP
-    if kind in ('clip', 'pickscore'): return CLIPScore.from_pretrained(arg, device=device, **({'scale': 1 / 26} if kind == 'pickscore' else {}))
+
+    if kind in ('clip', 'pickscore'):
+        return CLIPScore.from_pretrained(arg, device=device, **({'scale': 1 / 26} if kind == 'pickscore' else {}))
     folder, _, head = arg.rpartition(':')
     c = CLIPScore.from_pretrained(folder, device=device)
     return AestheticScore(c.model, c.processor, AestheticMLP.from_file(head), device=device)
@@ -215,14 +272,20 @@ def _one_reward(spec:str, device):
     kind, _, arg = spec.partition(':')
     if kind == 'py': return _py_reward(spec, arg)
     if kind not in ('clip', 'pickscore', 'aesthetic'):
-        raise ValueError(f"reward {spec!r}: expected clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MODULE:FUNCTION or a '+'-sum of them "
-                         f"(the grid world's rewards {', '.join(GRID_REWARDS)} need model='tiny')")
-    try: return _weights_reward(kind, arg, device)
-    except Exception as e: raise ValueError(f"reward {spec!r} cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())})") from e
+        raise ValueError(
+            f"reward {spec!r}: expected clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MODULE:FUNCTION or a '+'-sum "
+            "of them "
+            f"(the grid world's rewards {', '.join(GRID_REWARDS)} need model='tiny')"
+        )
+    try:
+        return _weights_reward(kind, arg, device)
+    except Exception as e:
+        raise ValueError(f"reward {spec!r} cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())})") from e
 
 # %% ../nbs/05b_task.ipynb #5dc37b88
 def reward_from_spec(spec:str, device='cpu') -> Callable:
-    "The reward callable of `spec` (`clip:DIR`, `pickscore:DIR`, `aesthetic:DIR:HEAD`, `py:MODULE:FUNCTION`, `w*spec+...`)."
+    """The reward callable of `spec` (`clip:DIR`, `pickscore:DIR`, `aesthetic:DIR:HEAD`, `py:MODULE:FUNCTION`,
+    `w*spec+...`)."""
     from flowgrpo_nb.rewards import WeightedSum
     parts = [p.strip() for p in spec.split('+')]
     if len(parts) == 1 and '*' not in parts[0]: return _one_reward(parts[0], device)
@@ -236,8 +299,10 @@ def reward_from_spec(spec:str, device='cpu') -> Callable:
     return WeightedSum(comps, weights)
 
 # %% ../nbs/05b_task.ipynb #5553b840
-def reward_task(reward:str|Callable, prompts:str|Path, eval_prompts:str|Path|None=None, device='cpu', name:str|None=None,
-                max_words:int|None=None) -> Task:  # max_words: the model's prompt limit in words (`read_prompts`)
+def reward_task(
+    reward: str | Callable, prompts: str | Path, eval_prompts: str | Path | None = None, device='cpu',
+    name: str | None = None, max_words: int | None = None
+) -> Task:  # max_words: the model's prompt limit in words (`read_prompts`)
     "A task from a prompt file (or folder) and a reward (a spec or a callable); evaluated on that reward."
     from flowgrpo_nb.rewards import Reward, WeightedSum, UserReward, check_finite
     train, test, tags = prompt_splits(prompts, eval_prompts, max_words)
@@ -247,7 +312,8 @@ def reward_task(reward:str|Callable, prompts:str|Path, eval_prompts:str|Path|Non
     category = (lambda p: tags.get(p, 'untagged')) if tags else None
     def evaluate(images, ps):
         scores = fn(images, ps).float().cpu()
-        check_finite(scores, ps, f'the evaluation reward {name!r}')  # names the prompt; evaluate_policy checks the report too
+        # names the prompt; evaluate_policy checks the report too
+        check_finite(scores, ps, f'the evaluation reward {name!r}')
         return reward_report(scores, ps, category)
     return Task(name, train, test, fn, evaluate, category)
 
@@ -258,12 +324,23 @@ def check_task_names(model:str, reward:str, prompts:str|None=None):
     "Raise a ValueError for a model / reward / prompts combination that cannot run."
     if model not in MODELS: raise ValueError(f"model={model!r}: allowed {', '.join(MODELS)}")
     if reward in GRID_REWARDS:
-        if model != 'tiny': raise ValueError(f"reward={reward!r} is the grid world's (32-px images of the tiny model); with model={model!r} "
-                                             f"use a diffusers reward, e.g. reward='clip:DIR' and a prompt file")
-        if prompts: raise ValueError(f"prompts={prompts!r}: the grid world's rewards use the grid world's prompt splits")
-    elif not prompts: raise ValueError(f"reward={reward!r} needs a prompt file (prompts=FILE: one prompt per line, or JSONL with 'prompt')")
+        if model != 'tiny':
+            raise ValueError(
+                f"reward={reward!r} is the grid world's (32-px images of the tiny model); with model={model!r} "
+                f"use a diffusers reward, e.g. reward='clip:DIR' and a prompt file"
+            )
+        if prompts:
+            raise ValueError(f"prompts={prompts!r}: the grid world's rewards use the grid world's prompt splits")
+    elif not prompts:
+        raise ValueError(
+            f"reward={reward!r} needs a prompt file (prompts=FILE: one prompt per line, or JSONL with 'prompt')"
+        )
 
-def load_task(reward:str='partial', prompts:str|None=None, eval_prompts:str|None=None, model:str='tiny', device='cpu') -> Task:
+
+def load_task(
+    reward: str = 'partial', prompts: str | None = None, eval_prompts: str | None = None, model: str = 'tiny',
+    device='cpu'
+) -> Task:
     "The task named by a run config's `reward`, `prompts`, `eval_prompts` (for `model`)."
     check_task_names(model, reward, prompts)
     if reward in GRID_REWARDS: return geneval_task(reward)
@@ -275,20 +352,29 @@ DTYPES = ('auto', 'bfloat16', 'float16', 'float32')
 
 def load_policy(model:str='tiny', model_path:str|None=None, device=None,
                 resolution:int|None=None,   # sd3/flux: image side in pixels (None: 512)
-                dtype:str='auto',           # sd3/flux: weights of transformer and text encoders (auto: bfloat16 on a GPU, else float32)
+                # sd3/flux: weights of transformer and text encoders (auto: bfloat16 on a GPU, else float32)
+                dtype:str='auto',
                 t5:bool=True,               # sd3: load the T5 text encoder (False: run without it)
-                gradient_checkpointing:bool=False) -> Policy:  # sd3/flux: recompute the transformer's blocks in backward (training)
-    "The policy of backend `model`: the shipped tiny model (or the tiny checkpoint `model_path`), or a local SD3 / FLUX folder."
+                # sd3/flux: recompute the transformer's blocks in backward (training)
+                gradient_checkpointing:bool=False) -> Policy:
+    """The policy of backend `model`: the shipped tiny model (or the tiny checkpoint `model_path`), or a local SD3 /
+    FLUX folder."""
     if model not in MODELS: raise ValueError(f"model={model!r}: allowed {', '.join(MODELS)}")
     if dtype not in DTYPES: raise ValueError(f"dtype={dtype!r}: allowed {', '.join(DTYPES)}")
     if model == 'tiny':
-        if gradient_checkpointing: raise ValueError("gradient_checkpointing=True: allowed for the diffusers backends sd3 and flux, not model='tiny'")
+        if gradient_checkpointing:
+            raise ValueError(
+                "gradient_checkpointing=True: allowed for the diffusers backends sd3 and flux, not model='tiny'"
+            )
         from flowgrpo_nb.tiny import load_tiny, TinyPolicy
         return TinyPolicy(load_tiny(model_path).to(device or 'cpu'))
-    if not model_path: raise ValueError(f"model={model!r} needs model_path: the local diffusers folder (save_pretrained)")
+    if not model_path:
+        raise ValueError(f"model={model!r} needs model_path: the local diffusers folder (save_pretrained)")
     from flowgrpo_nb.sd3 import SD3Policy
     from flowgrpo_nb.flux import FluxPolicy
     device = torch.device(device or ('cuda' if torch.cuda.is_available() else 'cpu'))
     dt = getattr(torch, dtype if dtype != 'auto' else 'bfloat16' if device.type == 'cuda' else 'float32')
-    kw = dict(dtype=dt, device=device, resolution=resolution or 512, gradient_checkpointing=gradient_checkpointing) | (dict(t5=t5) if model == 'sd3' else {})
+    kw = dict(dtype=dt, device=device, resolution=resolution or 512, gradient_checkpointing=gradient_checkpointing) | (
+        dict(t5=t5) if model == 'sd3' else {}
+    )
     return (SD3Policy if model == 'sd3' else FluxPolicy).from_pretrained(model_path, **kw)

@@ -1,4 +1,4 @@
-"""A 4M-parameter text-to-image flow model with Stable Diffusion 3's interface, pretrained by rectified flow on the grid world and shipped as an 8 MB checkpoint.
+"""A 4M-parameter text-to-image flow model with Stable Diffusion 3's interface, shipped as an 8 MB checkpoint.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/tiny.html.md"""
 
@@ -109,7 +109,8 @@ class TinyFlowModel(nn.Module):
         return self.text_encoder(tokenize(list(prompts)).to(self.device))
 
     def predict_x0(self, x_t, t, hidden, pooled, net:nn.Module|None=None):
-        "Clean-image estimate from x_t [B, C, H, W] at times t (float or [B]) in [0, 1], by `net` (default: the transformer)."
+        """Clean-image estimate from x_t [B, C, H, W] at times t (float or [B]) in [0, 1], by `net` (default: the
+        transformer)."""
         net = net or self.transformer
         dt = next(net.parameters()).dtype  # (diffusers' `dtype` property walks every parameter)
         t = torch.as_tensor(t, device=x_t.device, dtype=torch.float32).expand(x_t.shape[0])  # [B]
@@ -204,10 +205,12 @@ class TinyPolicy(Policy):
     def _encode(self, prompts): return self.module.encode(prompts)
     def _velocity(self, x, t, embeds, pooled):
         if self.fast and not torch.is_grad_enabled(): return self.module.velocity(x, t, embeds, pooled, self.fast_net())
-        return self.module.velocity(x, t, embeds, pooled)  # with gradient: fp32 on both paths (PPO's ratio needs it: 02_tiny)
+        # with gradient: fp32 on both paths (PPO's ratio needs it: 02_tiny)
+        return self.module.velocity(x, t, embeds, pooled)
     @torch.no_grad()
     def decode(self, x): return to_image(x)
-    def model_version(self): return model_version(self.base_fingerprint())  # the shipped model's version (`model_version`)
+    # the shipped model's version (`model_version`)
+    def model_version(self): return model_version(self.base_fingerprint())
 
 # %% ../nbs/02_tiny.ipynb #b3901ac0
 def gelu_tanh(x:torch.Tensor, chunk:int=1 << 17) -> torch.Tensor:
@@ -226,7 +229,8 @@ class FastGELU(nn.Module):
 
 # %% ../nbs/02_tiny.ipynb #2ebdb921
 class JointAttention:
-    "SD3's joint attention over short sequences: one product pair, fp32 softmax, contiguous outputs for the projections."
+    """SD3's joint attention over short sequences: one product pair, fp32 softmax, contiguous outputs for the
+    projections."""
     def _qkv(self, attn, x, c) -> torch.Tensor:  # [B, L, 3 D] over the image tokens, then the text tokens
         if hasattr(attn, 'to_qkv'): return torch.cat([attn.to_qkv(x), attn.to_added_qkv(c)], 1)
         img, txt = (attn.to_q, attn.to_k, attn.to_v), (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
@@ -281,7 +285,10 @@ def load_adapter(net:nn.Module, transformer:nn.Module, on:bool=True):
 @patch
 def set_fast(self:TinyPolicy, on:bool=True) -> TinyPolicy:
     "Fast path on (bf16 copy without gradient, fp32 with it, `JointAttention`) or off (the model as loaded)."
-    if not isinstance(on, bool): raise ValueError(f"set_fast: on={on!r}: allowed True or False (resolve fast='auto' with precision.resolve_fast)")
+    if not isinstance(on, bool):
+        raise ValueError(
+            f"set_fast: on={on!r}: allowed True or False (resolve fast='auto' with precision.resolve_fast)"
+        )
     if any(b.attn.norm_q is not None for b in self.transformer.transformer_blocks):
         raise ValueError("set_fast: JointAttention has no q/k normalisation; this transformer uses one")
     self.fast, self._fast = bool(on), None
@@ -365,7 +372,9 @@ def pretrain(run_dir:str|Path='pretrain_run',  # run folder: checkpoints and log
              config:TinyConfig|None=None,
              progress:bool=True) -> TinyFlowModel:
     "Rectified-flow pretraining on the world's training prompts; returns the model carrying the EMA weights."
-    for name, v in dict(steps=steps, batch_size=batch_size, warmup=warmup, save_every=save_every, keep_last=keep_last).items():
+    for name, v in dict(
+        steps=steps, batch_size=batch_size, warmup=warmup, save_every=save_every, keep_last=keep_last
+    ).items():
         if v < 1: raise ValueError(f"{name}={v!r}: must be >= 1")
     if not 0 <= p_uncond < 1: raise ValueError(f"p_uncond={p_uncond!r}: must be in [0, 1)")
     if threads: torch.set_num_threads(threads)
@@ -430,10 +439,12 @@ def tiny_meta(path:str|Path|None=None) -> dict:
     return json.loads(path.with_suffix('.json').read_text())
 
 # %% ../nbs/02_tiny.ipynb #82a96a81
-PAST_VERSIONS = {'8a08eb5dc3ac2812': 1}  # base fingerprints of the tiny models shipped before the current one: their version
+# base fingerprints of the tiny models shipped before the current one: their version
+PAST_VERSIONS = {'8a08eb5dc3ac2812': 1}
 
 def model_version(fingerprint:str|None) -> int|None:
-    "The version of the shipped tiny model whose base weights have `fingerprint` (the current one or an earlier one); None: another model."
+    """The version of the shipped tiny model whose base weights have `fingerprint` (the current one or an earlier one);
+    None: another model."""
     if fingerprint is None: return None
     if fingerprint == _shipped_fingerprint(): return tiny_meta().get('version', 1)
     return PAST_VERSIONS.get(fingerprint)
@@ -449,4 +460,5 @@ def pretrain_cli(run_dir:str='pretrain_run',  # run folder (resumes from it)
                  threads:int=1,        # torch CPU threads (1 is fastest on a busy machine)
                  save_every:int=100):  # steps between checkpoints
     "Pretrain the tiny model (`flowgrpo pretrain`)."
-    with resumable(run_dir): pretrain(run_dir, steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads, save_every=save_every)
+    with resumable(run_dir):
+        pretrain(run_dir, steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads, save_every=save_every)

@@ -1,4 +1,4 @@
-"""`GRPOTrainer`: LoRA fine-tuning of a flow policy on a task with any of the four credit rules — the GRPO loop first, then its checkpoints, evaluation and command line.
+"""`GRPOTrainer`: LoRA fine-tuning of a flow policy with any of the credit rules.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/train.html.md"""
 
@@ -23,10 +23,15 @@ from .rollout import rollout, step_values, logprob_pairs, ppo_loss, kl_to_refere
 from .update import chunked_ppo_backward, step_grad_norms
 from .credit import METHODS, compute_credit, calibrate_exploration, Calibration, credit_stats
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
-from .config import GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker, tracker_kwargs
+from flowgrpo_nb.config import (
+    GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker,
+    tracker_kwargs
+)
 from .precision import resolve_fast, path_name
-from .checkpoint import (write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint, clean_interrupted,
-                                    flatten_optimizer, unflatten_optimizer, MetricsLog, check_output_dir, RunFolder, resumable)
+from flowgrpo_nb.checkpoint import (
+    write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint, clean_interrupted, flatten_optimizer,
+    unflatten_optimizer, MetricsLog, check_output_dir, RunFolder, resumable
+)
 
 # %% ../nbs/06_train.ipynb #c31c22a1
 def step_prompts(cfg:GRPOConfig, step:int, prompts:list[str],
@@ -51,7 +56,8 @@ class GRPOTrainer:
     def __init__(self, cfg:GRPOConfig,          # the run's config
                  run_dir:str|Path,              # run folder: config, logs, checkpoints, summary
                  policy:Policy|None=None,       # default: `load_policy(**cfg.backend())`
-                 task:Task|None=None,           # default: `load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)`
+                 # default: `load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)`
+                 task:Task|None=None,
                  resume:bool=False,             # continue from the newest checkpoint of `run_dir`
                  accelerator=None,              # default: a new `accelerate.Accelerator`
                  progress:bool=True):           # tqdm bar
@@ -61,7 +67,8 @@ class GRPOTrainer:
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), project_dir=str(run_dir),
                                               log_with=tracker(cfg.log_with))
         self._check_sizes()
-        self.lock = self.folder.lock() if self.acc.is_main_process else None  # another writer of the folder: refused here
+        # another writer of the folder: refused here
+        self.lock = self.folder.lock() if self.acc.is_main_process else None
         try:
             self._check_run_dir(resume)
             self.task = task or load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)
@@ -84,7 +91,8 @@ def _init_state(self:GRPOTrainer, resume:bool):
     torch.manual_seed(cfg.seed)
     self.policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     self.params = self.policy.trainable_parameters()
-    check_output_dir(self.run_dir, need_bytes=4 * sum(p.numel() * 4 for p in self.params) + 2**20)  # adapter, Adam moments, EMA
+    # adapter, Adam moments, EMA
+    check_output_dir(self.run_dir, need_bytes=4 * sum(p.numel() * 4 for p in self.params) + 2**20)
     self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     self.ema = ema_of(self.params, cfg.ema_decay) if cfg.ema else None
     self.step, self.psi, self.calibration, self.calibration_record, self.history = 0, None, None, None, []
@@ -92,7 +100,9 @@ def _init_state(self:GRPOTrainer, resume:bool):
     if self.acc.is_main_process: self.folder.clean_interrupted()
     self.load(self.folder.latest_checkpoint()) if resume else self._start_run_dir()
     if self.acc.trackers == [] and cfg.log_with != 'none':
-        self.acc.init_trackers('grpo', {k: str(v) for k, v in cfg.to_dict().items()}, tracker_kwargs(cfg.log_with, self.run_dir))
+        self.acc.init_trackers(
+            'grpo', {k: str(v) for k, v in cfg.to_dict().items()}, tracker_kwargs(cfg.log_with, self.run_dir)
+        )
 
 # %% ../nbs/06_train.ipynb #f54384c7
 @patch
@@ -102,8 +112,11 @@ def _precision(self:GRPOTrainer, resume:bool) -> tuple[GRPOConfig, str]:
     if resume and cfg.fast == 'auto':
         ran, (mine, why) = run_config(self.folder).fast, resolve_fast('auto', cfg.model)
         if ran != mine:
-            warnings.warn(f"{self.run_dir} started on the {path_name(ran)} path and resumes on it; this machine would choose the "
-                          f"{path_name(mine)} one ({why}): start a new run with --set fast={str(mine).lower()} to use it", stacklevel=3)
+            warnings.warn(
+                f"{self.run_dir} started on the {path_name(ran)} path and resumes on it; this machine would choose the "
+                f"{path_name(mine)} one ({why}): start a new run with --set fast={str(mine).lower()} to use it",
+                stacklevel=3,
+            )
         cfg.fast, why = ran, f"the path the run started on (fast=auto here: {why})"
     else: cfg.fast, why = resolve_fast(cfg.fast, cfg.model)
     return cfg, why
@@ -114,14 +127,19 @@ def collect(self:GRPOTrainer, step:int) -> dict:
     "Roll out, value and credit the batch of `step`; returns the local rollout, advantages and statistics."
     cfg, pol, times = self.cfg, self.policy, {}
     with pol.count_nfe('rollout') as n_ro, timed(times, 'rollout'):
-        ro = rollout(pol, step_prompts(cfg, step, self.task.train_prompts, self.task.category), cfg.rollout_config(step), self.task.reward,
-                     step_generator(cfg, step), psi=self.psi, rows=self.rows())
+        ro = rollout(
+            pol, step_prompts(cfg, step, self.task.train_prompts, self.task.category), cfg.rollout_config(step),
+            self.task.reward, step_generator(cfg, step), psi=self.psi, rows=self.rows()
+        )
     with timed(times, 'values'):
         if cfg.lookahead is None: V = torch.cat([torch.zeros(ro.B, ro.K), ro.reward[:, None].cpu()], 1)
         else:
             with pol.count_nfe('lookahead') as n_la: V = step_values(pol, ro, cfg.lookahead, self.task.reward).V.cpu()
     with timed(times, 'credit'):
-        V_all, group_all = self.acc.gather(V.to(self.acc.device)).cpu(), self.acc.gather(ro.group.to(self.acc.device)).cpu()
+        V_all, group_all = (
+            self.acc.gather(V.to(self.acc.device)).cpu(),
+            self.acc.gather(ro.group.to(self.acc.device)).cpu(),
+        )
         credit = compute_credit(V_all, group_all, ro.trained.cpu(), cfg.credit_config())
         loss = cfg.loss_steps(step)
         A = torch.where(loss, credit.advantages, 0.)  # steps outside train_start/train_size explore but get no loss
@@ -142,7 +160,9 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
     "`updates_per_rollout` optimizer steps on this process's rollout `ro` with advantages `A` [B, K]."
     cfg, pol = self.cfg, self.policy
     ks = ro.trained.nonzero().flatten().cpu().tolist()
-    stats = dict(loss=[], clipfrac=[], approx_kl=[], kl=[], grad_norm=[], skipped=[], ratio_mean=[], ratio_std=[], lr=[])
+    stats = dict(
+        loss=[], clipfrac=[], approx_kl=[], kl=[], grad_norm=[], skipped=[], ratio_mean=[], ratio_std=[], lr=[]
+    )
     before = [p.detach().clone() for p in self.params]
     chunks = torch.arange(ro.B).chunk(cfg.updates_per_rollout)
     old = self._current_logprobs(ro, A, ks, torch.cat(chunks[1:])) if pol.fast and len(chunks) > 1 else ro.log_prob
@@ -154,8 +174,11 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
             if p.grad is None: p.grad = torch.zeros_like(p)  # every pair skipped: a zero gradient, as without the skip
         self._average_gradients()
         gn = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
-        if not math.isfinite(gn): raise ValueError(f"the gradient norm is {gn} (loss {stats['loss'][-1]}); try a smaller lr "
-                                                   f"(now {cfg.lr}) or clip_range; the adapter was not updated")
+        if not math.isfinite(gn):
+            raise ValueError(
+                f"the gradient norm is {gn} (loss {stats['loss'][-1]}); try a smaller lr "
+                f"(now {cfg.lr}) or clip_range; the adapter was not updated"
+            )
         stats['grad_norm'].append(gn)
         for g in self.opt.param_groups: g['lr'] = lr_at(cfg, self.step * cfg.updates_per_rollout + u)
         stats['lr'].append(self.opt.param_groups[0]['lr'])
@@ -176,7 +199,8 @@ def _pairs(self:GRPOTrainer, A, ks, mb) -> tuple:
 
 @patch
 def _current_logprobs(self:GRPOTrainer, ro, A, ks, rows) -> torch.Tensor:
-    "[B, K] log-probs of the pairs of `rows` the update evaluates, under the current weights and the update's own network path."
+    """[B, K] log-probs of the pairs of `rows` the update evaluates, under the current weights and the update's own
+    network path."""
     old = torch.zeros_like(ro.log_prob)
     for mb in rows.split(self.cfg.minibatch):
         _, _, _, ii, kk = self._pairs(A, ks, mb)
@@ -185,7 +209,8 @@ def _current_logprobs(self:GRPOTrainer, ro, A, ks, rows) -> torch.Tensor:
 
 @patch
 def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|None):
-    "Loss and backward pass of minibatch `mb` (rows) on trained steps `ks`; old log-probs `old_lp` [B, K] (None: this pass's own)."
+    """Loss and backward pass of minibatch `mb` (rows) on trained steps `ks`; old log-probs `old_lp` [B, K] (None: this
+    pass's own)."""
     cfg, pol = self.cfg, self.policy
     keep, bi, ki, ii, kk = self._pairs(A, ks, mb)
     stats['skipped'].append(1 - keep.float().mean().item())
@@ -193,7 +218,8 @@ def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|
     if 0 < cfg.backward_pairs < len(ii):  # at most backward_pairs pairs per graph (05d_update): the same gradient
         r = chunked_ppo_backward(pol, ro, ii, kk, old_lp, A[mb][:, ks][bi, ki], cfg.clip_range, cfg.beta, keep.numel(),
                                  cfg.backward_pairs, lambda loss: self.acc.backward(loss / n_mb))
-        for k in ('loss', 'clipfrac', 'approx_kl', 'ratio_mean', 'ratio_std') + ('kl',) * (cfg.beta > 0): stats.setdefault(k, []).append(r[k])
+        for k in ('loss', 'clipfrac', 'approx_kl', 'ratio_mean', 'ratio_std') + ('kl',) * (cfg.beta > 0):
+            stats.setdefault(k, []).append(r[k])
         return
     out = logprob_pairs(pol, ro, ii, kk)                # fields [n]
     old = out.log_prob.detach() if old_lp is None else old_lp[ii, kk]
@@ -207,32 +233,39 @@ def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|
         loss = loss + cfg.beta * kl.mean()
         stats['kl'].append(kl.mean().item())
     self.acc.backward(loss / n_mb)
-    stats['loss'].append(loss.item()); stats['clipfrac'].append(((ratio.detach() - 1).abs() > cfg.clip_range).float().mean().item())
+    stats['loss'].append(loss.item())
+    stats['clipfrac'].append(((ratio.detach() - 1).abs() > cfg.clip_range).float().mean().item())
     stats['approx_kl'].append(0.5 * ((out.log_prob.detach() - old) ** 2).mean().item())
     r = ratio.detach().float()
-    stats.setdefault('ratio_mean', []).append(r.mean().item()); stats.setdefault('ratio_std', []).append(r.std().item() if r.numel() > 1 else 0.0)
+    stats.setdefault('ratio_mean', []).append(r.mean().item())
+    stats.setdefault('ratio_std', []).append(r.std().item() if r.numel() > 1 else 0.0)
 
 
 # %% ../nbs/06_train.ipynb #a908fa16
 @patch
 def grad_shares(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
     "{grad_share_<k>: share of step k's gradient norm in the sum over trained steps}, on the first minibatch."
-    norms = step_grad_norms(self.policy, ro, A, torch.arange(ro.B)[:self.cfg.minibatch], self.cfg.clip_range, self.cfg.backward_pairs,
-                            self.params, lambda: self.opt.zero_grad(set_to_none=True))
+    norms = step_grad_norms(
+        self.policy, ro, A, torch.arange(ro.B)[: self.cfg.minibatch], self.cfg.clip_range, self.cfg.backward_pairs,
+        self.params, lambda: self.opt.zero_grad(set_to_none=True)
+    )
     total = sum(norms.values()) or 1.0
     return {f'grad_share_{k}': n / total for k, n in norms.items()}
 
 # %% ../nbs/06_train.ipynb #ccc7b614
 @patch
 def kl_to_base(self:GRPOTrainer, ro) -> float:
-    "Mean KL of the trained steps' Gaussians to the adapter-free reference's, on the first minibatch, current weights, no gradient."
+    """Mean KL of the trained steps' Gaussians to the adapter-free reference's, on the first minibatch, current weights,
+    no gradient."""
     mb, ks = torch.arange(ro.B)[:self.cfg.minibatch], ro.trained.nonzero().flatten().cpu()
     ii, kk, pol = mb.repeat_interleave(len(ks)), ks.repeat(len(mb)), self.policy
     with torch.no_grad():
         out = logprob_pairs(pol, ro, ii, kk)
         with pol.disable_adapter(): ref = logprob_pairs(pol, ro, ii, kk)
     shape = (len(mb), len(ks))
-    return float(kl_to_reference(out.mean.unflatten(0, shape), ref.mean.unflatten(0, shape), out.std.unflatten(0, shape)).mean())
+    return float(
+        kl_to_reference(out.mean.unflatten(0, shape), ref.mean.unflatten(0, shape), out.std.unflatten(0, shape)).mean()
+    )
 
 # %% ../nbs/06_train.ipynb #f2d86f17
 @patch
@@ -258,7 +291,10 @@ def train_step(self:GRPOTrainer) -> dict:
             with timed(times, 'update'): up = self.update(c['rollout'], c['advantages'])
     except ValueError as e:
         saved = self.save() if self.step > 0 else None  # the state before this step, so nothing is lost
-        raise ValueError(f"step {self.step}: {e} ({f'the state before this step is saved in {saved}' if saved else 'no checkpoint was written'})") from e
+        raise ValueError(
+            f"step {self.step}: {e} "
+            f"({f'the state before this step is saved in {saved}' if saved else 'no checkpoint was written'})"
+        ) from e
     self.step += 1
     for k in ('sec', 'cpu'): times[f'{k}_step'] -= diag.get(f'{k}_diag', 0.0)  # the diagnostic is not the method's cost
     return {**c['stats'], **up, **c['times'], **times, **diag}
@@ -269,11 +305,16 @@ def train(self:GRPOTrainer) -> dict:
     "Run (or continue) training to `cfg.steps`; returns the summary also written to summary.json."
     cfg = self.cfg
     if self.lock is not None and not self.lock.held: self.lock = self.folder.lock()  # a second `train` of this trainer
-    if self.progress and self.acc.is_main_process: tqdm.write(f"{self.run_dir}: {self.precision['path']} path ({self.precision['why']})")
+    if self.progress and self.acc.is_main_process:
+        tqdm.write(f"{self.run_dir}: {self.precision['path']} path ({self.precision['why']})")
     try:
         if cfg.calibrate and self.psi is None: self.calibrate()
-        if self.step == 0 and not self.history and self.evaluates and cfg.eval_start: self.log(self.eval_metrics() | dict(sec_total=0.0))
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.method, disable=not (self.progress and self.acc.is_main_process))
+        if self.step == 0 and not self.history and self.evaluates and cfg.eval_start:
+            self.log(self.eval_metrics() | dict(sec_total=0.0))
+        bar = tqdm(
+            total=cfg.steps, initial=self.step, desc=cfg.method,
+            disable=not (self.progress and self.acc.is_main_process)
+        )
         while self.step < cfg.steps:
             m = self.train_step()
             if self.evaluates and ((cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps):
@@ -281,7 +322,10 @@ def train(self:GRPOTrainer) -> dict:
                 self._warn_collapse(m['eval_overall'])
             m['sec_total'] = (self.history[-1].get('sec_total', 0.0) if self.history else 0.0) + m['sec_step']
             self.log(m)
-            bar.update(1); bar.set_postfix(reward=f"{m['reward']:.3f}", **({'eval': f"{m['eval_overall']:.3f}"} if 'eval_overall' in m else {}))
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{m['reward']:.3f}", **({'eval': f"{m['eval_overall']:.3f}"} if 'eval_overall' in m else {})
+            )
             if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == cfg.steps: self.save()
         bar.close()
         return self.summary()
@@ -293,7 +337,10 @@ def train(self:GRPOTrainer) -> dict:
 def calibrate(self:GRPOTrainer) -> Calibration:
     "Calibrate the per-step noise scales psi(k) and keep them for the training rollouts."
     cfg, prompts = self.cfg, self.task.train_prompts
-    P, rcfg, t = max(1, math.ceil(cfg.calib_samples / cfg.group_size)), cfg.rollout_config(), self.policy.sigmas(cfg.K, cfg.shift)
+    P, rcfg, t = (
+        max(1, math.ceil(cfg.calib_samples / cfg.group_size)), cfg.rollout_config(),
+        self.policy.sigmas(cfg.K, cfg.shift)
+    )
     calls = iter(range(10**9))
     def dense_rewards(psi):
         i = next(calls)
@@ -302,14 +349,20 @@ def calibrate(self:GRPOTrainer) -> Calibration:
         V = step_values(self.policy, ro, 'ode:rest', self.task.reward).V.cpu()
         return V[:, 1:] - V[:, :-1]
     if self.progress and self.acc.is_main_process:
-        tqdm.write(f"calibrating psi(k): {cfg.calib_iters} rounds of {P * cfg.group_size} rollouts with ode:rest values")
+        tqdm.write(
+            f"calibrating psi(k): {cfg.calib_iters} rounds of {P * cfg.group_size} rollouts with ode:rest values"
+        )
     times, nfe0 = {}, sum(self.policy.nfe.nfe.values())  # every phase: the rollouts and values inside book their own
     with timed(times, 'calibration'):
-        self.calibration = calibrate_exploration(dense_rewards, flow_sde_scale(t[:-1], t[1:], cfg.level), cfg.calib_iters,
-                                                 cfg.calib_eps1, cfg.calib_eps2, trained=rcfg.trained,
-                                                 no_signal=cfg.calib_no_signal, stop=cfg.calib_stop)
-    cost = dict(rounds=len(self.calibration.history), rollouts=len(self.calibration.history) * P * cfg.group_size, nfe=sum(self.policy.nfe.nfe.values()) - nfe0, seconds=times['sec_calibration'],
-                cpu_seconds=times['cpu_calibration'])
+        self.calibration = calibrate_exploration(
+            dense_rewards, flow_sde_scale(t[:-1], t[1:], cfg.level), cfg.calib_iters, cfg.calib_eps1, cfg.calib_eps2,
+            trained=rcfg.trained, no_signal=cfg.calib_no_signal, stop=cfg.calib_stop
+        )
+    cost = dict(
+        rounds=len(self.calibration.history), rollouts=len(self.calibration.history) * P * cfg.group_size,
+        nfe=sum(self.policy.nfe.nfe.values()) - nfe0, seconds=times['sec_calibration'],
+        cpu_seconds=times['cpu_calibration']
+    )
     self.psi, self.calibration_record = self.calibration.psi, self.calibration.to_dict() | dict(cost=cost)
     if self.acc.is_main_process: self.folder.write('calibration', {**self.calibration_record, 'sigmas': t.tolist()})
     return self.calibration
@@ -320,25 +373,38 @@ def _check_sizes(self:GRPOTrainer):
     "The batch must split evenly over processes, updates and minibatches."
     cfg, n = self.cfg, self.acc.num_processes
     if cfg.batch_size % n:
-        raise ValueError(f"prompts_per_step x group_size = {cfg.prompts_per_step} x {cfg.group_size} = {cfg.batch_size} "
-                         f"samples do not divide over {n} processes")
+        raise ValueError(
+            f"prompts_per_step x group_size = {cfg.prompts_per_step} x {cfg.group_size} = {cfg.batch_size} "
+            f"samples do not divide over {n} processes"
+        )
     local = cfg.batch_size // n
     if local % cfg.updates_per_rollout or (local // cfg.updates_per_rollout) % cfg.minibatch:
-        raise ValueError(f"each process's {local} samples must split into updates_per_rollout={cfg.updates_per_rollout} "
-                         f"updates of whole minibatches of {cfg.minibatch}")
+        raise ValueError(
+            f"each process's {local} samples must split into updates_per_rollout={cfg.updates_per_rollout} "
+            f"updates of whole minibatches of {cfg.minibatch}"
+        )
 
 # %% ../nbs/06_train.ipynb #9770d87e
 @patch
 def _check_run_dir(self:GRPOTrainer, resume:bool):
-    "Refuse to mix runs: resume needs a run with a checkpoint and the same config; a new run needs a folder without checkpoints."
+    """Refuse to mix runs: resume needs a run with a checkpoint and the same config; a new run needs a folder without
+    checkpoints."""
     ckpts = self.folder.checkpoints()
     if resume:
-        if not ckpts: raise ValueError(f"resume: {self.run_dir} has no checkpoint to resume from; run without --resume to start it anew")
+        if not ckpts:
+            raise ValueError(
+                f"resume: {self.run_dir} has no checkpoint to resume from; run without --resume to start it anew"
+            )
         diff = config_diff(run := run_config(self.folder), self.cfg)
-        if run.lr_schedule != 'constant' and run.steps != self.cfg.steps: diff['steps'] = (run.steps, self.cfg.steps)  # it decays over `steps`
+        # it decays over `steps`
+        if run.lr_schedule != 'constant' and run.steps != self.cfg.steps: diff['steps'] = (run.steps, self.cfg.steps)
         if diff: raise ValueError(f"resume: {self.run_dir} was run with another config; differing fields: " +
                                   ', '.join(f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in diff.items()))
-    elif ckpts: raise ValueError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it or choose another folder")
+    elif ckpts:
+        raise ValueError(
+            f"{self.run_dir} already holds checkpoints; pass --resume to continue it or choose another folder"
+        )
+
 
 @patch
 def _start_run_dir(self:GRPOTrainer):
@@ -352,7 +418,8 @@ def _start_run_dir(self:GRPOTrainer):
 # %% ../nbs/06_train.ipynb #2204ed1d
 @patch
 def save_adapter(self:GRPOTrainer, path:Path):
-    "Write the adapter a user loads (diffusers' LoRA format) to the folder `path`: the EMA's weights when the run keeps one."
+    """Write the adapter a user loads (diffusers' LoRA format) to the folder `path`: the EMA's weights when the run
+    keeps one."""
     with ema_weights(self.ema, self.params): self.policy.save_lora(path)
 
 @patch
@@ -361,11 +428,15 @@ def save(self:GRPOTrainer) -> Path|None:
     self.acc.wait_for_everyone()
     if not self.acc.is_main_process: return None
     tensors, meta = flatten_optimizer(self.opt)
-    state = dict(step=self.step, psi=None if self.psi is None else self.psi.tolist(), calibration=self.calibration_record)
-    files = {'pytorch_lora_weights.safetensors': self.save_adapter,
-             'optimizer.safetensors': tensors, 'optimizer.json': meta, 'rng.safetensors': {'torch': torch.get_rng_state()},
-             'config.json': self.cfg.to_dict()}
-    if self.ema is not None:  # the LoRA file holds the EMA (what was evaluated); the adapter being trained goes beside it
+    state = dict(
+        step=self.step, psi=None if self.psi is None else self.psi.tolist(), calibration=self.calibration_record
+    )
+    files = {
+        'pytorch_lora_weights.safetensors': self.save_adapter, 'optimizer.safetensors': tensors,
+        'optimizer.json': meta, 'rng.safetensors': {'torch': torch.get_rng_state()}, 'config.json': self.cfg.to_dict()
+    }
+    # the LoRA file holds the EMA (what was evaluated); the adapter being trained goes beside it
+    if self.ema is not None:
         files['live.safetensors'] = {f'{i}': p.detach().contiguous() for i, p in enumerate(self.params)}
         state['ema_steps'] = self.ema.optimization_step
     return self.folder.write_checkpoint(self.step, files | {'state.json': state}, self.cfg.keep_last)
@@ -381,7 +452,8 @@ def load(self:GRPOTrainer, ckpt:Path):
     st = d['state.json']
     self.step, self.psi = st['step'], None if st['psi'] is None else torch.tensor(st['psi'])
     self.calibration_record = st.get('calibration')
-    if self.ema is not None:  # the LoRA file holds the EMA and live.safetensors the live adapter (before: ema.safetensors the EMA)
+    # the LoRA file holds the EMA and live.safetensors the live adapter (before: ema.safetensors the EMA)
+    if self.ema is not None:
         live = d.get('live.safetensors')
         for i, (p, e) in enumerate(zip(self.params, self.ema.shadow_params)):
             if live is not None: e.data.copy_(p.data); p.data.copy_(live[str(i)])
@@ -400,13 +472,18 @@ def check_base(run_dir:str|Path|RunFolder, fingerprint:str, what:str='load'):
                          f"of this model: {fingerprint}); load the base model the run was trained on")
 
 def load_run_policy(run:str|Path|RunFolder,   # a trainer run folder (config.json + checkpoints/)
-                    policy:Policy|None=None,  # the base policy without adapter (default: `load_policy` of the run's config)
+                    # the base policy without adapter (default: `load_policy` of the run's config)
+                    policy:Policy|None=None,
                     device=None) -> tuple[Policy, GRPOConfig, Path]:  # (policy, run config, checkpoint)
     "The policy of a trainer run's newest intact checkpoint."
     run = RunFolder(run)
     cfg = run_config(run)
     ckpt = run.latest_checkpoint()  # verifies every checksum, skipping a corrupt newest checkpoint with a warning
-    if ckpt is None: raise ValueError(f"run={str(run.path)!r}: no checkpoint under {run.path/'checkpoints'} (the run stopped before its first one)")
+    if ckpt is None:
+        raise ValueError(
+            f"run={str(run.path)!r}: no checkpoint under {run.path / 'checkpoints'} (the run stopped before its first "
+            "one)"
+        )
     policy = policy or load_policy(device=device, **cfg.backend())
     check_base(run, policy.base_fingerprint())
     policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
@@ -432,13 +509,19 @@ def evaluate(self:GRPOTrainer, n_images:int|None=None, **kw) -> EvalReport:
 
 @patch
 def eval_metrics(self:GRPOTrainer) -> dict:
-    "The evaluation's metrics for the log; an evaluation that fails (a NaN score) stops the run, naming the step, and is not logged."
+    """The evaluation's metrics for the log; an evaluation that fails (a NaN score) stops the run, naming the step, and
+    is not logged."""
     try: return self.evaluate().metrics()
     except ValueError as e:
         kept = self.folder.checkpoints()
-        raise ValueError(f"evaluation at step {self.step}: {e}; nothing of this evaluation was recorded and the run stopped"
-                         + (f" (its checkpoints up to {kept[-1].name} are kept: resuming continues from there)" if kept
-                            else " before its first checkpoint")) from e
+        raise ValueError(
+            f"evaluation at step {self.step}: {e}; nothing of this evaluation was recorded and the run stopped"
+            + (
+                f" (its checkpoints up to {kept[-1].name} are kept: resuming continues from there)"
+                if kept
+                else " before its first checkpoint"
+            )
+        ) from e
 
 # %% ../nbs/06_train.ipynb #d9b13871
 @patch
@@ -455,15 +538,25 @@ def summary(self:GRPOTrainer) -> dict:
     evals = [h for h in self.history if 'eval_overall' in h]
     steps = [h for h in self.history if 'sec_step' in h]
     med = lambda k: float(np.median([h[k] for h in steps])) if steps and k in steps[0] else None
-    s = dict(method=self.cfg.method, task=self.task.name, steps=self.step, final=evals[-1] if evals else None, base=evals[0] if evals else None,
-             curve=[dict(step=h['step'], seconds=h.get('sec_total', 0.0), eval=h['eval_overall'], se=h['eval_overall_se']) for h in evals],
-             reward_curve=[dict(step=h['step'], seconds=h['sec_total'], reward=h['reward']) for h in steps],
-             nfe_per_sample=dict(rollout=med('nfe_rollout'), lookahead=med('nfe_lookahead')),
-             seconds_per_step={k: med(f'sec_{k}') for k in (*PHASES, 'step')},
-             cpu_seconds_per_step={k: med(f'cpu_{k}') for k in (*PHASES, 'step')},
-             psi=None if self.psi is None else self.psi.tolist(),
-             calibration_cost=(self.calibration_record or {}).get('cost'), precision=self.precision,
-             collapse=collapse([(h['step'], h['eval_overall']) for h in evals]))
+    s = dict(
+        method=self.cfg.method,
+        task=self.task.name,
+        steps=self.step,
+        final=evals[-1] if evals else None,
+        base=evals[0] if evals else None,
+        curve=[
+            dict(step=h['step'], seconds=h.get('sec_total', 0.0), eval=h['eval_overall'], se=h['eval_overall_se'])
+            for h in evals
+        ],
+        reward_curve=[dict(step=h['step'], seconds=h['sec_total'], reward=h['reward']) for h in steps],
+        nfe_per_sample=dict(rollout=med('nfe_rollout'), lookahead=med('nfe_lookahead')),
+        seconds_per_step={k: med(f'sec_{k}') for k in (*PHASES, 'step')},
+        cpu_seconds_per_step={k: med(f'cpu_{k}') for k in (*PHASES, 'step')},
+        psi=None if self.psi is None else self.psi.tolist(),
+        calibration_cost=(self.calibration_record or {}).get('cost'),
+        precision=self.precision,
+        collapse=collapse([(h['step'], h['eval_overall']) for h in evals]),
+    )
     if self.acc.is_main_process: self.folder.write('summary', s)
     return s
 
@@ -473,36 +566,49 @@ def _warn_collapse(self:GRPOTrainer, score:float):
     "One line when the evaluation just logged is the run's first collapse."
     c = collapse([(h['step'], h['eval_overall']) for h in self.history if 'eval_overall' in h] + [(self.step, score)])
     if c and c['step'] == self.step:
-        warnings.warn(f"{self.run_dir}: step {c['step']}: the held-out score {c['score']:.3f} is {c['drop']:.3f} below its best "
-                      f"{c['best']:.3f} (step {c['best_step']}), a collapse (a drop of more than {COLLAPSE_DROP}); see grad_norm, "
-                      "update_norm, ratio_std and zero_spread in metrics.jsonl", stacklevel=2)
+        warnings.warn(
+            f"{self.run_dir}: step {c['step']}: the held-out score {c['score']:.3f} is {c['drop']:.3f} below its best "
+            f"{c['best']:.3f} (step {c['best_step']}), a collapse (a drop of more than {COLLAPSE_DROP}); see "
+            "grad_norm, "
+            "update_norm, ratio_std and zero_spread in metrics.jsonl",
+            stacklevel=2,
+        )
 
 # %% ../nbs/06_train.ipynb #557c638f
 def _cli_config(preset, set, **names) -> GRPOConfig:
     over = parse_overrides(set)
     for k, v in names.items():
         if v is not None:
-            if k in over and over[k] != v: raise ValueError(f"{k} is given twice: --{k.replace('_', '-')} {v!r} and --set {k}={over[k]!r}")
+            if k in over and over[k] != v:
+                raise ValueError(f"{k} is given twice: --{k.replace('_', '-')} {v!r} and --set {k}={over[k]!r}")
             over[k] = v
     return preset_config(preset, **over)
 
 @call_parse
-def train_cli(preset:str='flow_grpo',   # preset(s) joined by '+' (`flowgrpo_nb.config.PRESETS`): flow_grpo, flow_grpo_early, mix_grpo, stepwise, stepwise_ode, dense, dense_early, turning_point, turning_point_early, smoke
-              out:str='runs/train',     # run folder
-              resume:bool=False,        # continue from the newest checkpoint in `out`
-              model:str=None,           # backend: tiny (default), sd3 or flux
-              model_path:str=None,      # the backend's local weights folder (sd3/flux)
-              prompts:str=None,         # prompt file (.txt, one per line, or .jsonl) or folder with train/test files
-              eval_prompts:str=None,    # evaluation prompt file (default: the test file, or the same file)
-              reward:str=None,          # tiny: partial, strict, score; sd3/flux: clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MOD:FN
-              set:Annotated[str, 'GRPOConfig overrides FIELD=VALUE ... (fields below)', dict(nargs='*', action='extend')]=None,
-              quiet:bool=False):        # no progress bar
+# preset(s) joined by '+' (`flowgrpo_nb.config.PRESETS`): flow_grpo, flow_grpo_early, mix_grpo, stepwise, stepwise_ode,
+# dense, dense_early, turning_point, turning_point_early, smoke
+def train_cli(
+    preset: str = 'flow_grpo',
+    out: str = 'runs/train',  # run folder
+    resume: bool = False,  # continue from the newest checkpoint in `out`
+    model: str = None,  # backend: tiny (default), sd3 or flux
+    model_path: str = None,  # the backend's local weights folder (sd3/flux)
+    prompts: str = None,  # prompt file (.txt, one per line, or .jsonl) or folder with train/test files
+    eval_prompts: str = None,  # evaluation prompt file (default: the test file, or the same file)
+    # tiny: partial, strict, score; sd3/flux: clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MOD:FN
+    reward: str = None,
+    set: Annotated[str, 'GRPOConfig overrides FIELD=VALUE ... (fields below)', dict(nargs='*', action='extend')] = None,
+    quiet: bool = False,
+):        # no progress bar
     "Fine-tune a flow model with GRPO: the embedded tiny model by default, SD3/FLUX from a local folder."
     if quiet:
         import diffusers, transformers
         diffusers.utils.logging.disable_progress_bar(); transformers.utils.logging.disable_progress_bar()
-    cfg = _cli_config(preset, set, model=model, model_path=model_path, prompts=prompts, eval_prompts=eval_prompts, reward=reward)
-    with resumable(out, ['--resume']):  # Ctrl-C, SIGTERM: one sentence naming the checkpoint kept and the command that resumes from it
+    cfg = _cli_config(
+        preset, set, model=model, model_path=model_path, prompts=prompts, eval_prompts=eval_prompts, reward=reward
+    )
+    # Ctrl-C, SIGTERM: one sentence naming the checkpoint kept and the command that resumes from it
+    with resumable(out, ['--resume']):
         trainer = GRPOTrainer(cfg, out, resume=resume, progress=not quiet)
         try: s = trainer.train()
         finally: trainer.acc.end_training()  # the trackers flushed and closed, after a stop too
@@ -513,6 +619,10 @@ train_cli.epilog = train_cli.__wrapped__.epilog = 'GRPOConfig fields (--set FIEL
 # %% ../nbs/06_train.ipynb #3995b665
 def result_line(s:dict, out) -> str:
     "The one line `flowgrpo train` ends with: the evaluation's change (if any) and where the results are."
-    ev = (f"{s['task']}: {s['base']['eval_overall']:.3f} -> {s['final']['eval_overall']:.3f} (± {s['final']['eval_overall_se']:.3f}); "
-          if s['final'] else 'no evaluation; ')
+    ev = (
+        f"{s['task']}: {s['base']['eval_overall']:.3f} -> {s['final']['eval_overall']:.3f} (± "
+        f"{s['final']['eval_overall_se']:.3f}); "
+        if s['final']
+        else 'no evaluation; '
+    )
     return f"{s['method']}: {s['steps']} steps; {ev}results in {out} (summary.json, metrics.jsonl, checkpoints/)"

@@ -17,13 +17,15 @@ __all__ = ['chunked_ppo_backward', 'step_grad_norms']
 # %% ../nbs/05d_update.ipynb #a859f0b9
 def chunked_ppo_backward(policy:Policy, rollout:Rollout,
                          ii:torch.Tensor, kk:torch.Tensor,  # [n] long: the pairs' samples and steps
-                         old_lp:torch.Tensor|None,          # [B, K] old log-probs (None: each chunk's own, detached: ratio 1)
+                         # [B, K] old log-probs (None: each chunk's own, detached: ratio 1)
+                         old_lp:torch.Tensor|None,
                          adv:torch.Tensor,                  # [n] the pairs' advantages
                          clip_range:float, beta:float,
                          n_all:int,                         # the pairs the loss is a mean over (skipped ones add 0)
                          chunk:int,                         # at most this many pairs per graph
-                         backward:Callable) -> dict:        # called with each chunk's loss
-    "PPO's clipped surrogate (+ beta x the KL to the adapter-free reference) of the pairs, back-propagated `chunk` pairs at a time."
+                         backward:Callable) -> dict:  # called with each chunk's loss
+    """PPO's clipped surrogate (+ beta x the KL to the adapter-free reference) of the pairs, back-propagated `chunk`
+    pairs at a time."""
     n, out_ = len(ii), dict(loss=0.0, kl=0.0, clipped=0.0, approx_kl=0.0)
     ratios = []
     for s in range(0, n, chunk):
@@ -34,7 +36,8 @@ def chunked_ppo_backward(policy:Policy, rollout:Rollout,
         loss = loss * (len(ratio) / n_all)  # this chunk's part of the mean over all pairs
         if beta > 0:
             with torch.no_grad(), policy.disable_adapter(): ref = logprob_pairs(policy, rollout, ii[c], kk[c])
-            kl = kl_to_reference(out.mean.unsqueeze(1), ref.mean.unsqueeze(1), out.std.unsqueeze(1)).squeeze(1)  # [chunk]
+            # [chunk]
+            kl = kl_to_reference(out.mean.unsqueeze(1), ref.mean.unsqueeze(1), out.std.unsqueeze(1)).squeeze(1)
             loss = loss + beta * kl.sum() / n_all
             out_['kl'] += kl.sum().item()
         backward(loss)
@@ -57,9 +60,12 @@ def step_grad_norms(policy:Policy, rollout:Rollout, A:torch.Tensor,  # [B, K] ad
         adv = A[rows, k]
         if not adv.any(): norms[k] = 0.0; continue  # zero credit: exactly zero gradient
         zero_grad()
-        old = None if policy.fast else rollout.log_prob  # the weights of the rollout (on the fast path, this pass's own: `06_train`)
-        chunked_ppo_backward(policy, rollout, rows, torch.full_like(rows, k), old, adv, clip_range, 0.0, len(rows), chunk or len(rows),
-                             lambda loss: loss.backward())
+        # the weights of the rollout (on the fast path, this pass's own: `06_train`)
+        old = None if policy.fast else rollout.log_prob
+        chunked_ppo_backward(
+            policy, rollout, rows, torch.full_like(rows, k), old, adv, clip_range, 0.0, len(rows), chunk or len(rows),
+            lambda loss: loss.backward()
+        )
         norms[k] = float(torch.stack([p.grad.float().norm() for p in params if p.grad is not None]).norm())
     zero_grad()
     return norms

@@ -1,4 +1,4 @@
-"""Plotly figures and ipywidgets dashboards over a rollout or a run folder: Tweedie and ODE previews per step, value and gain curves with every method's advantages, turning points, the calibrated noise schedule and training curves.
+"""Dashboards over one rollout or run folder: previews, values, gains, credit, noise, training curves.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/viz.html.md"""
 
@@ -35,16 +35,22 @@ __all__ = ['group_rows', 'image_strip', 'preview_figure', 'turning_point_table',
 def group_rows(ro:Rollout, prompt:int|str=0) -> list[int]:
     "Rows of `ro` in the group of `prompt` (a group id or a prompt string), in order."
     if isinstance(prompt, str):
-        if prompt not in ro.prompts: raise ValueError(f"prompt={prompt!r}: allowed one of the rollout's {sorted(set(ro.prompts))}")
+        if prompt not in ro.prompts:
+            raise ValueError(f"prompt={prompt!r}: allowed one of the rollout's {sorted(set(ro.prompts))}")
         prompt = int(ro.group[ro.prompts.index(prompt)])
     rows = (ro.group.cpu() == prompt).nonzero().flatten().tolist()
-    if not rows: raise ValueError(f"prompt={prompt!r}: allowed a group id in {sorted(set(ro.group.tolist()))} or a prompt string")
+    if not rows:
+        raise ValueError(
+            f"prompt={prompt!r}: allowed a group id in {sorted(set(ro.group.tolist()))} or a prompt string"
+        )
     return rows
 
 def _sample_row(ro:Rollout, prompt, sample:int) -> int:
     rows = group_rows(ro, prompt)
     if not (isinstance(sample, int) and 0 <= sample < len(rows)):
-        raise ValueError(f"sample={sample!r}: allowed an int in [0, {len(rows) - 1}] (the group has {len(rows)} samples)")
+        raise ValueError(
+            f"sample={sample!r}: allowed an int in [0, {len(rows) - 1}] (the group has {len(rows)} samples)"
+        )
     return rows[sample]
 
 def image_strip(images:Tensor,  # [n, 3, H, W] in [0, 1]
@@ -65,7 +71,8 @@ def preview_figure(ro:Rollout, values:dict[str, StepValues],  # lookahead op -> 
     ops = list(values) if ops is None else list(ops)
     for op in ops:
         if op not in values: raise ValueError(f"ops: {op!r} is not in values; allowed {list(values)}")
-        if values[op].images is None: raise ValueError(f"values[{op!r}] has no images: compute it with step_values(..., keep_images=True)")
+        if values[op].images is None:
+            raise ValueError(f"values[{op!r}] has no images: compute it with step_values(..., keep_images=True)")
     i = _sample_row(ro, prompt, sample)
     K, (H, W), pad = ro.K, values[ops[0]].images.shape[-2:], 2
     fig = make_subplots(len(ops), 1, vertical_spacing=0.25 / len(ops),
@@ -77,8 +84,10 @@ def preview_figure(ro:Rollout, values:dict[str, StepValues],  # lookahead op -> 
         fig.update_xaxes(tickvals=[(W + pad) * k + W / 2 for k in range(K + 1)], row=r, col=1,
                          ticktext=[f"k={k}<br>V={v:.2f}" for k, v in enumerate(V)])
     fig.update_yaxes(showticklabels=False)
-    return fig.update_layout(title=f"{ro.prompts[i]!r}, sample {sample} (row {i}), reward {float(ro.reward[i]):.2f}",
-                             width=min(80 * (K + 1) + 60, MAX_WIDTH), height=140 * len(ops) + 110, margin=dict(l=20, r=20, t=70, b=20))
+    return fig.update_layout(
+        title=f"{ro.prompts[i]!r}, sample {sample} (row {i}), reward {float(ro.reward[i]):.2f}",
+        width=min(80 * (K + 1) + 60, MAX_WIDTH), height=140 * len(ops) + 110, margin=dict(l=20, r=20, t=70, b=20)
+    )
 
 # %% ../nbs/07_viz.ipynb #0f93e127
 def turning_point_table(ro:Rollout, mc:MethodCredit,  # the turning_point rule's result
@@ -86,7 +95,8 @@ def turning_point_table(ro:Rollout, mc:MethodCredit,  # the turning_point rule's
                        ) -> list[dict]:
     "One row per turning point: prompt, sample, step, rule, kept, global trend."
     tp = mc.credit.turning_points
-    if tp is None: raise ValueError(f"method {mc.method!r} has no turning points; allowed the 'turning_point' rule's result")
+    if tp is None:
+        raise ValueError(f"method {mc.method!r} has no turning points; allowed the 'turning_point' rule's result")
     rows = set(range(ro.B) if prompt is None else group_rows(ro, prompt))
     pos = {i: rows_.index(i) for rows_ in (group_rows(ro, int(g)) for g in ro.group.unique()) for i in rows_}
     return [dict(prompt=ro.prompts[i], sample=pos[i], k=k, rule='interior' if bool(tp.interior[i, k]) else 'first',
@@ -97,8 +107,9 @@ def turning_point_table(ro:Rollout, mc:MethodCredit,  # the turning_point rule's
 def _colour(j:int) -> str: return qualitative.D3[j % len(qualitative.D3)]
 
 def _int_ticks(n:int, most:int=12) -> dict:
-    "Axis settings for integer positions 0..n (steps, rounds): whole-number ticks at a round spacing (1, 2, 5, 10, 20, 25, 50, ...), `most` at most."
-    dtick = next(d * 10 ** e for e in range(12) for d in (1, 2, 2.5, 5) if d * 10 ** e >= n / most and (d * 10 ** e) % 1 == 0)
+    """Axis settings for integer positions 0..n (steps, rounds): whole-number ticks at a round spacing (1, 2, 5, 10, 20,
+    25, 50, ...), `most` at most."""
+    dtick = next(d * 10**e for e in range(12) for d in (1, 2, 2.5, 5) if d * 10**e >= n / most and (d * 10**e) % 1 == 0)
     return dict(tick0=0, dtick=int(dtick), tickformat='d')
 
 _LEGEND_BELOW = dict(orientation='h', x=0, xanchor='left', y=-0.12, yanchor='top')
@@ -108,15 +119,35 @@ def _tp_markers(fig, mc:MethodCredit, rows:list[int], y:Tensor, row:int, col:int
     tp = mc.credit.turning_points
     for rule, mask, sym in (('interior', tp.interior, 'diamond'), ('first', tp.first, 'star')):
         for kept in (True, False):
-            pts = [(j, i, k) for j, i in enumerate(rows) for k in range(mask.shape[1]) if mask[i, k] and bool(tp.kept[i, k]) == kept]
+            pts = [
+                (j, i, k)
+                for j, i in enumerate(rows)
+                for k in range(mask.shape[1])
+                if mask[i, k] and bool(tp.kept[i, k]) == kept
+            ]
             if not pts: continue
-            fig.add_trace(go.Scatter(
-                x=[k for _, _, k in pts], y=[float(y[i, k]) for _, i, k in pts], mode='markers',
-                name=f"TP {rule}, {'kept' if kept else 'dropped'}", legendgroup='tp', showlegend=legend,
-                marker=dict(symbol=sym if kept else f'{sym}-open', size=13, color=[_colour(j) for j, _, _ in pts],
-                            line=dict(width=2, color='black')),
-                hovertext=[f"sample {j}, step {k}: {rule} rule, {'kept: reward R - V_k' if kept else 'dropped by balancing'}"
-                           for j, _, k in pts], hoverinfo='text'), row, col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[k for _, _, k in pts],
+                    y=[float(y[i, k]) for _, i, k in pts],
+                    mode='markers',
+                    name=f"TP {rule}, {'kept' if kept else 'dropped'}",
+                    legendgroup='tp',
+                    showlegend=legend,
+                    marker=dict(
+                        symbol=sym if kept else f'{sym}-open', size=13, color=[_colour(j) for j, _, _ in pts],
+                        line=dict(width=2, color='black')
+                    ),
+                    hovertext=[
+                        f"sample {j}, step {k}: {rule} rule, "
+                        f"{'kept: reward R - V_k' if kept else 'dropped by balancing'}"
+                        for j, _, k in pts
+                    ],
+                    hoverinfo='text',
+                ),
+                row,
+                col,
+            )
 
 def gain_figure(ro:Rollout, credits:dict[str, MethodCredit],  # from `method_credits`
                 prompt:int|str=0   # group id or prompt text
@@ -126,15 +157,26 @@ def gain_figure(ro:Rollout, credits:dict[str, MethodCredit],  # from `method_cre
     ops = list(dict.fromkeys(c.op for c in credits.values() if c.op))
     V = {op: next(c.V for c in credits.values() if c.op == op) for op in ops}
     n = max(2 * len(ops), len(credits))
-    titles = [f"values V_k<br>({op})" for op in ops] + [f"gains V_k+1 − V_k<br>({op})" for op in ops] + [''] * (n - 2 * len(ops))
-    titles += [f"advantages<br>{m}" for m in credits] + [''] * (n - len(credits))  # two short lines each: none runs into the next
+    titles = (
+        [f"values V_k<br>({op})" for op in ops]
+        + [f"gains V_k+1 − V_k<br>({op})" for op in ops]
+        + [''] * (n - 2 * len(ops))
+    )
+    # two short lines each: none runs into the next
+    titles += [f"advantages<br>{m}" for m in credits] + [''] * (n - len(credits))
     fig = make_subplots(2, n, subplot_titles=titles, vertical_spacing=0.18, horizontal_spacing=0.04)
     K = ro.K
     for j, i in enumerate(rows):
         style = dict(legendgroup=f's{j}', line=dict(color=_colour(j)), marker=dict(size=5))
         for c, op in enumerate(ops, 1):
-            fig.add_trace(go.Scatter(x=list(range(K + 1)), y=V[op][i].tolist(), name=f"sample {j}", mode='lines+markers',
-                                     showlegend=c == 1, **style), 1, c)
+            fig.add_trace(
+                go.Scatter(
+                    x=list(range(K + 1)), y=V[op][i].tolist(), name=f"sample {j}", mode='lines+markers',
+                    showlegend=c == 1, **style
+                ),
+                1,
+                c,
+            )
             fig.add_trace(go.Scatter(x=list(range(K)), y=(V[op][i, 1:] - V[op][i, :-1]).tolist(), mode='lines+markers',
                                      showlegend=False, **style), 1, len(ops) + c)
         for c, mc in enumerate(credits.values(), 1):
@@ -148,8 +190,10 @@ def gain_figure(ro:Rollout, credits:dict[str, MethodCredit],  # from `method_cre
         first = False
     fig.update_xaxes(**_int_ticks(K)); fig.update_xaxes(title_text='step k', row=2)
     fig.update_annotations(font_size=12)
-    return fig.update_layout(title=f"{ro.prompts[rows[0]]!r}: {len(rows)} samples", width=min(80 + 215 * n, MAX_WIDTH), height=700,
-                             legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=110, b=40))
+    return fig.update_layout(
+        title=f"{ro.prompts[rows[0]]!r}: {len(rows)} samples", width=min(80 + 215 * n, MAX_WIDTH), height=700,
+        legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=110, b=40)
+    )
 
 # %% ../nbs/07_viz.ipynb #0131844f
 def load_calibration(run_dir:str|Path) -> tuple[Calibration, Tensor, float]:
@@ -159,7 +203,8 @@ def load_calibration(run_dir:str|Path) -> tuple[Calibration, Tensor, float]:
     if d is None: raise ValueError(f"run_dir={str(run_dir)!r} has no calibration.json (only calibrate=True runs do)")
     cfg = run.config()
     hist = [CalibrationRound(*(torch.tensor(h[k]) for k in ('psi', 'n_pos', 'n_neg'))) for h in d['history']]
-    sigmas = torch.tensor(d['sigmas']) if 'sigmas' in d else flow_sigmas(cfg['K'], cfg['shift'])  # the run's own schedule
+    # the run's own schedule
+    sigmas = torch.tensor(d['sigmas']) if 'sigmas' in d else flow_sigmas(cfg['K'], cfg['shift'])
     return Calibration(torch.tensor(d['psi']), hist), sigmas, cfg['level']
 
 def calibration_figure(cal:Calibration|str|Path,  # a `Calibration` or a run folder
@@ -171,33 +216,49 @@ def calibration_figure(cal:Calibration|str|Path,  # a `Calibration` or a run fol
     if isinstance(cal, (str, Path)): cal, sigmas, level = load_calibration(cal)
     K, R = len(cal.psi), len(cal.history)
     sigmas = flow_sigmas(K) if sigmas is None else sigmas
-    if len(sigmas) != K + 1: raise ValueError(f"sigmas has {len(sigmas)} entries; allowed K + 1 = {K + 1} for psi of {K} steps")
+    if len(sigmas) != K + 1:
+        raise ValueError(f"sigmas has {len(sigmas)} entries; allowed K + 1 = {K + 1} for psi of {K} steps")
     round = R - 1 if round is None else round
-    if R and not (isinstance(round, int) and 0 <= round < R): raise ValueError(f"round={round!r}: allowed an int in [0, {R - 1}]")
+    if R and not (isinstance(round, int) and 0 <= round < R):
+        raise ValueError(f"round={round!r}: allowed an int in [0, {R - 1}]")
     s, k = flow_sde_scale(sigmas[:-1], sigmas[1:], level), list(range(K))
     fig = make_subplots(1, 3, horizontal_spacing=0.07, subplot_titles=[
         'psi(k), calibrated vs Flow-GRPO', f'psi(k) over {R} rounds',
         f'balance in round {round}: n+ and -n-' if R else 'no calibration rounds recorded'])
-    fig.add_trace(go.Scatter(x=k, y=s.tolist(), name=f'Flow-GRPO s_k (a={level:g})', line=dict(dash='dash', color='grey')), 1, 1)
-    fig.add_trace(go.Scatter(x=k, y=cal.psi.tolist(), name='calibrated psi(k)', line=dict(color='black', width=3)), 1, 1)
+    fig.add_trace(
+        go.Scatter(x=k, y=s.tolist(), name=f'Flow-GRPO s_k (a={level:g})', line=dict(dash='dash', color='grey')), 1, 1
+    )
+    fig.add_trace(
+        go.Scatter(x=k, y=cal.psi.tolist(), name='calibrated psi(k)', line=dict(color='black', width=3)), 1, 1
+    )
     cols = sample_colorscale('Viridis', [r / max(R - 1, 1) for r in range(R)])
-    for r, h in enumerate(cal.history):  # the legend names the first, the last and the bold one (whose balance is on the right)
-        fig.add_trace(go.Scatter(x=k, y=h.psi.tolist(), name=f'psi, round {r}' + (' (bold: its balance →)' if r == round else ''),
-                                 showlegend=r in (0, round, R - 1), mode='lines', legendgroup='rounds',
-                                 legendgrouptitle_text='middle: psi(k) by round (dark → light)',
-                                 line=dict(color=cols[r], width=4 if r == round else 1.5)), 1, 2)
+    # the legend names the first, the last and the bold one (whose balance is on the right)
+    for r, h in enumerate(cal.history):
+        fig.add_trace(
+            go.Scatter(
+                x=k, y=h.psi.tolist(), name=f'psi, round {r}' + (' (bold: its balance →)' if r == round else ''),
+                showlegend=r in (0, round, R - 1), mode='lines', legendgroup='rounds',
+                legendgrouptitle_text='middle: psi(k) by round (dark → light)',
+                line=dict(color=cols[r], width=4 if r == round else 1.5)
+            ),
+            1,
+            2,
+        )
     if R:
         h = cal.history[round]
         fig.add_trace(go.Bar(x=k, y=h.n_pos.tolist(), name='n+ (gain > 0)', marker_color='seagreen'), 1, 3)
         fig.add_trace(go.Bar(x=k, y=(-h.n_neg).tolist(), name='-n- (gain < 0)', marker_color='indianred'), 1, 3)
     fig.update_xaxes(title_text='step k', **_int_ticks(K - 1))
-    return fig.update_layout(barmode='relative', height=440, legend={**_LEGEND_BELOW, 'y': -0.2}, margin=dict(l=40, r=20, t=60, b=40))
+    return fig.update_layout(
+        barmode='relative', height=440, legend={**_LEGEND_BELOW, 'y': -0.2}, margin=dict(l=40, r=20, t=60, b=40)
+    )
 
 # %% ../nbs/07_viz.ipynb #78e75bdf
 def read_metrics(run_dir:str|Path) -> list[dict]:
     "The rows of a run folder's metrics.jsonl (one per optimizer step; step 0 = the base evaluation)."
     run = RunFolder(run_dir)
-    if not run.file('metrics').exists(): raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl; allowed a trainer run folder")
+    if not run.file('metrics').exists():
+        raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl; allowed a trainer run folder")
     return run.metrics()  # a torn last line (a run killed while logging) is dropped with a warning
 
 def _series(rows, key): return [r['step'] for r in rows if key in r], [r[key] for r in rows if key in r]
@@ -208,7 +269,8 @@ def _config(d) -> dict:
     except ValueError: return {}  # metrics without a config: nothing to say why a panel is empty
 
 _PANELS = dict(kl=('approx_kl', 'kl'), clip=('clipfrac',), norms=('adapter_norm', 'update_norm'), grad=('grad_norm',),
-               ratio=('ratio_std', 'zero_spread'))            # the training figure's panels that can be empty, and their metrics
+               # the training figure's panels that can be empty, and their metrics
+               ratio=('ratio_std', 'zero_spread'))
 _PANEL_AT = dict(kl=3, clip=4, norms=7, grad=8, ratio=9)      # their subplot (1..9, row by row)
 
 def _why_flat(cfgs:list[dict], panel:str, logged:bool=True) -> str:
@@ -216,22 +278,44 @@ def _why_flat(cfgs:list[dict], panel:str, logged:bool=True) -> str:
     if not logged: return "not in this run's metrics.jsonl<br>(logged by later versions)"
     one = all(c.get('updates_per_rollout', 1) == 1 for c in cfgs)
     if panel == 'kl':
-        return '0 at every step:' + ('<br>beta = 0, kl_every = 0: no KL<br>to the reference logged;' if all(not c.get('beta', 0) and not c.get('kl_every', 0) for c in cfgs) else '') + \
-               ('<br>one update per batch: the policy<br>is still the one that sampled' if one else '')
-    return '0 at every step:' + ('<br>one update per batch: ratio 1,<br>nothing to clip' if one else '<br>no ratio left the clip range')
+        return (
+            '0 at every step:'
+            + (
+                '<br>beta = 0, kl_every = 0: no KL<br>to the reference logged;'
+                if all(not c.get('beta', 0) and not c.get('kl_every', 0) for c in cfgs)
+                else ''
+            )
+            + ('<br>one update per batch: the policy<br>is still the one that sampled' if one else '')
+        )
+    return '0 at every step:' + (
+        '<br>one update per batch: ratio 1,<br>nothing to clip' if one else '<br>no ratio left the clip range'
+    )
+
 
 def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or {name: run folder}
                    ) -> go.Figure:
-    "Reward, held-out scores, KL, clip fraction and seconds per phase of one or more runs; a panel that holds only zeros says why instead."
+    """Reward, held-out scores, KL, clip fraction and seconds per phase of one or more runs; a panel that holds only
+    zeros says why instead."""
     if isinstance(runs, (str, Path)): runs = [runs]
     if not isinstance(runs, dict): runs = {Path(r).name: r for r in runs}
     data = {name: read_metrics(d) for name, d in runs.items()}
-    values = {p: [v for rows in data.values() for k in keys for v in _series(rows, k)[1]] for p, keys in _PANELS.items()}
+    values = {
+        p: [v for rows in data.values() for k in keys for v in _series(rows, k)[1]] for p, keys in _PANELS.items()
+    }
     flat = {p: not any(vs) for p, vs in values.items()}  # only zeros, or nothing logged: the panel says why instead
-    fig = make_subplots(3, 3, horizontal_spacing=0.07, vertical_spacing=0.13, subplot_titles=[
-        'training reward<br>(batch mean ± std)', 'evaluation<br>(overall ± SE)', 'KL to the sampling policy (solid),<br>to the reference (dash)',
-        'clip fraction', 'seconds per step<br>(median by phase)', 'NFE per trajectory',
-        'adapter norm (solid),<br>update norm (dash)', 'gradient norm<br>before clipping', 'ratio std (solid),<br>zero-spread groups (dash)'])
+    fig = make_subplots(
+        3,
+        3,
+        horizontal_spacing=0.07,
+        vertical_spacing=0.13,
+        subplot_titles=[
+            'training reward<br>(batch mean ± std)', 'evaluation<br>(overall ± SE)',
+            'KL to the sampling policy (solid),<br>to the reference (dash)', 'clip fraction',
+            'seconds per step<br>(median by phase)', 'NFE per trajectory',
+            'adapter norm (solid),<br>update norm (dash)', 'gradient norm<br>before clipping',
+            'ratio std (solid),<br>zero-spread groups (dash)'
+        ],
+    )
     last = 1
     for j, (name, rows) in enumerate(data.items()):
         c = color(name, j)
@@ -240,38 +324,73 @@ def training_figure(runs:str|Path|list|dict  # a run folder, a list of them, or 
         fig.add_trace(go.Scatter(x=st, y=r, name=display_name(name), legendgroup=name, line=dict(color=c),
                                  error_y=dict(type='data', array=sd, visible=True, thickness=1)), 1, 1)
         st, e = _series(rows, 'eval_overall'); _, se = _series(rows, 'eval_overall_se')
-        fig.add_trace(go.Scatter(x=st, y=e, name=f'{name}: overall', legendgroup=name, showlegend=False, mode='lines+markers',
-                                 line=dict(color=c, width=3), error_y=dict(type='data', array=se, visible=True)), 1, 2)
-        cats = [k[5:-3] for k in rows[0] if k.startswith('eval_') and k.endswith('_se') and k != 'eval_overall_se']  # categories have an SE, extras (partial, score) do not
+        fig.add_trace(
+            go.Scatter(
+                x=st, y=e, name=f'{name}: overall', legendgroup=name, showlegend=False, mode='lines+markers',
+                line=dict(color=c, width=3), error_y=dict(type='data', array=se, visible=True)
+            ),
+            1,
+            2,
+        )
+        # categories have an SE, extras (partial, score) do not
+        cats = [k[5:-3] for k in rows[0] if k.startswith('eval_') and k.endswith('_se') and k != 'eval_overall_se']
         for cat in cats if len(runs) == 1 else ():
             fig.add_trace(go.Scatter(x=_series(rows, f'eval_{cat}')[0], y=_series(rows, f'eval_{cat}')[1], name=cat,
                                      legendgroup='categories', legendgrouptitle_text='evaluation by category (dotted):',
                                      mode='lines+markers', line=dict(dash='dot')), 1, 2)
         for key, dash in (('approx_kl', 'solid'), ('kl', 'dash')) if not flat['kl'] else ():
-            fig.add_trace(go.Scatter(x=_series(rows, key)[0], y=_series(rows, key)[1], name=f'{name}: {key}', legendgroup=name,
-                                     showlegend=False, line=dict(color=c, dash=dash)), 1, 3)
+            fig.add_trace(
+                go.Scatter(
+                    x=_series(rows, key)[0], y=_series(rows, key)[1], name=f'{name}: {key}', legendgroup=name,
+                    showlegend=False, line=dict(color=c, dash=dash)
+                ),
+                1,
+                3,
+            )
         if not flat['clip']:
-            fig.add_trace(go.Scatter(x=_series(rows, 'clipfrac')[0], y=_series(rows, 'clipfrac')[1], name=name, legendgroup=name,
-                                     showlegend=False, line=dict(color=c)), 2, 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=_series(rows, 'clipfrac')[0], y=_series(rows, 'clipfrac')[1], name=name, legendgroup=name,
+                    showlegend=False, line=dict(color=c)
+                ),
+                2,
+                1,
+            )
         med = [float(np.median(_series(rows, f'sec_{p}')[1] or [0])) for p in PHASES]
-        fig.add_trace(go.Bar(x=list(PHASES), y=med, name=name, legendgroup=name, showlegend=False, marker_color=c), 2, 2)
+        fig.add_trace(
+            go.Bar(x=list(PHASES), y=med, name=name, legendgroup=name, showlegend=False, marker_color=c), 2, 2
+        )
         nfe = [float(np.median(_series(rows, f'nfe_{p}')[1] or [0])) for p in ('rollout', 'lookahead')]
-        fig.add_trace(go.Bar(x=['rollout', 'lookahead'], y=nfe, name=name, legendgroup=name, showlegend=False, marker_color=c), 2, 3)
+        fig.add_trace(
+            go.Bar(x=['rollout', 'lookahead'], y=nfe, name=name, legendgroup=name, showlegend=False, marker_color=c),
+            2, 3
+        )
         for key, col, dash in (('adapter_norm', 1, 'solid'), ('update_norm', 1, 'dash'), ('grad_norm', 2, 'solid'),
                                ('ratio_std', 3, 'solid'), ('zero_spread', 3, 'dash')):
             if not values[('norms', 'grad', 'ratio')[col - 1]]: continue
-            fig.add_trace(go.Scatter(x=_series(rows, key)[0], y=_series(rows, key)[1], name=f'{name}: {key}', legendgroup=name,
-                                     showlegend=False, line=dict(color=c, dash=dash)), 3, col)
-    for row, col in ((1, 1), (1, 2), (1, 3), (2, 1), (3, 1), (3, 2), (3, 3)): fig.update_xaxes(title_text='step', row=row, col=col, **_int_ticks(last, 6))
+            fig.add_trace(
+                go.Scatter(
+                    x=_series(rows, key)[0], y=_series(rows, key)[1], name=f'{name}: {key}', legendgroup=name,
+                    showlegend=False, line=dict(color=c, dash=dash)
+                ),
+                3,
+                col,
+            )
+    for row, col in ((1, 1), (1, 2), (1, 3), (2, 1), (3, 1), (3, 2), (3, 3)):
+        fig.update_xaxes(title_text='step', row=row, col=col, **_int_ticks(last, 6))
     fig.update_annotations(font_size=12)  # the titles: two short lines each, none runs into its neighbour at 820 px
     cfgs = [_config(d) for d in runs.values()]
     for p, i in _PANEL_AT.items():
-        if not flat[p] or (p not in ('kl', 'clip') and values[p]): continue  # drawn, or zeros that are data (a norm of 0)
+        # drawn, or zeros that are data (a norm of 0)
+        if not flat[p] or (p not in ('kl', 'clip') and values[p]): continue
         row, col = (i - 1) // 3 + 1, (i - 1) % 3 + 1
         fig.update_xaxes(visible=False, row=row, col=col); fig.update_yaxes(visible=False, row=row, col=col)
-        x, y = (sum(fig.layout[f'{a}axis{i}'].domain) / 2 for a in 'xy')  # the panel's middle, on the page (its axes are hidden)
-        fig.add_annotation(text=_why_flat(cfgs, p, bool(values[p])), xref='paper', yref='paper', x=x, y=y, showarrow=False,
-                           xanchor='center', yanchor='middle', font=dict(size=11, color='grey'), name=f'empty: {p}')
+        # the panel's middle, on the page (its axes are hidden)
+        x, y = (sum(fig.layout[f'{a}axis{i}'].domain) / 2 for a in 'xy')
+        fig.add_annotation(
+            text=_why_flat(cfgs, p, bool(values[p])), xref='paper', yref='paper', x=x, y=y, showarrow=False,
+            xanchor='center', yanchor='middle', font=dict(size=11, color='grey'), name=f'empty: {p}'
+        )
     fig.update_yaxes(exponentformat='e', row=1, col=3)  # a KL of 1e-15 reads 1e-15, not '1f' (femto)
     fig.update_yaxes(type='log', row=3, col=1)           # the update is orders of magnitude smaller than the adapter
     return fig.update_layout(height=960, barmode='group', legend=_LEGEND_BELOW, margin=dict(l=40, r=20, t=80, b=40))
@@ -285,8 +404,10 @@ def grad_share_figure(runs:str|Path|list|dict) -> go.Figure:
     for j, (name, d) in enumerate(runs.items()):
         rows = [r for r in read_metrics(d) if any(k.startswith('grad_share_') for k in r)]
         ks = sorted({int(k[11:]) for r in rows for k in r if k.startswith('grad_share_')})
-        fig.add_bar(x=ks, y=[float(np.mean([r.get(f'grad_share_{k}', 0.0) for r in rows])) for k in ks], name=display_name(name),
-                    marker_color=color(name, j))
+        fig.add_bar(
+            x=ks, y=[float(np.mean([r.get(f'grad_share_{k}', 0.0) for r in rows])) for k in ks],
+            name=display_name(name), marker_color=color(name, j)
+        )
     fig.update_xaxes(tickmode='linear', tick0=0, dtick=1)  # a tick on each step, none between
     return fig.update_layout(barmode='group', xaxis_title='denoising step k', yaxis_title='share of the gradient norm',
                              title='where the gradient comes from (mean over diagnostic steps)', height=340, width=640)
@@ -298,7 +419,8 @@ from IPython.display import Markdown, display
 
 class FigureView:
     "A figure function redrawn whenever one of its controls changes."
-    def __init__(self, make:Callable[..., go.Figure|str],  # keyword arguments named like `controls`; a str: a sentence shown instead of a figure
+    # keyword arguments named like `controls`; a str: a sentence shown instead of a figure
+    def __init__(self, make:Callable[..., go.Figure|str],
                  controls:dict,                       # argument name -> ipywidgets value widget
                  show_controls:bool=True):            # False: the controls are laid out elsewhere (shared)
         self.make, self.controls, self.out, self.fig = make, controls, widgets.Output(), None
@@ -325,8 +447,10 @@ def preview_dashboard(ro:Rollout, values:dict[str, StepValues]) -> FigureView:
     "`preview_figure` behind a prompt dropdown, a sample slider and an operator dropdown."
     G = len(group_rows(ro, int(ro.group[0])))
     op = widgets.Dropdown(options=['all', *values], value='all', description='operator')
-    return FigureView(lambda prompt, sample, op: preview_figure(ro, values, prompt, sample, None if op == 'all' else [op]),
-                      dict(prompt=_prompt_dropdown(ro), sample=widgets.IntSlider(0, 0, G - 1, description='sample'), op=op))
+    return FigureView(
+        lambda prompt, sample, op: preview_figure(ro, values, prompt, sample, None if op == 'all' else [op]),
+        dict(prompt=_prompt_dropdown(ro), sample=widgets.IntSlider(0, 0, G - 1, description='sample'), op=op),
+    )
 
 def gain_dashboard(ro:Rollout, credits:dict[str, MethodCredit]) -> FigureView:
     "`gain_figure` behind a prompt dropdown."
@@ -373,7 +497,10 @@ def dashboard(ro:Rollout|None=None, values:dict[str, StepValues]|None=None,  # a
     "Previews, gain curves and run curves in tabs."
     tabs = {}
     if ro is not None:
-        if not values: raise ValueError("values: allowed {op: StepValues} from step_values(..., keep_images=True) with the rollout")
+        if not values:
+            raise ValueError(
+                "values: allowed {op: StepValues} from step_values(..., keep_images=True) with the rollout"
+            )
         tabs['previews'] = preview_dashboard(ro, values).widget
         tabs['credit'] = gain_dashboard(ro, method_credits(ro, values, cfg=cfg)).widget
     if runs is not None: tabs['runs'] = run_dashboard(runs)

@@ -1,4 +1,4 @@
-"""A miniature GenEval: prompts over four shapes and four colours, their renderer, an exact detector and the `mini_geneval` reward.
+"""A miniature GenEval: prompts over four shapes and four colours, rendered and judged exactly.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/world.html.md"""
 
@@ -56,10 +56,14 @@ def _check_words(prompts:list):
     bad = [p for p in prompts if not isinstance(p, str)]
     if bad: raise ValueError(f"prompts must be strings, got {bad[:3]!r}; the grammar is:\n{GRAMMAR}")
     unknown = sorted({w for p in prompts for w in _words(p) if w not in _WORD_ID})
-    if unknown: raise ValueError(f"unknown words {unknown} in prompts {[p for p in prompts if set(_words(p)) & set(unknown)][:3]}; "
-                                 f"the vocabulary is {VOCAB[1:]} and the grammar is:\n{GRAMMAR}")
+    if unknown:
+        raise ValueError(
+            f"unknown words {unknown} in prompts {[p for p in prompts if set(_words(p)) & set(unknown)][:3]}; "
+            f"the vocabulary is {VOCAB[1:]} and the grammar is:\n{GRAMMAR}"
+        )
     long = [p for p in prompts if len(_words(p)) > MAX_WORDS]
-    if long: raise ValueError(f"prompts longer than MAX_WORDS={MAX_WORDS} words: {long[:3]}; the grammar is:\n{GRAMMAR}")
+    if long:
+        raise ValueError(f"prompts longer than MAX_WORDS={MAX_WORDS} words: {long[:3]}; the grammar is:\n{GRAMMAR}")
 
 # %% ../nbs/01_world.ipynb #7f71ff2f
 def tokenize(prompts:str|list[str], # one prompt or B prompts; '' = the unconditional prompt
@@ -99,16 +103,22 @@ def _parse(w:list):
     match w:
         case ['a', s] if s in S: return ('single_object', (s,), (None,), None, None)
         case [n, p] if n in NUMBERS and p in _SINGULAR: return ('counting', (_SINGULAR[p],), (None,), NUMBERS[n], None)
-        case [n, c, p] if n in NUMBERS and c in C and p in _SINGULAR: return ('counting', (_SINGULAR[p],), (c,), NUMBERS[n], None)
+        case [n, c, p] if n in NUMBERS and c in C and p in _SINGULAR:
+            return ('counting', (_SINGULAR[p],), (c,), NUMBERS[n], None)
         case ['a', c, s] if c in C and s in S: return ('colors', (s,), (c,), None, None)
-        case ['a', s1, 'and', 'a', s2] if s1 in S and s2 in S and s1 != s2: return ('two_object', (s1, s2), (None, None), None, None)
+        case ['a', s1, 'and', 'a', s2] if s1 in S and s2 in S and s1 != s2:
+            return ('two_object', (s1, s2), (None, None), None, None)
         case ['a', s1, r, 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('above', 'below'):
             return ('position', (s1, s2), (None, None), None, r)
         case ['a', s1, r, 'of', 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('left', 'right'):
             return ('position', (s1, s2), (None, None), None, f'{r} of')
-        case ['a', c1, s1, r, 'a', c2, s2] if {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2 and r in ('above', 'below'):
+        case ['a', c1, s1, r, 'a', c2, s2] if (
+            {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2 and r in ('above', 'below')
+        ):
             return ('position', (s1, s2), (c1, c2), None, r)
-        case ['a', c1, s1, r, 'of', 'a', c2, s2] if {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2 and r in ('left', 'right'):
+        case ['a', c1, s1, r, 'of', 'a', c2, s2] if (
+            {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2 and r in ('left', 'right')
+        ):
             return ('position', (s1, s2), (c1, c2), None, f'{r} of')
         case ['a', c1, s1, 'and', 'a', c2, s2] if {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2:
             return ('color_attr', (s1, s2), (c1, c2), None, None)
@@ -123,7 +133,8 @@ def _parse_cached(prompt:str):
 
 def parse_prompt(prompt:str)->PromptSpec:
     "The `PromptSpec` of `prompt`; ValueError naming unknown words or showing the grammar."
-    if not isinstance(prompt, str): raise ValueError(f"prompt must be a string, got {prompt!r}; the grammar is:\n{GRAMMAR}")
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a string, got {prompt!r}; the grammar is:\n{GRAMMAR}")
     return _parse_cached(prompt)
 
 # %% ../nbs/01_world.ipynb #6a87b812
@@ -131,10 +142,16 @@ def _category_prompts(cat:str)->list[str]:
     pairs = list(itertools.combinations(SHAPES, 2))
     if cat == 'single_object': return [f'a {s}' for s in SHAPES]
     if cat == 'two_object': return [f'a {a} and a {b}' for a, b in pairs]
-    if cat == 'counting': return [f'{n} {c}{PLURALS[s]}' for s in SHAPES for c in ('', *(f'{c} ' for c in COLOURS)) for n in NUMBERS]
+    if cat == 'counting':
+        return [f'{n} {c}{PLURALS[s]}' for s in SHAPES for c in ('', *(f'{c} ' for c in COLOURS)) for n in NUMBERS]
     if cat == 'colors': return [f'a {c} {s}' for s in SHAPES for c in COLOURS]
-    if cat == 'position': return [f'a {c1}{a} {r} a {c2}{b}' for a, b in itertools.permutations(SHAPES, 2) for r in RELATIONS
-                                  for c1, c2 in [('', ''), *((f'{x} ', f'{y} ') for x, y in itertools.permutations(COLOURS, 2))]]
+    if cat == 'position':
+        return [
+            f'a {c1}{a} {r} a {c2}{b}'
+            for a, b in itertools.permutations(SHAPES, 2)
+            for r in RELATIONS
+            for c1, c2 in [('', ''), *((f'{x} ', f'{y} ') for x, y in itertools.permutations(COLOURS, 2))]
+        ]
     return [f'a {c1} {a} and a {c2} {b}' for a, b in pairs for c1, c2 in itertools.permutations(COLOURS, 2)]
 
 def all_prompts(category:str|None=None)->list[str]:
@@ -264,11 +281,14 @@ def sample_scene(prompt:str, rng:np.random.Generator)->tuple:
     colours = [c or COLOURS[rng.integers(len(COLOURS))] for c in s.colours * (s.count or 1)]
     if s.relation: cells = _REL_PAIRS[s.relation][rng.integers(len(_REL_PAIRS[s.relation]))]
     else: cells = [_RC[i] for i in rng.choice(GRID * GRID, len(shapes), replace=False)]
-    return tuple(sorted((Obj(sh, c, r, k) for sh, c, (r, k) in zip(shapes, colours, cells)), key=lambda o: (o.row, o.col)))
+    return tuple(
+        sorted((Obj(sh, c, r, k) for sh, c, (r, k) in zip(shapes, colours, cells)), key=lambda o: (o.row, o.col))
+    )
 
 # %% ../nbs/01_world.ipynb #fb6c0c58
 def draw_prompts(ps:list[str], n:int, rng:np.random.Generator, balance:str='category')->list[str]:
-    "`n` prompts drawn from `ps`: each category equally likely, then a prompt in it (`balance='category'`), or each prompt."
+    """`n` prompts drawn from `ps`: each category equally likely, then a prompt in it (`balance='category'`), or each
+    prompt."""
     if balance == 'prompt': return [ps[i] for i in rng.integers(len(ps), size=n)]
     by_cat = [g for c in CATEGORIES if (g := [p for p in ps if parse_prompt(p).category == c])]
     return [(g := by_cat[c])[rng.integers(len(g))] for c in rng.integers(len(by_cat), size=n)]
@@ -299,7 +319,10 @@ def show_images(images:torch.Tensor, # [B, 3, H, W] in [0, 1]
     for i in range(B): fig.add_trace(go.Image(z=x[i]), row=i // cols + 1, col=i % cols + 1)
     fig.update_xaxes(visible=False); fig.update_yaxes(visible=False)
     fig.update_annotations(font_size=9)
-    return fig.update_layout(width=min(size * min(cols, B) + 40, MAX_WIDTH), height=(size + 30) * rows + 30, margin=dict(l=10, r=10, t=30, b=10))
+    return fig.update_layout(
+        width=min(size * min(cols, B) + 40, MAX_WIDTH), height=(size + 30) * rows + 30,
+        margin=dict(l=10, r=10, t=30, b=10)
+    )
 
 # %% ../nbs/01_world.ipynb #cc3df734
 def _blur(x:torch.Tensor, sigma:float)->torch.Tensor:
@@ -317,7 +340,9 @@ def _template_bank(blurs=(0., 0.6, 1.0), greys=(0., 0.03, 0.06, 0.09, 0.12, 0.15
     ts = [torch.ones(len(greys), 3, CELL, CELL) * torch.tensor(greys)[:, None, None, None]]
     ts += [_blur(_CLASS_IMAGES[1:], b) for b in blurs]
     cls = [torch.zeros(len(greys), dtype=torch.long)] + [torch.arange(1, N_CLASSES)] * len(blurs)
-    gains = [torch.ones(len(greys), 2)] + [torch.tensor([gain if b == 0 else (1., 1.)]).expand(N_CLASSES - 1, 2) for b in blurs]
+    gains = [torch.ones(len(greys), 2)] + [
+        torch.tensor([gain if b == 0 else (1.0, 1.0)]).expand(N_CLASSES - 1, 2) for b in blurs
+    ]
     return torch.cat(ts).flatten(1), torch.cat(cls), torch.cat(gains)
 
 _TEMPLATES, _TEMPLATE_CLASS, _TEMPLATE_GAIN = _template_bank()
@@ -357,7 +382,10 @@ def perturb(images:torch.Tensor, # [B, 3, H, W]
 def detector_accuracy(images:torch.Tensor, scenes:list)->dict:
     "Fraction of cells and of whole images that `detect` gets right."
     cells = detect_cells(images); truth = scenes_to_cells(scenes).to(cells.device)
-    return {'cell_acc': (cells == truth).float().mean().item(), 'image_acc': (cells == truth).all(1).float().mean().item()}
+    return {
+        'cell_acc': (cells == truth).float().mean().item(),
+        'image_acc': (cells == truth).all(1).float().mean().item(),
+    }
 
 # %% ../nbs/01_world.ipynb #5c3da45b
 _CONSTRAINTS = {  # which of (A present, A coloured, B present, B coloured, relation) a category checks
@@ -368,7 +396,8 @@ _USE = torch.tensor([_CONSTRAINTS[c] for c in CATEGORIES], dtype=torch.bool)  # 
 def _related(A:torch.Tensor, B:torch.Tensor, rel:torch.Tensor)->torch.Tensor: # [B] bool
     "Some cell of mask A [B, 16] stands in relation `rel` [B] (index into RELATIONS) to some cell of mask B."
     i = torch.arange(GRID * GRID, device=A.device)
-    coord = torch.stack([i % GRID, i % GRID, i // GRID, i // GRID])[rel]  # [B, 16]: column for left/right, row for above/below
+    # [B, 16]: column for left/right, row for above/below
+    coord = torch.stack([i % GRID, i % GRID, i // GRID, i // GRID])[rel]
     lo = lambda m: torch.where(m, coord, GRID).min(1).values
     hi = lambda m: torch.where(m, coord, -1).max(1).values
     before = rel % 2 == 0  # 'left of' / 'above': some A before some B
@@ -419,12 +448,15 @@ def geneval_cells(cells:torch.Tensor, # [B, GRID*GRID] cell classes (detected or
     related = _related(Ac, Bc, rel)
     met = torch.stack([A.any(1), Ac.any(1), B.any(1), Bc.any(1), related], 1)  # [B, 5]
     use = _USE.to(cells.device)[cat].clone()
-    use[:, 1] |= cA >= 0; use[:, 3] |= cB >= 0                               # a named colour is a constraint (coloured position)
+    # a named colour is a constraint (coloured position)
+    use[:, 1] |= cA >= 0; use[:, 3] |= cB >= 0
     strict = (met | ~use).all(1).float()
     counting = cat == CATEGORIES.index('counting')
     k, has_b = Ac.sum(1), use[:, 2]
-    asked = Ac | (Bc & has_b[:, None])                                       # [B, 16] cells holding an object asked for
-    extra = ((cells > 0) & ~asked).sum(1) + torch.where(counting, 0, (k - 1).clamp(min=0) + torch.where(has_b, (Bc.sum(1) - 1).clamp(min=0), 0))
+    asked = Ac | (Bc & has_b[:, None])  # [B, 16] cells holding an object asked for
+    extra = ((cells > 0) & ~asked).sum(1) + torch.where(
+        counting, 0, (k - 1).clamp(min=0) + torch.where(has_b, (Bc.sum(1) - 1).clamp(min=0), 0)
+    )
     alone = extra == 0                                                        # nothing the prompt did not ask for
     strict = ((met | ~use).all(1) & alone).float()
     partial = ((met & use).sum(1) + alone) / (use.sum(1) + 1)
@@ -451,11 +483,18 @@ class GenEvalReport:
     overall: dict               # mean over categories of strict / partial, with standard errors
     def to_dict(self)->dict: return {r['category']: r for r in self.rows} | {'overall': self.overall}
     def _repr_markdown_(self):
-        f = lambda r: f"| {r['category']} | {r['n']} | {r['strict']:.3f} ± {r['strict_se']:.3f} | {r['partial']:.3f} ± {r['partial_se']:.3f} |"
-        return '\n'.join(['| category | n | strict | partial |', '|---|---|---|---|', *map(f, self.rows), f(self.overall)])
+        f = lambda r: (
+            f"| {r['category']} | {r['n']} | {r['strict']:.3f} ± {r['strict_se']:.3f} | {r['partial']:.3f} ± "
+            f"{r['partial_se']:.3f} |"
+        )
+        return '\n'.join(
+            ['| category | n | strict | partial |', '|---|---|---|---|', *map(f, self.rows), f(self.overall)]
+        )
+
 
 def _mean_se(x:torch.Tensor, groups:list|None=None):
-    "Mean and its standard error: clustered by `groups` (the images' prompts) when there are at least two, else per image."
+    """Mean and its standard error: clustered by `groups` (the images' prompts) when there are at least two, else per
+    image."""
     x = x.double()
     if len(x) < 2: return x.mean().item(), 0.
     if groups is None or len(set(groups)) < 2: return x.mean().item(), x.std().item() / len(x) ** 0.5
@@ -471,7 +510,10 @@ def geneval_report(results:GenEvalResult|list|torch.Tensor, # results (or a list
     "GenEval-style report of `results`: per category and overall, with standard errors."
     if isinstance(results, torch.Tensor):
         if categories is None or len(categories) != len(results):
-            raise ValueError(f"categories must give one category per image ({len(results)}), got {None if categories is None else len(categories)}")
+            raise ValueError(
+                f"categories must give one category per image ({len(results)}), got "
+                f"{None if categories is None else len(categories)}"
+            )
         strict, partial = results.float(), results.float()
     else:
         results = [results] if isinstance(results, GenEvalResult) else list(results)
@@ -484,7 +526,12 @@ def geneval_report(results:GenEvalResult|list|torch.Tensor, # results (or a list
         if len(idx) == 0: continue
         g = None if prompts is None else [prompts[i] for i in idx.tolist()]
         (s, sse), (p, pse) = _mean_se(strict.cpu()[idx], g), _mean_se(partial.cpu()[idx], g)
-        rows.append(dict(category=c, n=len(idx), prompts=None if g is None else len(set(g)), strict=s, strict_se=sse, partial=p, partial_se=pse))
+        rows.append(
+            dict(
+                category=c, n=len(idx), prompts=None if g is None else len(set(g)), strict=s, strict_se=sse, partial=p,
+                partial_se=pse
+            )
+        )
     m = lambda k: sum(r[k] for r in rows) / len(rows)
     se = lambda k: sum(r[k] ** 2 for r in rows) ** 0.5 / len(rows)
     overall = dict(category='overall', n=len(strict), strict=m('strict'), strict_se=se('strict_se'),
@@ -497,6 +544,8 @@ class MiniGenEvalReward:
     "mini-GenEval as a reward: `strict` (0/1) or `partial` (fraction of constraints met)."
     kind: str = 'strict'  # 'strict' or 'partial'
     def __post_init__(self):
-        if self.kind not in ('strict', 'partial'): raise ValueError(f"kind={self.kind!r}; allowed: ('strict', 'partial')")
+        if self.kind not in ('strict', 'partial'):
+            raise ValueError(f"kind={self.kind!r}; allowed: ('strict', 'partial')")
+
     def __call__(self, images:torch.Tensor, prompts:list[str])->torch.Tensor: # [B] float32
         return getattr(mini_geneval(images, prompts), self.kind).float()

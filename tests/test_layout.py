@@ -119,11 +119,18 @@ def test_statistics_have_one_home(module):
                        'percentile_ci'}
 
 def test_no_line_is_wider_than_the_page():
-    "ruff's E501 at 120 columns on the exported modules and on every notebook's code (ruff reads .ipynb itself)."
+    """ruff's E501 at 120 columns on the exported modules and on every notebook's code (ruff reads .ipynb itself).
+    nbdev writes each module's `__all__` itself, wrapping its names at 120 before the `__all__ = ` it puts in front:
+    that one generated line is not ours to wrap."""
     r = subprocess.run([sys.executable, '-m', 'ruff', 'check', '--no-cache', '--select', 'E501', '--line-length', str(WIDTH),
-                        '--exclude', '_modidx.py', '--output-format', 'concise', 'flowgrpo_nb', 'nbs'],
+                        '--exclude', '_modidx.py', '--output-format', 'json', 'flowgrpo_nb', 'nbs'],
                        cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    found = json.loads(r.stdout or '[]')
+    assert found or r.returncode == 0, r.stderr[-2000:]
+    line = lambda e: Path(e['filename']).read_text().splitlines()[e['location']['row'] - 1]
+    wide = [f"{Path(e['filename']).relative_to(ROOT)}:{e['location']['row']}" for e in found
+            if not (e['filename'].endswith('.py') and line(e).startswith('__all__ = '))]
+    assert not wide, f'{len(wide)} lines over {WIDTH} characters: {wide[:20]}'
 
 @pytest.mark.parametrize('module', sorted(MODULES))
 def test_modules_stay_the_size_of_one_purpose(module):

@@ -1,4 +1,4 @@
-"""The main job: every arm of a budget trained side by side from one base model and seeds, the base model evaluated once per seed, the jobs spread over worker processes, and the report written from the runs.
+"""The comparison: every arm of a budget trained from one base model per seed, then its report.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/compare.html.md"""
 
@@ -29,7 +29,10 @@ from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from ..config import GRPOConfig, config_diff, parse_overrides, run_config
 from ..checkpoint import RunFolder, FolderLock, read_json, write_json, write_text
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
-from .design import ARMS, TASKS, BUDGETS, PREREG, budget_of, load_prereg, prereg_file, COSTS, LIMIT, CompareConfig, arm_settings, job_costs, schedule, estimate_cost, _eval_groups
+from flowgrpo_nb.study.design import (
+    ARMS, TASKS, BUDGETS, PREREG, budget_of, load_prereg, prereg_file, COSTS, LIMIT, CompareConfig, arm_settings,
+    job_costs, schedule, estimate_cost, _eval_groups
+)
 from ..precision import machine_paths, resolve_fast, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
 from .summary import task_section, correct, evaluate_contrasts, evaluate_claims, add_fidelity, FAMILIES
@@ -43,7 +46,8 @@ def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, pro
     key = dict(task=task.name, **ev, weights=policy.base_fingerprint(), fast=fast)
     if path is not None and path.exists():
         d = read_json(path, 'the base evaluation cache')
-        same = lambda k: k == key or (cfg.fast == 'auto' and isinstance(k, dict) and {**k, 'fast': fast} == key)  # auto: the path it was evaluated on
+        # auto: the path it was evaluated on
+        same = lambda k: k == key or (cfg.fast == 'auto' and isinstance(k, dict) and {**k, 'fast': fast} == key)
         if isinstance(d, dict) and same(d.get('key')): return EvalReport.from_dict(d)
     c0 = time.process_time()
     was = policy.fast
@@ -51,33 +55,44 @@ def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, pro
     finally: policy.set_fast(was)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, dict(rep.to_dict(), key=key, cpu_seconds=time.process_time() - c0), 'the base evaluation cache')
+        write_json(
+            path, dict(rep.to_dict(), key=key, cpu_seconds=time.process_time() - c0), 'the base evaluation cache'
+        )
     return rep
 
 # %% ../../nbs/study/08_compare.ipynb #2f4044aa
 def run_dir(out:Path, task:str, seed:int, arm:str) -> Path: return Path(out)/task/f'seed{seed}'/arm
-def base_file(out:Path, group:str, seed:int) -> Path: return Path(out)/'base'/group/f'seed{seed}.json'  # the base model's evaluation
+# the base model's evaluation
+def base_file(out:Path, group:str, seed:int) -> Path: return Path(out)/'base'/group/f'seed{seed}.json'
 
-def finished(d:Path, cfg:GRPOConfig) -> bool: return (s := RunFolder(d).summary()) is not None and s['steps'] >= cfg.steps
+def finished(d: Path, cfg: GRPOConfig) -> bool:
+    return (s := RunFolder(d).summary()) is not None and s['steps'] >= cfg.steps
+
 
 def jobs_left(out:Path, ccfg:CompareConfig, timings:dict|None=None) -> dict:
-    "{job: expected CPU seconds (on this machine or `timings`')} of `ccfg`'s jobs not done in `out`: runs without their final summary, base evaluations without their file."
+    """{job: expected CPU seconds (on this machine or `timings`')} of `ccfg`'s jobs not done in `out`: runs without
+    their final summary, base evaluations without their file."""
     done = lambda k: (base_file(out, *k[1:3]).is_file() if k[0] == 'base' else
                       finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0])))
     return {k: c for k, c in job_costs(ccfg, timings=timings).items() if not done(k)}
 
 def earlier_invocations(out:Path) -> list[dict]:
-    "The invocations of `compare` that wrote `out`'s report.json before this one: wall seconds and runs each trained (none: no readable report)."
+    """The invocations of `compare` that wrote `out`'s report.json before this one: wall seconds and runs each trained
+    (none: no readable report)."""
     try: r = read_json(p := Path(out)/'report.json', 'the comparison report')
     except ValueError: return []  # unreadable: written again at the end
     if not isinstance(r, dict):
-        raise ValueError(f"{p} holds a JSON {type(r).__name__}, not a comparison report (an object); move it away or use another --out")
+        raise ValueError(
+            f"{p} holds a JSON {type(r).__name__}, not a comparison report (an object); move it away or use another "
+            "--out"
+        )
     tm = r.get('timing') if isinstance(r.get('timing'), dict) else {}
     inv = [i for i in tm.get('invocations') or [] if isinstance(i, dict)]
     return inv or [dict(wall_seconds=r.get('wall_seconds'), runs_trained=tm.get('runs', 0) - tm.get('runs_reused', 0))]
 
 def _check_reused(keys:list, out:Path, ccfg:CompareConfig, policy:Policy|None):
-    "Before any work: every finished run about to be reused was trained on the base weights of this comparison (one model load per backend)."
+    """Before any work: every finished run about to be reused was trained on the base weights of this comparison (one
+    model load per backend)."""
     fps = {}
     for task, seed, arm in keys:
         cfg = ccfg.train_config(arm, seed, task)
@@ -90,16 +105,22 @@ def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:b
     run = RunFolder(d)
     if run.is_run():
         diff = config_diff(run_config(run), cfg)
-        if diff: raise ValueError(f"{d} holds a run with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
-                                  "use another --out, or delete that folder")
+        if diff:
+            raise ValueError(
+                f"{d} holds a run with other settings "
+                f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
+                "use another --out, or delete that folder"
+            )
     if finished(d, cfg): return  # `compare` checked its base weights before any work (`_check_reused`)
-    tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(run.checkpoints()), progress=progress)  # holds d's lock
+    # holds d's lock
+    tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(run.checkpoints()), progress=progress)
     tr.train()
     tr.acc.end_training()
 
 # %% ../../nbs/study/08_compare.ipynb #47bee7ca
 def _job(key:tuple, out:Path, ccfg:CompareConfig, tasks:dict, policy:Policy|None, progress:bool):
-    "One independent unit: ('base', evaluation, seed, task) evaluates the base model, (task, seed, arm) trains a run (its numbers stay in its folder)."
+    """One independent unit: ('base', evaluation, seed, task) evaluates the base model, (task, seed, arm) trains a run
+    (its numbers stay in its folder)."""
     if key[0] == 'base':
         _, group, seed, t = key
         cfg = ccfg.train_config('flow_grpo', seed, t)
@@ -115,10 +136,13 @@ def _job_name(key) -> str:
             f"the run of seed {key[1]}, arm {key[2]!r} (task {key[0]!r})")
 
 # %% ../../nbs/study/08_compare.ipynb #1c20f77d
-def usable_cores() -> int: return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+
 
 def default_workers(n_jobs:int, cores:int|None=None, workers:int|None=None) -> tuple[int, int]:
-    "(worker processes, torch threads per worker) for `n_jobs` independent jobs: one worker per usable core, spare cores as threads."
+    """(worker processes, torch threads per worker) for `n_jobs` independent jobs: one worker per usable core, spare
+    cores as threads."""
     cores = cores or usable_cores()
     workers = workers or max(1, min(cores, n_jobs))
     return workers, max(1, cores // workers)
@@ -135,13 +159,17 @@ def _init_worker(threads:int, ccfg:dict, tasks:dict|None, policy:Policy|None, pa
     torch.set_num_threads(threads)
     _worker.update(tasks=tasks or load_tasks(CompareConfig(**ccfg)), policy=policy)
 
-def _worker_job(key, out:Path, ccfg:dict): return _job(key, out, CompareConfig(**ccfg), _worker['tasks'], _worker['policy'], False)
+def _worker_job(key, out: Path, ccfg: dict):
+    return _job(key, out, CompareConfig(**ccfg), _worker['tasks'], _worker['policy'], False)
+
 
 def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Policy|None, workers:int, threads:int,
              progress:bool=True, on_done=lambda done: None) -> dict:
-    "{job: result} of every job, run in `workers` worker processes of `threads` threads; a failure is one ValueError naming its job; an interrupt kills the workers."
+    """{job: result} of every job, run in `workers` worker processes of `threads` threads; a failure is one ValueError
+    naming its job; an interrupt kills the workers."""
     done, ctx = {}, worker_context()
-    mod = importlib.import_module('flowgrpo_nb.study.compare')  # a worker unpickles what it runs by module name: the package's functions
+    # a worker unpickles what it runs by module name: the package's functions
+    mod = importlib.import_module('flowgrpo_nb.study.compare')
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=mod._init_worker,
                              initargs=(threads, asdict(ccfg), tasks, policy, os.getpid())) as ex:
         try:
@@ -151,10 +179,15 @@ def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Po
                 try: done[futures[f]] = f.result()
                 except Exception as e:
                     ex.shutdown(wait=True, cancel_futures=True)
-                    raise ValueError(f"{_job_name(futures[f])} failed in its worker process ({type(e).__name__}: {' '.join(str(e).split())}); "
-                                     f"the runs already finished are kept in {out} and the same command resumes the rest") from e
+                    raise ValueError(
+                        f"{_job_name(futures[f])} failed in its worker process ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())}); "
+                        f"the runs already finished are kept in {out} and the same command resumes the rest"
+                    ) from e
                 on_done(done)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (`Stopped`): the queue cancelled, the workers killed; their runs resume from their last checkpoint
+        # Ctrl-C or SIGTERM (`Stopped`): the queue cancelled, the workers killed; their runs resume from their last
+        # checkpoint
+        except KeyboardInterrupt:
             stop_pool(ex)
             raise
     return done
@@ -163,30 +196,47 @@ def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Po
 def _given_tasks(ccfg:CompareConfig, task) -> dict|None:
     if task is None or isinstance(task, dict):
         if task is not None and set(task) != set(ccfg.tasks):
-            raise ValueError(f"task: a dict with the keys {sorted(ccfg.tasks)} (the comparison's tasks), got {sorted(task)}")
+            raise ValueError(
+                f"task: a dict with the keys {sorted(ccfg.tasks)} (the comparison's tasks), got {sorted(task)}"
+            )
         return task
-    if len(ccfg.tasks) > 1: raise ValueError(f"task: one Task for the {len(ccfg.tasks)} tasks {ccfg.tasks}; pass {{name: Task}} or CompareConfig(tasks=(name,))")
+    if len(ccfg.tasks) > 1:
+        raise ValueError(
+            f"task: one Task for the {len(ccfg.tasks)} tasks {ccfg.tasks}; pass {{name: Task}} or "
+            "CompareConfig(tasks=(name,))"
+        )
     return {ccfg.tasks[0]: task}
 
 def _check_runs(ccfg:CompareConfig, tasks:dict):
     for t, tk in tasks.items():
-        if tk.evaluate is None: raise ValueError(f"task {tk.name!r} has no evaluation: a comparison needs one to judge the models")
+        if tk.evaluate is None:
+            raise ValueError(f"task {tk.name!r} has no evaluation: a comparison needs one to judge the models")
         for s in ccfg.task_seeds(t):
             cfgs = {a: ccfg.train_config(a, s, t) for a in ccfg.task_arms(t)}
             ev = {a: (c.eval_images, c.K, c.shift, c.guidance) for a, c in cfgs.items()}
             if len(set(ev.values())) > 1 or not ev['flow_grpo'][0]:
-                raise ValueError(f"task {t!r}, seed {s}: the runs must evaluate alike and at all (eval_images, K, shift, guidance): {ev}")
+                raise ValueError(
+                    f"task {t!r}, seed {s}: the runs must evaluate alike and at all (eval_images, K, shift, guidance): "
+                    f"{ev}"
+                )
+
 
 def _workers(ccfg:CompareConfig, given:dict|None, policy:Policy|None, n_jobs:int, workers:int|None,
              threads:int|None) -> tuple:
     "(worker processes, torch threads per worker) checked; given tasks and policy must travel to the workers."
     if any(v is not None and (not isinstance(v, int) or v < 0) for v in (workers, threads)):
-        raise ValueError(f"workers={workers!r}, threads={threads!r}: each must be a whole number >= 1 (0 or None: the default)")
+        raise ValueError(
+            f"workers={workers!r}, threads={threads!r}: each must be a whole number >= 1 (0 or None: the default)"
+        )
     workers, t = default_workers(n_jobs, workers=workers)
     if workers > 1 and (given is not None or policy is not None):
-        try: pickle.dumps((given, policy))
-        except Exception as e: raise ValueError(f"workers={workers}: the given task or policy cannot be sent to worker processes ({e}); "
-                                                "pass workers=1, or build the task from module-level functions") from None
+        try:
+            pickle.dumps((given, policy))
+        except Exception as e:
+            raise ValueError(
+                f"workers={workers}: the given task or policy cannot be sent to worker processes ({e}); "
+                "pass workers=1, or build the task from module-level functions"
+            ) from None
     return workers, threads or (t if workers > 1 else None)
 
 def _in_process(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict, policy:Policy|None, threads:int|None,
@@ -201,26 +251,39 @@ def _in_process(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict, policy:Poli
 
 # %% ../../nbs/study/08_compare.ipynb #4262beb0
 def measured_cpu(report:Report, out:Path, bases:dict) -> dict:
-    "Process CPU seconds the jobs measured: runs (training, calibration, evaluations) and base evaluations, to set against `estimate_cost`."
+    """Process CPU seconds the jobs measured: runs (training, calibration, evaluations) and base evaluations, to set
+    against `estimate_cost`."""
     runs = [r for sec in report.tasks.values() for runs in sec.per_seed.values() for r in runs.values()]
     base = [read_json(p, 'the base evaluation cache').get('cpu_seconds', 0.0)
             for k in bases for p in [base_file(out, *k[1:3])] if p.exists()]
-    return dict(train=sum(r.total_cpu_seconds for r in runs), evaluation=sum(r.eval_cpu_seconds for r in runs), base=sum(base),
-                total=sum(r.total_cpu_seconds + r.eval_cpu_seconds for r in runs) + sum(base))
+    return dict(
+        train=sum(r.total_cpu_seconds for r in runs), evaluation=sum(r.eval_cpu_seconds for r in runs), base=sum(base),
+        total=sum(r.total_cpu_seconds + r.eval_cpu_seconds for r in runs) + sum(base)
+    )
 
 def machine() -> dict:
-    "The machine that estimated and ran the jobs: its CPU, the path `fast='auto'` takes there and why, and the probe's seconds per row."
+    """The machine that estimated and ran the jobs: its CPU, the path `fast='auto'` takes there and why, and the probe's
+    seconds per row."""
     m = machine_paths()
     return dict(cpu=m['key']['cpu'], capability=m['key']['capability'], path=path_name(m['fast']), why=m['why'],
                 per_row={p: m['timings'][p] for p in ('fp32', 'bf16')})
 
 # %% ../../nbs/study/08_compare.ipynb #29019ac6
 def read_fidelity(path:str|None) -> list[dict]|None:
-    "Fidelity rows {task, seed, arm, measures} of `flowgrpo fidelity --compare` (rows), or of one model's fidelity.json (no task, seed); None: no path."
+    """Fidelity rows {task, seed, arm, measures} of `flowgrpo fidelity --compare` (rows), or of one model's
+    fidelity.json (no task, seed); None: no path."""
     if path is None: return None
-    try: d = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e: raise ValueError(f"fidelity={path!r}: cannot read it ({e}); give a fidelity.json of flowgrpo fidelity") from None
-    if isinstance(d, dict) and isinstance(d.get('rows'), list) and all(isinstance(r, dict) and 'arm' in r for r in d['rows']):
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"fidelity={path!r}: cannot read it ({e}); give a fidelity.json of flowgrpo fidelity"
+        ) from None
+    if (
+        isinstance(d, dict)
+        and isinstance(d.get('rows'), list)
+        and all(isinstance(r, dict) and 'arm' in r for r in d['rows'])
+    ):
         return d['rows']
     res = (d.get('base') or d.get('finetuned')) if isinstance(d, dict) else None
     if not isinstance(res, dict) or 'stats' not in res:
@@ -236,16 +299,21 @@ def code_version() -> dict:
     git = lambda *a: subprocess.run(['git', '-C', str(root), *a], capture_output=True, text=True, timeout=30)
     try:
         if (c := git('rev-parse', 'HEAD')).returncode == 0:
-            out |= dict(commit=c.stdout.strip(), changes=bool(git('status', '--porcelain', '--untracked-files=no').stdout.strip()))
-    except (OSError, subprocess.SubprocessError): pass
+            out |= dict(
+                commit=c.stdout.strip(),
+                changes=bool(git('status', '--porcelain', '--untracked-files=no').stdout.strip()),
+            )
+    except (OSError, subprocess.SubprocessError):
+        pass
     return out
 def _git(root:Path, *a) -> subprocess.CompletedProcess|None:
     try: return subprocess.run(['git', '-C', str(root), *a], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError): return None
 
 def prereg_record(out:Path|None) -> dict:
-    """The pre-registration a study judges: its file and sha256, the commit that added it to the repository, whether the
-    file is unchanged since, and for each invocation logged in `out` whether the code it ran descends from that commit."""
+    """The pre-registration a study judges: its file and sha256, the commit that added it to the repository, whether
+    the file is unchanged since, and for each invocation logged in `out` whether the code it ran descends from that
+    commit."""
     f = prereg_file(); root = f.parent.parent
     rec = dict(file=PREREG, sha256=hashlib.sha256(f.read_bytes()).hexdigest())
     added = _git(root, 'log', '--diff-filter=A', '--format=%H %cI', '--', PREREG) if (root/'.git').exists() else None
@@ -256,8 +324,16 @@ def prereg_record(out:Path|None) -> dict:
     def after(c:str|None) -> bool|None:  # the invocation's code has the pre-registration's commit in its history
         r = c and _git(root, 'merge-base', '--is-ancestor', commit, c)
         return None if not r or r.returncode not in (0, 1) else r.returncode == 0
-    rec['invocations'] = [dict(started=i.get('started'), commit=(i.get('code') or {}).get('commit'), after=after((i.get('code') or {}).get('commit')))
-                          for i in (read_invocations(out) if out else []) if 'started' in i and i.get('runs_to_train', 1)]  # one that only rebuilt the report trained nothing
+
+    rec['invocations'] = [
+        dict(
+            started=i.get('started'), commit=(i.get('code') or {}).get('commit'),
+            after=after((i.get('code') or {}).get('commit'))
+        )
+        # one that only rebuilt the report trained nothing
+        for i in (read_invocations(out) if out else [])
+        if 'started' in i and i.get('runs_to_train', 1)
+    ]
     return rec
 
 
@@ -274,7 +350,8 @@ def command_line(ccfg:CompareConfig, out) -> str:
 
 # %% ../../nbs/study/08_compare.ipynb #c41389a3
 def log_invocation(out:Path, **row) -> dict:
-    "Append one line to `out`/invocations.jsonl (a start: `id` and what it runs; an end: the same `id` and what it took)."
+    """Append one line to `out`/invocations.jsonl (a start: `id` and what it runs; an end: the same `id` and what it
+    took)."""
     with open(Path(out)/'invocations.jsonl', 'a') as f: f.write(json.dumps(row) + '\n')
     return row
 
@@ -304,16 +381,22 @@ def read_invocations(out:Path) -> list[dict]:
 # %% ../../nbs/study/08_compare.ipynb #e9568493
 def compare(out:str|Path='runs/compare',   # the run folder of the comparison
             ccfg:CompareConfig|None=None,   # budget, seeds, tasks, arms (and a fidelity result to draw)
-            task:Task|dict|None=None,       # default: `load_tasks`; one Task (one-task comparisons) or {task name: Task}
-            policy:Policy|None=None,        # the base model, without adapter (default: `load_policy` of the runs' backend)
+            # default: `load_tasks`; one Task (one-task comparisons) or {task name: Task}
+            task:Task|dict|None=None,
+            # the base model, without adapter (default: `load_policy` of the runs' backend)
+            policy:Policy|None=None,
             progress:bool=True,
-            workers:int|None=None,          # worker processes (None: `default_workers`; 1: every job in this process, in order)
-            threads:int|None=None,          # torch threads per worker (None: `default_workers`'s; with workers=1: leave as is)
+            # worker processes (None: `default_workers`; 1: every job in this process, in order)
+            workers:int|None=None,
+            # torch threads per worker (None: `default_workers`'s; with workers=1: leave as is)
+            threads:int|None=None,
             png:bool=True) -> Report:       # also write the figures as PNGs (the HTML page has them either way)
-    "Train every arm of `ccfg` per task and seed, evaluate the base model per seed, write report.json/.html and figures."
+    """Train every arm of `ccfg` per task and seed, evaluate the base model per seed, write report.json/.html and
+    figures."""
     ccfg, out = ccfg or CompareConfig(), Path(out)
     given = _given_tasks(ccfg, task)
-    with FolderLock(out, 'a comparison'):  # a second job on `out` is refused here, before any work; its runs lock their own folders
+    # a second job on `out` is refused here, before any work; its runs lock their own folders
+    with FolderLock(out, 'a comparison'):
         tasks, fidelity = given or load_tasks(ccfg), read_fidelity(ccfg.fidelity)
         _check_runs(ccfg, tasks)
         costs = job_costs(ccfg, given is not None)
@@ -323,33 +406,50 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         t0, c0 = time.perf_counter(), time.process_time()
         jobs = schedule(costs, workers)[0]
         runs = [k for k in jobs if k[0] != 'base']
-        reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]  # wall_seconds counts only the rest
+        # wall_seconds counts only the rest
+        reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]
         _check_reused(reused, out, ccfg, policy)
-        earlier = [] if (out/'invocations.jsonl').exists() else earlier_invocations(out)  # a folder of a version without the log
-        me = log_invocation(out, id=f'{datetime.now(timezone.utc).isoformat(timespec="seconds")}-{os.getpid()}',
-                            started=datetime.now(timezone.utc).isoformat(timespec='seconds'), command=command_line(ccfg, out),
-                            code=code_version(), runs=len(runs), runs_to_train=len(runs) - len(reused))['id']
-        trained = lambda: sum(finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0])) for k in runs) - len(reused)
-        tick = lambda done=None: log_invocation(out, id=me, wall_seconds=time.perf_counter() - t0, runs_trained=trained())
+        # a folder of a version without the log
+        earlier = [] if (out/'invocations.jsonl').exists() else earlier_invocations(out)
+        me = log_invocation(
+            out, id=f'{datetime.now(timezone.utc).isoformat(timespec="seconds")}-{os.getpid()}',
+            started=datetime.now(timezone.utc).isoformat(timespec='seconds'), command=command_line(ccfg, out),
+            code=code_version(), runs=len(runs), runs_to_train=len(runs) - len(reused)
+        )['id']
+        trained = lambda: (
+            sum(finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0])) for k in runs) - len(reused)
+        )
+        tick = lambda done=None: log_invocation(
+            out, id=me, wall_seconds=time.perf_counter() - t0, runs_trained=trained()
+        )
         beat = _heartbeat(tick)  # a kill -9 still leaves this invocation's time to within HEARTBEAT seconds
         try:
             done = (_in_process(jobs, out, ccfg, tasks, policy, threads, progress, tick) if workers == 1 else
                     run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress, tick))
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: what finished is kept, the same command continues
             e = e if isinstance(e, Stopped) else Stopped()
-            log_invocation(out, id=me, wall_seconds=time.perf_counter() - t0, runs_trained=(n := trained()), stopped=e.how)
-            raise stopped(e, f"{n + len(reused)} of {len(runs)} runs finished, kept in {out} (a stopped run resumes from its last checkpoint)",
-                          command_line(ccfg, out)) from None
+            log_invocation(
+                out, id=me, wall_seconds=time.perf_counter() - t0, runs_trained=(n := trained()), stopped=e.how
+            )
+            raise stopped(
+                e,
+                f"{n + len(reused)} of {len(runs)} runs finished, kept in {out} (a stopped run resumes from its last "
+                "checkpoint)",
+                command_line(ccfg, out)
+            ) from None
         finally: beat.set()
         bases = {k: v for k, v in done.items() if k[0] == 'base'}
         report = build_report(ccfg, out, tasks, bases, given is not None, fidelity)
         report.wall_seconds = time.perf_counter() - t0
-        report.timing = dict(workers=workers, threads_per_worker=threads or torch.get_num_threads(),
-                             step_time_ratio=STEP_TIME_RATIO,
-                             estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases), machine=machine(),
-                             main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused))
+        report.timing = dict(
+            workers=workers, threads_per_worker=threads or torch.get_num_threads(), step_time_ratio=STEP_TIME_RATIO,
+            estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases), machine=machine(),
+            main_process_cpu_seconds=time.process_time() - c0, runs=len(runs), runs_reused=len(reused)
+        )
         log_invocation(out, id=me, wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))
-        report.timing |= dict(command=command_line(ccfg, out), code=code_version(), invocations=earlier + read_invocations(out))
+        report.timing |= dict(
+            command=command_line(ccfg, out), code=code_version(), invocations=earlier + read_invocations(out)
+        )
         write_report(report, out, png)
         return report
 
@@ -360,7 +460,8 @@ def run_paths(out:Path, ccfg:CompareConfig) -> dict:
     for t in ccfg.tasks:
         for s in ccfg.task_seeds(t):
             for a in ccfg.task_arms(t):
-                if (run := RunFolder(run_dir(out, t, s, a))).is_run(): by.setdefault(path_name(run_config(run).fast), []).append(f'{t}/seed{s}/{a}')
+                if (run := RunFolder(run_dir(out, t, s, a))).is_run():
+                    by.setdefault(path_name(run_config(run).fast), []).append(f'{t}/seed{s}/{a}')
     return by
 
 def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
@@ -369,43 +470,80 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
     cfg = ccfg.train_config('flow_grpo', ccfg.task_seeds(t0)[0], t0)
     arms = dict.fromkeys(a for t in ccfg.tasks for a in ccfg.task_arms(t))
     return dict(
-        base=dict(model=cfg.model, model_path=cfg.model_path,
-                  fingerprint=out and RunFolder(run_dir(out, t0, ccfg.task_seeds(t0)[0], 'flow_grpo')).fingerprint(),
-                  version=out and (RunFolder(run_dir(out, t0, ccfg.task_seeds(t0)[0], 'flow_grpo')).read('base') or {}).get('version')),
-        budget=ccfg.budget, seeds=list(ccfg.all_seeds), steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
+        base=dict(
+            model=cfg.model,
+            model_path=cfg.model_path,
+            fingerprint=out and RunFolder(run_dir(out, t0, ccfg.task_seeds(t0)[0], 'flow_grpo')).fingerprint(),
+            version=out
+            and (RunFolder(run_dir(out, t0, ccfg.task_seeds(t0)[0], 'flow_grpo')).read('base') or {}).get('version'),
+        ),
+        budget=ccfg.budget,
+        seeds=list(ccfg.all_seeds),
+        steps=cfg.steps,
+        prompts_per_step=cfg.prompts_per_step,
         group_size=cfg.group_size,
-        lr=cfg.lr, lora_rank=cfg.lora_rank, overrides=ccfg.overrides,
-        evaluation=dict(images=cfg.eval_images, every=cfg.eval_every, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance, sampler='Euler ODE',
-                        noise=f'seed + {EVAL_SEED}: the same for every run of a seed and the base model'),
-        tasks={t: dict(TASKS[t], name=tasks[t].name, arms=list(ccfg.task_arms(t)), seeds=list(ccfg.task_seeds(t)), train_prompts=len(tasks[t].train_prompts),
-                       eval_prompts=len(tasks[t].eval_prompts)) for t in ccfg.tasks},
-        arms={a: arm_settings(a, ccfg.train_config(a, ccfg.all_seeds[0], t), TASKS[t]['levels'])
-              | dict(controls={u: ARMS[a].control_for(TASKS[u]['levels']) for u in ccfg.tasks if a in ccfg.task_arms(u)})
-              for a in arms for t in [next(u for u in ccfg.tasks if a in ccfg.task_arms(u))]},
+        lr=cfg.lr,
+        lora_rank=cfg.lora_rank,
+        overrides=ccfg.overrides,
+        evaluation=dict(
+            images=cfg.eval_images, every=cfg.eval_every, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance,
+            sampler='Euler ODE', noise=f'seed + {EVAL_SEED}: the same for every run of a seed and the base model'
+        ),
+        tasks={
+            t: dict(
+                TASKS[t], name=tasks[t].name, arms=list(ccfg.task_arms(t)), seeds=list(ccfg.task_seeds(t)),
+                train_prompts=len(tasks[t].train_prompts), eval_prompts=len(tasks[t].eval_prompts)
+            )
+            for t in ccfg.tasks
+        },
+        arms={
+            a: arm_settings(a, ccfg.train_config(a, ccfg.all_seeds[0], t), TASKS[t]['levels'])
+            | dict(controls={u: ARMS[a].control_for(TASKS[u]['levels']) for u in ccfg.tasks if a in ccfg.task_arms(u)})
+            for a in arms
+            for t in [next(u for u in ccfg.tasks if a in ccfg.task_arms(u))]
+        },
         statistics='paired per-seed differences; 95% CI of their mean with Student t (n - 1 degrees of freedom); '
-                   "verdict higher/lower when Holm's correction over its family keeps p below 0.05 (families: "
-                   + '; '.join(FAMILIES.values()) + ')', step_time_ratio=STEP_TIME_RATIO,
-        precision=out and run_paths(out, ccfg)) | (dict(prereg=prereg_record(out)) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else {})
+        "verdict higher/lower when Holm's correction over its family keeps p below 0.05 (families: "
+        + '; '.join(FAMILIES.values())
+        + ')',
+        step_time_ratio=STEP_TIME_RATIO,
+        precision=out and run_paths(out, ccfg),
+    ) | (dict(prereg=prereg_record(out)) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else {})
 
-def build_report(ccfg:CompareConfig, out:Path, tasks:dict, bases:dict, given:bool=False, fidelity:list|None=None) -> Report:
-    "The report from the runs in `out`, the base evaluations {('base', evaluation, seed, task): EvalReport} and fidelity rows."
+def build_report(
+    ccfg: CompareConfig, out: Path, tasks: dict, bases: dict, given: bool = False, fidelity: list | None = None
+) -> Report:
+    """The report from the runs in `out`, the base evaluations {('base', evaluation, seed, task): EvalReport} and
+    fidelity rows."""
     groups, sections = _eval_groups(ccfg, given), {}
     for t in ccfg.tasks:
         g = next(g for g, ts in groups.items() if t in ts)
         cfg = ccfg.train_config('flow_grpo', ccfg.task_seeds(t)[0], t)
         base = {s: next(v for k, v in bases.items() if k[1] == g and k[2] == s) for s in ccfg.task_seeds(t)}
-        per_seed = {str(s): {a: run_report(run_dir(out, t, s, a), base[s]) for a in ccfg.task_arms(t)} for s in ccfg.task_seeds(t)}
+        per_seed = {
+            str(s): {a: run_report(run_dir(out, t, s, a), base[s]) for a in ccfg.task_arms(t)}
+            for s in ccfg.task_seeds(t)
+        }
         sections[t] = task_section(t, per_seed, {str(s): (heldout(r), r.extra.get('score')) for s, r in base.items()},
                                    list(ccfg.task_arms(t)),
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
     return _judged(ccfg, sections, setup(ccfg, tasks, out), fidelity)
 
 def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -> Report:
-    "The report of `sections`: Holm within families, the claims (a pre-registered study judges its own rows), fidelity, findings."
+    """The report of `sections`: Holm within families, the claims (a pre-registered study judges its own rows),
+    fidelity, findings."""
     correct(sections)
-    report = Report(format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget), setup=setup,
-                    tasks=sections, findings=[], contrasts=evaluate_claims(sections, load_prereg(prereg_file())) if BUDGETS[ccfg.budget]['seeds'] == 'prereg'
-                    else evaluate_contrasts(sections))
+    report = Report(
+        format=FORMAT,
+        config=asdict(ccfg),
+        budget=budget_of(ccfg.budget),
+        setup=setup,
+        tasks=sections,
+        findings=[],
+        contrasts=evaluate_claims(sections, load_prereg(prereg_file()))
+        if BUDGETS[ccfg.budget]['seeds'] == 'prereg'
+        else evaluate_contrasts(sections),
+    )
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys
     report.findings = findings(report)
@@ -426,11 +564,13 @@ def rebuild_report(out:str|Path,                 # a comparison folder: compare.
     return build_report(ccfg, out, tasks, bases, fidelity=read_fidelity(None if fidelity is None else str(fidelity)))
 
 def report_from_records(report:Report, fidelity:list|None=None) -> Report:
-    "`report` judged again from its own run records (per seed and arm) and base evaluations: sections, claims, findings."
+    """`report` judged again from its own run records (per seed and arm) and base evaluations: sections, claims,
+    findings."""
     ccfg, sections = CompareConfig(**{**report.config, 'fidelity': None}), {}
     for t, old in report.tasks.items():
         cfg = ccfg.train_config('flow_grpo', ccfg.task_seeds(t)[0], t)
-        learned = {s: runs['flow_grpo'].curve[0].learned for s, runs in old.per_seed.items()}  # the base point of its curves
+        # the base point of its curves
+        learned = {s: runs['flow_grpo'].curve[0].learned for s, runs in old.per_seed.items()}
         sections[t] = task_section(t, old.per_seed, {s: (old.base['per_seed'][s], learned[s]) for s in old.per_seed},
                                    list(old.arms), TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps,
                                    eval_every=cfg.eval_every)
@@ -438,23 +578,31 @@ def report_from_records(report:Report, fidelity:list|None=None) -> Report:
 
 # %% ../../nbs/study/08_compare.ipynb #dedf95d4
 def write_report(report:Report, out:str|Path, png:bool=True):
-    "report.json, report.html, figures/<task>_<figure>.json (what the app shows) and (`png`) .png in `out`, each file whole or not at all."
+    """report.json, report.html, figures/<task>_<figure>.json (what the app shows) and (`png`) .png in `out`, each file
+    whole or not at all."""
     out = Path(out); (out/'figures').mkdir(parents=True, exist_ok=True)
     write_json(out/'report.json', report.to_json(), 'the comparison report')
     figs = {t: report_figures(report, t) for t in report.tasks}
     for t, fs in figs.items():
         for name, f in fs.items(): write_text(out/'figures'/f'{t}_{name}.json', f.to_json(), 'the report figure')
     write_text(out/'report.html', report_html(report, figs), 'the report page')
-    if png: write_pngs({out/'figures'/f'{t}_{name}.png': f for t, fs in figs.items() for name, f in fs.items()})  # one browser start
+    # one browser start
+    if png: write_pngs({out/'figures'/f'{t}_{name}.png': f for t, fs in figs.items() for name, f in fs.items()})
 
 # %% ../../nbs/study/08_compare.ipynb #1dcc4bb4
 def _names(xs:list|None) -> tuple|None: return None if xs is None else tuple(n for x in xs for n in x.split(',') if n)
 
 def _left_line(out:Path, ccfg:CompareConfig, workers:int) -> str:
     left, runs = jobs_left(out, ccfg), sum(k[0] != 'base' for k in job_costs(ccfg))
-    n, wall = sum(k[0] != 'base' for k in left), schedule(left, workers)[1] + (COSTS['worker'] + COSTS['report']) * bool(left)
-    return (f"{out}: {runs - n} of {runs} runs finished; left {sum(left.values()):.0f} core-seconds ({n} runs, {len(left) - n} base evaluations), "
-            f"{wall:.0f} s wall on {workers} single-thread workers")
+    n, wall = (
+        sum(k[0] != 'base' for k in left),
+        schedule(left, workers)[1] + (COSTS['worker'] + COSTS['report']) * bool(left),
+    )
+    return (
+        f"{out}: {runs - n} of {runs} runs finished; left {sum(left.values()):.0f} core-seconds ({n} runs, "
+        f"{len(left) - n} base evaluations), "
+        f"{wall:.0f} s wall on {workers} single-thread workers"
+    )
 
 MIN_SEEDS = 2  # the fewest seeds the default job shrinks to: a paired contrast needs two
 
@@ -462,42 +610,76 @@ def _whole_wall(ccfg:CompareConfig, workers:int, timings:dict|None=None) -> floa
     return estimate_cost(ccfg, workers, timings)['wall_seconds']
 
 def seeds_that_fit(ccfg:CompareConfig, workers:int, timings:dict|None=None) -> tuple|None:
-    "The most of the default job's first seeds (at least `MIN_SEEDS`) whose whole job fits `LIMIT` on this machine (or `timings`'); None when all fit or none does."
+    """The most of the default job's first seeds (at least `MIN_SEEDS`) whose whole job fits `LIMIT` on this machine (or
+    `timings`'); None when all fit or none does."""
     if ccfg.budget != 'default' or _whole_wall(ccfg, workers, timings) <= LIMIT: return None
     s = ccfg.all_seeds
-    return next((s[:n] for n in range(len(s) - 1, MIN_SEEDS - 1, -1) if _whole_wall(replace(ccfg, seeds=s[:n]), workers, timings) <= LIMIT), None)
+    return next(
+        (
+            s[:n]
+            for n in range(len(s) - 1, MIN_SEEDS - 1, -1)
+            if _whole_wall(replace(ccfg, seeds=s[:n]), workers, timings) <= LIMIT
+        ),
+        None,
+    )
+
 
 def over_limit_line(ccfg:CompareConfig, out:Path, workers:int, shrink:bool=False, timings:dict|None=None) -> str|None:
     """One sentence when the default job will take longer than `LIMIT` on this machine (None when it fits):
-    with `shrink` (the budget's seeds, none given) the seeds `flowgrpo compare` runs instead, else those that would fit."""
+    with `shrink` (the budget's seeds, none given) the seeds `flowgrpo compare` runs instead, else those that would
+    fit."""
     if ccfg.budget != 'default': return None
     wall, left = _whole_wall(ccfg, workers, timings), schedule(jobs_left(out, ccfg, timings), workers)[1]
     if wall <= LIMIT or not left: return None
     fit, m = seeds_that_fit(ccfg, workers, timings), machine_paths() if timings is None else None
-    where = (f"on this machine ({workers} single-thread workers; {m['key']['cpu']} takes the {path_name(m['fast'])} path: {m['why']})" if m
+    where = (f"on this machine ({workers} single-thread workers; {m['key']['cpu']} takes the {path_name(m['fast'])} "
+             f"path: {m['why']})" if m
              else f"on the timed machine ({workers} single-thread workers)")
-    head = f"the default job's {len(ccfg.all_seeds)} seeds would take {wall / 60:.0f} minutes {where}, more than the {LIMIT / 60:.0f} it is sized for"
+    head = (f"the default job's {len(ccfg.all_seeds)} seeds would take {wall / 60:.0f} minutes {where}, "
+            f"more than the {LIMIT / 60:.0f} it is sized for")
     if fit is None: return head + (f"; even {MIN_SEEDS} would not fit: running all of them" if shrink else '')
     e, seeds = _whole_wall(replace(ccfg, seeds=fit), workers, timings) / 60, ' '.join(map(str, fit))
-    if shrink: return head + f": running seeds {seeds} ({e:.0f} minutes); --seeds {' '.join(map(str, ccfg.all_seeds))} runs every one"
+    if shrink:
+        return (
+            head
+            + f": running seeds {seeds} ({e:.0f} minutes); --seeds {' '.join(map(str, ccfg.all_seeds))} runs every one"
+        )
     return head + f"; --seeds {seeds} would take {e:.0f}"
 
 def _estimate_line(e:dict) -> str:
-    return (f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs, {e['jobs']} jobs) against the {e['limit_core_seconds']:.0f} of "
-            f"{e['workers']} cores × {e['limit_wall_seconds']:.0f} s; {e['wall_seconds']:.0f} s wall on {e['workers']} single-thread workers")
+    return (f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs, {e['jobs']} jobs) against the "
+            f"{e['limit_core_seconds']:.0f} of "
+            f"{e['workers']} cores × {e['limit_wall_seconds']:.0f} s; {e['wall_seconds']:.0f} s wall on {e['workers']} "
+            "single-thread workers")
 
 @call_parse
-def compare_cli(out:str='runs/compare',   # run folder of the comparison
-                budget:str='default',     # smoke (checks the job runs), default (the README's results), study (the exploratory study) or confirm (the pre-registered one)
-                seeds:Annotated[int, "seeds (default: the budget's)", dict(nargs='+')]=None,
-                tasks:Annotated[str, "tasks (space- or comma-separated): geneval (mini-GenEval partial credit), score (the learned score); default: the budget's", dict(nargs='+')]=None,
-                arms:Annotated[str, "arms run in every task, space- or comma-separated (default: the budget's; flowgrpo_nb.study.design.ARMS)", dict(nargs='+')]=None,
-                set:Annotated[str, 'GRPOConfig overrides FIELD=VALUE for every run', dict(nargs='*', action='extend')]=None,
-                workers:int=0,            # worker processes (0: one per usable core, at most one per job; 1: all in this process)
-                threads:int=0,            # torch CPU threads per worker (0: usable cores / workers; with --workers 1 torch's default)
-                no_png:bool=False,        # figures in report.html only, no PNGs
-                estimate:bool=False,      # print the expected cost of the comparison and exit
-                fidelity:str=None):       # a fidelity.json (flowgrpo fidelity): each arm's credit fidelity against its gain
+def compare_cli(
+    out: str = 'runs/compare',  # run folder of the comparison
+    # smoke (checks the job runs), default (the README's results), study (the exploratory study) or confirm
+    # (the pre-registered one)
+    budget: str = 'default',
+    seeds: Annotated[int, "seeds (default: the budget's)", dict(nargs='+')] = None,
+    tasks: Annotated[
+        str,
+        "tasks (space- or comma-separated): geneval (mini-GenEval partial credit), score "
+        "(the learned score); default: the budget's",
+        dict(nargs='+'),
+    ] = None,
+    arms: Annotated[
+        str,
+        "arms run in every task, space- or comma-separated (default: the budget's; flowgrpo_nb.study.design.ARMS)",
+        dict(nargs='+')
+    ] = None,
+    set: Annotated[str, 'GRPOConfig overrides FIELD=VALUE for every run', dict(nargs='*', action='extend')] = None,
+    # worker processes (0: one per usable core, at most one per job; 1: all in this process)
+    workers: int = 0,
+    # torch CPU threads per worker (0: usable cores / workers; with --workers 1 torch's default)
+    threads: int = 0,
+    no_png: bool = False,  # figures in report.html only, no PNGs
+    estimate: bool = False,  # print the expected cost of the comparison and exit
+    # a fidelity.json (flowgrpo fidelity): each arm's credit fidelity against its gain
+    fidelity: str = None,
+):
     "Train the arms side by side on the embedded benchmark and write report.json / report.html."
     ccfg = CompareConfig(budget=budget, seeds=None if seeds is None else tuple(seeds),
                          tasks=_names(tasks), arms=_names(arms), overrides=parse_overrides(set),
@@ -517,5 +699,6 @@ def compare_cli(out:str='runs/compare',   # run folder of the comparison
     inv = tm.get('invocations', [])
     again = (f", {tm['runs_reused']} of {tm['runs']} runs reused from earlier; all {len(inv)} invocations "
              f"{sum(i['wall_seconds'] or 0 for i in inv):.0f} s") if tm.get('runs_reused') else ''
-    print(f"\nreport: {Path(out)/'report.html'} ({report.wall_seconds:.0f} s{again}, {tm['workers']} worker(s) × {tm['threads_per_worker']} thread(s), "
+    print(f"\nreport: {Path(out)/'report.html'} ({report.wall_seconds:.0f} s{again}, {tm['workers']} worker(s) × "
+          f"{tm['threads_per_worker']} thread(s), "
           f"{tm['cpu_seconds']['total']:.0f} CPU seconds in the jobs; " + _estimate_line(tm['estimate']) + ')')

@@ -1,4 +1,4 @@
-"""What the comparison runs, fixed before it runs: arms (a trainer preset each, with the arm that isolates its idea), tasks, budgets, the papers' claims as contrasts with their margins, the confirmatory study's pre-registration (its TOML file, loader and seeds), and what a budget costs.
+"""What the comparison runs, fixed before it runs: arms, tasks, budgets, claims, pre-registrations, costs.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/design.html.md"""
 
@@ -37,36 +37,67 @@ class Arm:
         return self.control.get(levels) if isinstance(self.control, dict) else self.control
 
 # %% ../../nbs/study/01_design.ipynb #7290e1a7
-_EFFECTIVE = dict(few='flow_grpo_train4', continuous='flow_grpo')  # Flow-GRPO on the steps where dense credit's gradient lies
+# Flow-GRPO on the steps where dense credit's gradient lies
+_EFFECTIVE = dict(few='flow_grpo_train4', continuous='flow_grpo')
 _CALIB_UNTIL_STABLE = dict(calib_no_signal='raise', calib_eps2=0.05, calib_iters=40, calib_stop='stable')
 
 ARMS = {
-    'flow_grpo':        Arm('flow_grpo', why='the reference: Flow-GRPO on every step but the last'),
-    'flow_grpo_ddim':   Arm('flow_grpo_ddim', why="Flow-GRPO's credit on Stepwise's sampler, eta, shared noise and window"),
-    'stepwise':         Arm('stepwise', 'flow_grpo_ddim', 'Tweedie gains (DDIM-like SDE, shared noise)'),
-    'stepwise_ode':     Arm('stepwise_ode', 'flow_grpo_ddim', "ode:5 gains (the paper's remedy for blurry Tweedie values)", also=('stepwise',)),
-    'flow_grpo_train4': Arm('flow_grpo', fields=dict(train_start=0, train_size=4),
-                            why="Flow-GRPO exploring on every step, its loss on steps 0-3 only, where dense credit's gradient lies under a reward with few levels"),
-    'flow_grpo_first4': Arm('flow_grpo', window=(0, 4), why='Flow-GRPO exploring and trained on steps 0-3 only (the ODE after): the short window'),
-    'dense':            Arm('dense', _EFFECTIVE, 'ODE-completion gains, noise calibrated as in the default job', also=('dense_nocal', 'flow_grpo_nfe')),
-    'dense_nocal':      Arm('dense', _EFFECTIVE, fields=dict(calibrate=False), why="DenseGRPO's credit on Flow-GRPO's noise (no calibration)"),
-    'dense_calib':      Arm('dense', _EFFECTIVE, fields=_CALIB_UNTIL_STABLE, also=('dense_nocal',),
-                            why="DenseGRPO whose calibration (the paper's literal rule) runs until psi stops moving"),
-    'turning_point':    Arm('turning_point', _EFFECTIVE, 'turning points on ODE-completion gains', also=('dense_nocal',)),
-    'flow_grpo_nfe':    Arm('flow_grpo', nfe_of='dense', why="Flow-GRPO spending DenseGRPO's network evaluations per step on more prompts"),
+    'flow_grpo': Arm('flow_grpo', why='the reference: Flow-GRPO on every step but the last'),
+    'flow_grpo_ddim': Arm(
+        'flow_grpo_ddim', why="Flow-GRPO's credit on Stepwise's sampler, eta, shared noise and window"
+    ),
+    'stepwise': Arm('stepwise', 'flow_grpo_ddim', 'Tweedie gains (DDIM-like SDE, shared noise)'),
+    'stepwise_ode': Arm(
+        'stepwise_ode', 'flow_grpo_ddim', "ode:5 gains (the paper's remedy for blurry Tweedie values)",
+        also=('stepwise',)
+    ),
+    'flow_grpo_train4': Arm(
+        'flow_grpo', fields=dict(train_start=0, train_size=4),
+        why="Flow-GRPO exploring on every step, its loss on steps 0-3 only, where dense credit's gradient lies under a "
+            "reward with few levels"
+    ),
+    'flow_grpo_first4': Arm(
+        'flow_grpo', window=(0, 4),
+        why='Flow-GRPO exploring and trained on steps 0-3 only (the ODE after): the short window'
+    ),
+    'dense': Arm(
+        'dense', _EFFECTIVE, 'ODE-completion gains, noise calibrated as in the default job',
+        also=('dense_nocal', 'flow_grpo_nfe')
+    ),
+    'dense_nocal': Arm(
+        'dense', _EFFECTIVE, fields=dict(calibrate=False),
+        why="DenseGRPO's credit on Flow-GRPO's noise (no calibration)"
+    ),
+    'dense_calib': Arm(
+        'dense', _EFFECTIVE, fields=_CALIB_UNTIL_STABLE, also=('dense_nocal',),
+        why="DenseGRPO whose calibration (the paper's literal rule) runs until psi stops moving"
+    ),
+    'turning_point': Arm('turning_point', _EFFECTIVE, 'turning points on ODE-completion gains', also=('dense_nocal',)),
+    'flow_grpo_nfe': Arm(
+        'flow_grpo', nfe_of='dense', why="Flow-GRPO spending DenseGRPO's network evaluations per step on more prompts"
+    ),
 }
 
 # %% ../../nbs/study/01_design.ipynb #b68852a0
 def _nfe_fields(name:str, fields:dict) -> dict:
-    "prompts_per_step (and a minibatch that divides the batch) so that a step of `name` costs the NFE of its `nfe_of` arm."
+    """prompts_per_step (and a minibatch that divides the batch) so that a step of `name` costs the NFE of its `nfe_of`
+    arm."""
     a, b = arm_config(ARMS[name].nfe_of, **fields), preset_config(ARMS[name].preset, **fields)
-    per = lambda c: c.K + (lookahead_nfe(c.lookahead, c.K, c.rollout_config().window, c.group_size, c.shared_noise) if c.lookahead else 0)
+    per = lambda c: (
+        c.K
+        + (
+            lookahead_nfe(c.lookahead, c.K, c.rollout_config().window, c.group_size, c.shared_noise)
+            if c.lookahead
+            else 0
+        )
+    )
     P = round(b.prompts_per_step * per(a) / per(b))
     per_update = P * b.group_size // b.updates_per_rollout  # the minibatch divides each update's samples
     return dict(prompts_per_step=P, minibatch=max(m for m in range(1, b.minibatch + 1) if per_update % m == 0))
 
 def arm_config(name:str, overrides:dict|None=None, **fields) -> GRPOConfig:
-    "The `GRPOConfig` of arm `name`: its preset, a budget's `fields`, the arm's own fields and window, then the user's `overrides`."
+    """The `GRPOConfig` of arm `name`: its preset, a budget's `fields`, the arm's own fields and window, then the user's
+    `overrides`."""
     if name not in ARMS: raise ValueError(f"arm {name!r} is unknown; allowed: {', '.join(ARMS)}")
     a = ARMS[name]
     fields = fields | a.fields | (overrides or {})
@@ -77,11 +108,14 @@ def arm_config(name:str, overrides:dict|None=None, **fields) -> GRPOConfig:
     if a.nfe_of: fields = fields | _nfe_fields(name, fields)
     return preset_config(a.preset, **fields)
 
-SETTINGS = ('method', 'sampler', 'level', 'ddim_schedule', 'shared_noise', 'window_slide', 'lookahead', 'calibrate', 'calib_no_signal',
-            'calib_iters', 'calib_eps2', 'calib_stop', 'prompts_per_step', 'group_size')
+SETTINGS = (
+    'method', 'sampler', 'level', 'ddim_schedule', 'shared_noise', 'window_slide', 'lookahead', 'calibrate',
+    'calib_no_signal', 'calib_iters', 'calib_eps2', 'calib_stop', 'prompts_per_step', 'group_size'
+)
 
 def arm_settings(name:str, cfg:GRPOConfig, levels:str='few') -> dict:
-    "What the report says about an arm: preset, control, its config's choices, its SDE window and loss steps [start, stop), NFE per sample."
+    """What the report says about an arm: preset, control, its config's choices, its SDE window and loss steps [start,
+    stop), NFE per sample."""
     a, (s, e) = ARMS[name], cfg.rollout_config().window
     d = {k: getattr(cfg, k) for k in SETTINGS}
     if cfg.sampler != 'ddim': d.pop('ddim_schedule')
@@ -99,24 +133,39 @@ TASKS = {  # task -> the training reward, its kind, and the evaluation that judg
     'score':   dict(reward='score', levels='continuous', evaluation='mini-geneval', metrics=('strict', 'learned_score'),
                     about='the learned score, a continuous reward'),
 }
-_TRAIN = dict(prompts_per_step=4, group_size=8, minibatch=16, calib_iters=4, calib_samples=16)  # the package's recipe (05c_config)
-EXPLORATORY = dict(prompts_per_step=2, group_size=8, minibatch=16, calib_iters=4, calib_samples=16,  # the exploratory study's recipe:
+# the package's recipe (05c_config)
+_TRAIN = dict(prompts_per_step=4, group_size=8, minibatch=16, calib_iters=4, calib_samples=16)
+# the exploratory study's recipe:
+EXPLORATORY = dict(prompts_per_step=2, group_size=8, minibatch=16, calib_iters=4, calib_samples=16,
                    lr=2e-3, weight_decay=0.0, updates_per_rollout=1, ema=False)                # none of the safeguards
 DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'flow_grpo_train4', 'dense', 'turning_point'),
                     score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'turning_point'))
 STUDY_ARMS = dict(geneval=tuple(ARMS),
                   score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'dense_nocal', 'turning_point'))
 BUDGETS = {
-    'smoke':   dict(seeds=(0,), steps=2, eval_every=0, eval_images=24, arms=DEFAULT_ARMS,
-                    train=dict(K=6, prompts_per_step=2, group_size=4, minibatch=4, calib_iters=1, calib_samples=4, lora_rank=4)),
+    'smoke': dict(
+        seeds=(0,), steps=2, eval_every=0, eval_images=24, arms=DEFAULT_ARMS,
+        train=dict(K=6, prompts_per_step=2, group_size=4, minibatch=4, calib_iters=1, calib_samples=4, lora_rank=4)
+    ),
     'default': dict(seeds=(0, 1, 2, 3, 4), steps=16, eval_every=8, eval_images=240, arms=DEFAULT_ARMS, train=_TRAIN),
-    'study':   dict(seeds=dict(geneval=tuple(range(8)), score=tuple(range(5))), steps=150, eval_every=25, eval_images=1200,
-                    arms=STUDY_ARMS, train=EXPLORATORY),
-    'confirm': dict(seeds='prereg', steps=100, eval_every=25, eval_images=1200, arms='prereg',  # seeds and arms: the pre-registration's
-                    save_every=25,  # a checkpoint at each evaluation: a stopped sitting loses at most 25 steps of a run
-                    train=_TRAIN | dict(fast=False)),  # fp32 eager on every CPU: a run is one computation wherever it is retrained
+    'study': dict(
+        seeds=dict(geneval=tuple(range(8)), score=tuple(range(5))), steps=150, eval_every=25, eval_images=1200,
+        arms=STUDY_ARMS, train=EXPLORATORY
+    ),
+    # seeds and arms: the pre-registration's
+    'confirm': dict(
+        seeds='prereg',
+        steps=100,
+        eval_every=25,
+        eval_images=1200,
+        arms='prereg',
+        save_every=25,  # a checkpoint at each evaluation: a stopped sitting loses at most 25 steps of a run
+        # fp32 eager on every CPU: a run is one computation wherever it is retrained
+        train=_TRAIN | dict(fast=False),
+    ),
 }
-SMOKE = dict(BUDGETS['smoke']['train'], **{k: BUDGETS['smoke'][k] for k in ('steps', 'eval_every', 'eval_images')})  # its sizes as overrides
+# its sizes as overrides
+SMOKE = dict(BUDGETS['smoke']['train'], **{k: BUDGETS['smoke'][k] for k in ('steps', 'eval_every', 'eval_images')})
 
 # %% ../../nbs/study/01_design.ipynb #511f4bce
 def prereg_file():
@@ -126,20 +175,29 @@ def prereg_file():
     return Path(flowgrpo_nb.__file__).resolve().parent.parent / PREREG
 
 def budget_of(name:str) -> dict:
-    "Budget `name` of `BUDGETS`, its seeds and arms read from the pre-registration where it says 'prereg' (the confirmatory study's)."
+    """Budget `name` of `BUDGETS`, its seeds and arms read from the pre-registration where it says 'prereg' (the
+    confirmatory study's)."""
     b = BUDGETS[name]
     if b['seeds'] != 'prereg': return b
     f = prereg_file()
-    if not f.exists(): raise ValueError(f"budget {name!r} runs the seeds and arms of the pre-registration {f}, which does not exist: "
-                                        "write it with benchmarks/prereg.py --write in the repository's checkout")
+    if not f.exists():
+        raise ValueError(
+            f"budget {name!r} runs the seeds and arms of the pre-registration {f}, which does not exist: "
+            "write it with benchmarks/prereg.py --write in the repository's checkout"
+        )
     pre = load_prereg(f)
     if not pre.seeds: raise ValueError(f"{f}: no [seeds]: budget {name!r} runs the seeds the pre-registration fixes")
     return b | dict(seeds={t: tuple(s) for t, s in pre.seeds.items()}, arms=prereg_arms(pre))
 
 def budget_fields(b:dict, seed:int, task:str) -> dict:
-    "The `GRPOConfig` fields budget `b` gives every run of `seed` in `task` (seeds and arms aside: `budget_of` reads those)."
-    return {**b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
-            'eval_start': False, 'save_every': b.get('save_every', b['steps']), 'seed': seed, 'reward': TASKS[task]['reward']}
+    """The `GRPOConfig` fields budget `b` gives every run of `seed` in `task` (seeds and arms aside: `budget_of` reads
+    those)."""
+    return {
+        **b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
+        'eval_start': False, 'save_every': b.get('save_every', b['steps']), 'seed': seed,
+        'reward': TASKS[task]['reward']
+    }
+
 
 @dataclass
 class CompareConfig:
@@ -149,7 +207,8 @@ class CompareConfig:
     tasks:tuple|None=None        # keys of `TASKS`; None: the budget's
     arms:tuple|None=None         # keys of `ARMS`, run in every task; None: the budget's arms of each task
     overrides:dict=field(default_factory=dict)  # GRPOConfig fields applied to every run
-    fidelity:str|None=None       # a fidelity.json (flowgrpo fidelity): the report draws each arm's credit fidelity against its gain
+    # a fidelity.json (flowgrpo fidelity): the report draws each arm's credit fidelity against its gain
+    fidelity:str|None=None
     def __post_init__(self):
         if self.budget not in BUDGETS: bad_field(self, 'budget', self.budget, ', '.join(BUDGETS))
         b = budget_of(self.budget)
@@ -168,7 +227,9 @@ class CompareConfig:
         return self.arms or budget_of(self.budget)['arms'][task]
     def train_config(self, arm:str, seed:int, task:str|None=None) -> GRPOConfig:
         "The `GRPOConfig` of `arm` in `task` (default: the first) under this budget."
-        return arm_config(arm, **budget_fields(BUDGETS[self.budget], seed, task or self.tasks[0]), overrides=self.overrides)
+        return arm_config(
+            arm, **budget_fields(BUDGETS[self.budget], seed, task or self.tasks[0]), overrides=self.overrides
+        )
 
 # %% ../../nbs/study/01_design.ipynb #bc5c6093
 def _check_compare(c:CompareConfig):
@@ -177,16 +238,25 @@ def _check_compare(c:CompareConfig):
         bad_field(c, 'tasks', c.tasks, f"distinct names from {', '.join(TASKS)}")
     for t in c.tasks:
         s = c.task_seeds(t)
-        if not s or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in s) or len(set(s)) < len(s):
+        if (
+            not s
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in s)
+            or len(set(s)) < len(s)
+        ):
             bad_field(c, 'seeds', c.seeds, f"distinct whole numbers >= 0, at least one for task {t!r}")
         arms = c.task_arms(t)
-        if set(arms) - set(ARMS) or len(set(arms)) < len(arms): bad_field(c, 'arms', arms, f"distinct names from {', '.join(ARMS)} (task {t!r})")
-        if 'flow_grpo' not in arms: bad_field(c, 'arms', arms, f"a tuple that includes 'flow_grpo' (task {t!r}): every arm is measured against it")
+        if set(arms) - set(ARMS) or len(set(arms)) < len(arms):
+            bad_field(c, 'arms', arms, f"distinct names from {', '.join(ARMS)} (task {t!r})")
+        if 'flow_grpo' not in arms:
+            bad_field(
+                c, 'arms', arms, f"a tuple that includes 'flow_grpo' (task {t!r}): every arm is measured against it"
+            )
 
 # %% ../../nbs/study/01_design.ipynb #ac863091
 @dataclass(frozen=True)
 class Contrast:
-    "A paper's claim as a paired contrast: `arm` minus `other` in `task` on `metric`, read at `at`, judged against `margin`."
+    """A paper's claim as a paired contrast: `arm` minus `other` in `task` on `metric`, read at `at`, judged against
+    `margin`."""
     id:str                  # D: DenseGRPO, T: TP-GRPO, S: Stepwise, W: window; s: on the score task
     claim:str               # the claim in a few words
     arm:str                 # the claimed arm (a key of `ARMS`)
@@ -195,15 +265,21 @@ class Contrast:
     metric:str='strict'     # strict: held-out strict score; learned: held-out learned score
     kind:str='superiority'  # superiority, non-inferiority or two-sided (`stats.KINDS`)
     margin:float=0.05       # the claimed effect (non-inferiority: how much worse the claim allows)
-    at:tuple|None=None      # the arm's score read at ('step', f) or ('seconds', f): f x the reference's final; None: final
+    # the arm's score read at ('step', f) or ('seconds', f): f x the reference's final; None: final
+    at:tuple|None=None
     def __post_init__(self):
-        if self.kind not in KINDS: raise ValueError(f"Contrast {self.id}: kind={self.kind!r}; allowed {', '.join(KINDS)}")
+        if self.kind not in KINDS:
+            raise ValueError(f"Contrast {self.id}: kind={self.kind!r}; allowed {', '.join(KINDS)}")
         if self.metric not in ('strict', 'learned'):
             raise ValueError(f"Contrast {self.id}: metric={self.metric!r}; allowed strict, learned")
         if self.at is not None and (len(self.at) != 2 or self.at[0] not in AT_UNITS):
-            raise ValueError(f"Contrast {self.id}: at={self.at!r}; allowed None or (one of {', '.join(AT_UNITS)}, a fraction)")
+            raise ValueError(
+                f"Contrast {self.id}: at={self.at!r}; allowed None or (one of {', '.join(AT_UNITS)}, a fraction)"
+            )
 
-AT_UNITS = dict(step='steps', seconds='CPU seconds')  # where a contrast can read the arm's curve: a fraction of the reference's final
+
+# where a contrast can read the arm's curve: a fraction of the reference's final
+AT_UNITS = dict(step='steps', seconds='CPU seconds')
 
 def contrast_label(arm:str, other:str, at=None) -> str:
     "`arm − other`, and where the arm's score is read when not at the end of its run."
@@ -223,23 +299,37 @@ CONTRASTS = (
     Contrast('D5', 'dense credit beats spending its NFE on more samples', 'dense', 'flow_grpo_nfe', 'geneval'),
     *_both('T1', 'TP-GRPO ends higher than Flow-GRPO', 'turning_point', 'flow_grpo'),
     *_both('T2', 'the turning-point rule helps', 'turning_point', 'dense_nocal'),
-    *_both('T3', "TP-GRPO reaches Flow-GRPO's final score in a third of the steps", 'turning_point', 'flow_grpo',
-           kind='non-inferiority', at=('step', 1 / 3)),
+    *_both(
+        'T3', "TP-GRPO reaches Flow-GRPO's final score in a third of the steps", 'turning_point', 'flow_grpo',
+        kind='non-inferiority', at=('step', 1 / 3)
+    ),
     *_both('S1', "Stepwise's per-step credit helps", 'stepwise', 'flow_grpo_ddim'),
     Contrast('S2', 'ODE values (ode:5) help', 'stepwise_ode', 'flow_grpo_ddim', 'geneval'),
     Contrast('S3', 'Stepwise ends higher than Flow-GRPO at the same budget', 'stepwise', 'flow_grpo', 'geneval'),
-    Contrast('S4', "Stepwise needs 20-40% less time to Flow-GRPO's score", 'stepwise', 'flow_grpo', 'geneval',
-             kind='non-inferiority', at=('seconds', 0.8)),
+    Contrast(
+        'S4', "Stepwise needs 20-40% less time to Flow-GRPO's score", 'stepwise', 'flow_grpo', 'geneval',
+        kind='non-inferiority', at=('seconds', 0.8)
+    ),
     Contrast('W1', 'a short window (steps 0-3) trains better', 'flow_grpo_first4', 'flow_grpo', 'geneval'),
-    Contrast('W2', 'exploring beyond the trained steps matters', 'flow_grpo_train4', 'flow_grpo_first4', 'geneval', kind='two-sided'),
+    Contrast(
+        'W2', 'exploring beyond the trained steps matters', 'flow_grpo_train4', 'flow_grpo_first4', 'geneval',
+        kind='two-sided'
+    ),
 )
 
 # %% ../../nbs/study/01_design.ipynb #acef8707
-METRICS = {  # what a pre-registered claim measures of each run's held-out curve (`summary.run_metric`), by the kind of claim
-    'auc':       dict(claim='speed', higher=True, about='the area under the held-out curve over its steps (trapezoid), divided by the steps'),
-    'steps_to':  dict(claim='speed', higher=False, needs='target', about='the steps to the first trained evaluation at or above a fixed target'),
+# what a pre-registered claim measures of each run's held-out curve (`summary.run_metric`), by the kind of claim
+METRICS = {
+    'auc': dict(
+        claim='speed', higher=True,
+        about='the area under the held-out curve over its steps (trapezoid), divided by the steps'
+    ),
+    'steps_to': dict(
+        claim='speed', higher=False, needs='target',
+        about='the steps to the first trained evaluation at or above a fixed target'
+    ),
     'last_mean': dict(claim='level', higher=True, needs='k', about='the mean of the last k evaluations'),
-    'final':     dict(claim='level', higher=True, about="the final evaluation (the EMA model's where the runs keep one)"),
+    'final': dict(claim='level', higher=True, about="the final evaluation (the EMA model's where the runs keep one)"),
 }
 ENDPOINTS = dict(collapses='collapses per arm (an exact test)', per_category='held-out scores per category',
                  cost='CPU seconds and NFE per run')  # the secondary endpoints a pre-registration can name
@@ -248,13 +338,15 @@ _PREREG_TOP = dict(alpha=float, power=float, endpoints=list, seeds=dict, claim=l
 
 @dataclass(frozen=True)
 class Claim:
-    "One pre-registered question: `arm` against `other` in `task`, on the metric its kind fixes, with its test, margin and family."
+    """One pre-registered question: `arm` against `other` in `task`, on the metric its kind fixes, with its test, margin
+    and family."""
     id:str; question:str
     arm:str; other:str; task:str  # keys of `ARMS` (both run in the task) and `TASKS`
     claim:str                     # level (ends higher) or speed (gets there sooner)
     metric:str                    # a key of `METRICS` that serves `claim`
     test:str                      # superiority, non-inferiority or equivalence (`stats.TESTS`)
-    margin:float                  # the claimed size (superiority), the allowed loss (non-inferiority), the ± band (equivalence)
+    # the claimed size (superiority), the allowed loss (non-inferiority), the ± band (equivalence)
+    margin:float
     family:str='primary'          # primary (Holm over these) or secondary (reported as such)
     score:str='strict'            # strict or learned (a task whose evaluation has it)
     k:int|None=None               # last_mean: the evaluations averaged
@@ -275,59 +367,81 @@ class Prereg:
 # %% ../../nbs/study/01_design.ipynb #f3197e51
 def _claim_problem(c:Claim) -> str|None:
     "What is wrong with one row of a pre-registration (None: nothing)."
-    if not {c.arm, c.other} <= set(ARMS) or c.arm == c.other: return f"arms {c.arm!r} and {c.other!r}: two different arms of {', '.join(ARMS)}"
+    if not {c.arm, c.other} <= set(ARMS) or c.arm == c.other:
+        return f"arms {c.arm!r} and {c.other!r}: two different arms of {', '.join(ARMS)}"
     if c.task not in TASKS: return f"task {c.task!r}: allowed {', '.join(TASKS)}"
     if c.claim not in ('level', 'speed'): return f"claim {c.claim!r}: allowed level, speed"
     if c.metric not in METRICS: return f"metric {c.metric!r}: allowed {', '.join(METRICS)}"
     if METRICS[c.metric]['claim'] != c.claim:
-        return f"metric {c.metric!r} for a {c.claim} claim: allowed {', '.join(m for m, d in METRICS.items() if d['claim'] == c.claim)}"
+        allowed = ', '.join(m for m, d in METRICS.items() if d['claim'] == c.claim)
+        return f"metric {c.metric!r} for a {c.claim} claim: allowed {allowed}"
     if c.test not in TESTS: return f"test {c.test!r}: allowed {', '.join(TESTS)}"
     if c.family not in ('primary', 'secondary'): return f"family {c.family!r}: allowed primary, secondary"
     if c.score not in ('strict', 'learned') or c.score == 'learned' and 'learned_score' not in TASKS[c.task]['metrics']:
         return f"score {c.score!r}: strict, or learned on a task evaluated with it"
     num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
     if not (num(c.margin) and c.margin > 0): return f"margin {c.margin!r}: a number > 0"
-    if c.metric == 'last_mean' and not (isinstance(c.k, int) and not isinstance(c.k, bool) and c.k >= 1): return f"k {c.k!r}: last_mean needs a whole number >= 1"
+    if c.metric == 'last_mean' and not (isinstance(c.k, int) and not isinstance(c.k, bool) and c.k >= 1):
+        return f"k {c.k!r}: last_mean needs a whole number >= 1"
     if c.metric == 'steps_to' and not num(c.target):
-        return f"target {c.target!r}: steps_to needs a number fixed in the file (from the pilot's plateau), never a reference arm's score"
+        return (f"target {c.target!r}: steps_to needs a number fixed in the file (from the pilot's plateau), "
+                "never a reference arm's score")
     if c.sd is not None and not (num(c.sd) and c.sd > 0): return f"sd {c.sd!r}: a number > 0 or absent"
     return None
 
 def load_prereg(path) -> Prereg:
-    "The pre-registration in TOML file `path`, refused (one sentence naming the file and row) if a row is unknown, malformed or repeats a contrast."
+    """The pre-registration in TOML file `path`, refused (one sentence naming the file and row) if a row is unknown,
+    malformed or repeats a contrast."""
     import tomllib
     from pathlib import Path
     try: d = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e: raise ValueError(f"{path}: not a readable TOML pre-registration ({e})") from None
+    except (OSError, tomllib.TOMLDecodeError) as e: raise ValueError(f"{path}: not a readable TOML pre-registration "
+                                                                     f"({e})") from None
     bad = lambda msg: ValueError(f"{path}: {msg}")
     for k, v in d.items():
         if k not in _PREREG_TOP or not isinstance(v, _PREREG_TOP[k]) or isinstance(v, bool):
-            raise bad(f"top-level {k!r} = {v!r}: allowed {', '.join(f'{a} ({t.__name__})' for a, t in _PREREG_TOP.items())}")
+            raise bad(f"top-level {k!r} = {v!r}: allowed "
+                      f"{', '.join(f'{a} ({t.__name__})' for a, t in _PREREG_TOP.items())}")
     alpha, power = float(d.get('alpha', 0.05)), float(d.get('power', 0.8))
-    if not (0 < alpha < 1 and 0.5 < power < 1): raise bad(f"alpha {alpha} and power {power}: alpha in (0, 1), power in (0.5, 1)")
-    if unknown := set(d.get('endpoints', ())) - set(ENDPOINTS): raise bad(f"endpoints {sorted(unknown)}: allowed {', '.join(ENDPOINTS)}")
+    if not (0 < alpha < 1 and 0.5 < power < 1): raise bad(f"alpha {alpha} and power {power}: alpha in (0, 1), power in "
+                                                          "(0.5, 1)")
+    if unknown := set(d.get('endpoints', ())) - set(ENDPOINTS): raise bad(f"endpoints {sorted(unknown)}: allowed "
+                                                                          f"{', '.join(ENDPOINTS)}")
     for t, s in d.get('seeds', {}).items():
-        if t not in TASKS or not isinstance(s, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in s) or len(set(s)) < len(s):
+        if (
+            t not in TASKS
+            or not isinstance(s, list)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in s)
+            or len(set(s)) < len(s)
+        ):
             raise bad(f"seeds of {t!r} = {s!r}: a task of {', '.join(TASKS)} with distinct whole numbers >= 0")
     names, claims, seen = [f.name for f in fields(Claim)], [], {}
     for i, row in enumerate(d.get('claim', [])):
         where = f"claim {i + 1} ({row.get('id', 'no id')})"
-        if not isinstance(row, dict) or set(row) - set(names) or {'id', 'question', 'arm', 'other', 'task', 'claim', 'metric', 'test', 'margin'} - set(row):
-            raise bad(f"{where} has fields {sorted(row)}: required id, question, arm, other, task, claim, metric, test, margin; optional family, score, k, target, sd, sd_from, note")
+        if (
+            not isinstance(row, dict)
+            or set(row) - set(names)
+            or {'id', 'question', 'arm', 'other', 'task', 'claim', 'metric', 'test', 'margin'} - set(row)
+        ):
+            raise bad(f"{where} has fields {sorted(row)}: required id, question, arm, other, task, claim, metric, "
+                      "test, margin; optional family, score, k, target, sd, sd_from, note")
         c = Claim(**row)
         if why := _claim_problem(c): raise bad(f"{where}: {why}")
         if c.id in {x.id for x in claims}: raise bad(f"{where} repeats the id {c.id!r}")
         if c.contrast in seen:
             j, o = seen[c.contrast]
-            raise bad(f"{where} repeats the contrast of claim {j + 1} ({o.id}): {c.arm} vs {c.other} in {c.task} on {c.metric} of the {c.score} "
+            raise bad(f"{where} repeats the contrast of claim {j + 1} ({o.id}): {c.arm} vs {c.other} in {c.task} on "
+                      f"{c.metric} of the {c.score} "
                       "score; one row per question")
         if d.get('seeds') and c.task not in d['seeds']: raise bad(f"{where}: task {c.task!r} has no seeds in [seeds]")
         seen[c.contrast] = (i, c); claims.append(c)
-    if not any(c.family == 'primary' for c in claims): raise bad("no primary claim: the primary family is what the study is sized for")
+    if not any(c.family == 'primary' for c in claims): raise bad("no primary claim: the primary family is what the "
+                                                                 "study is sized for")
     return Prereg(str(path), alpha, power, claims, tuple(d.get('endpoints', ())), d.get('seeds'))
 
 def prereg_seeds(pre:Prereg, sds:dict|None=None) -> dict:
-    "Seeds each primary claim needs at the Holm level alpha / m (`stats.seeds_for`), from a paired SD per row (`sds` over the file's)."
+    """Seeds each primary claim needs at the Holm level alpha / m (`stats.seeds_for`), from a paired SD per row (`sds`
+    over the file's)."""
     prim, sds = pre.primary, sds or {}
     level = holm_level(pre.alpha, len(prim))
     rows = []
@@ -337,22 +451,35 @@ def prereg_seeds(pre:Prereg, sds:dict|None=None) -> dict:
                          seeds=None if sd is None else seeds_for(c.test, sd, c.margin, level, pre.power)))
     per_task = {}
     for r in rows: per_task.setdefault(r['task'], []).append(r['seeds'])
-    return dict(m=len(prim), level=level, rows=rows, task_seeds={t: None if None in v else max(v) for t, v in per_task.items()})
+    return dict(
+        m=len(prim), level=level, rows=rows, task_seeds={t: None if None in v else max(v) for t, v in per_task.items()}
+    )
+
 
 def prereg_arms(pre:Prereg) -> dict:
-    "{task: arms}: Flow-GRPO (the reference every report reads) and every arm a claim of the task names, in the file's order."
-    return {t: tuple(dict.fromkeys(['flow_grpo'] + [a for c in pre.claims if c.task == t for a in (c.arm, c.other)])) for t in pre.seeds or {}}
+    """{task: arms}: Flow-GRPO (the reference every report reads) and every arm a claim of the task names, in the file's
+    order."""
+    return {
+        t: tuple(dict.fromkeys(['flow_grpo'] + [a for c in pre.claims if c.task == t for a in (c.arm, c.other)]))
+        for t in pre.seeds or {}
+    }
 
 # %% ../../nbs/study/01_design.ipynb #6d4b3a70
 COSTS = dict(run=3.0, worker=10.0, report=30.0)  # fixed CPU s: per run, per worker, once
-REFERENCE = dict(eager=dict(rollout=0.0050, lookahead=0.0041, update=0.0090, evaluation=0.00446),  # CPU s per unit on the AMX
-                 fast=dict(rollout=0.0012, lookahead=0.0008, update=0.0023, evaluation=0.0008))    # test machine (median of its runs)
-UNIT_ROWS = dict(rollout=('forward', 2.43), lookahead=('forward', 1.98), update=('update', 1.45), evaluation=('forward', 1.90))  # probe rows per unit
+# CPU s per unit on the AMX
+REFERENCE = dict(eager=dict(rollout=0.0050, lookahead=0.0041, update=0.0090, evaluation=0.00446),
+                 # test machine (median of its runs)
+                 fast=dict(rollout=0.0012, lookahead=0.0008, update=0.0023, evaluation=0.0008))
+# probe rows per unit
+UNIT_ROWS = dict(
+    rollout=('forward', 2.43), lookahead=('forward', 1.98), update=('update', 1.45), evaluation=('forward', 1.90)
+)
 ZERO_SHARE = dict(few=0.6, continuous=0.0)  # share of a dense-credit method's (sample, trained step) pairs with A = 0
 LIMIT = 1800.0                              # seconds of the default job on two idle cores
 
 def path_seconds(timings:dict, fast:bool) -> dict:
-    "CPU seconds per row of each kind of call on a path; a bf16 kind the probe did not time is fp32's x the forward's ratio."
+    """CPU seconds per row of each kind of call on a path; a bf16 kind the probe did not time is fp32's x the forward's
+    ratio."""
     f, b = timings['fp32'], timings['bf16']
     if not fast: return dict(f)
     return {k: b[k] if b.get(k) is not None else f[k] * b['forward'] / f['forward'] for k in f}
@@ -362,7 +489,8 @@ def run_path(cfg:GRPOConfig, timings:dict|None=None) -> bool:
     return resolve_fast(cfg.fast, cfg.model, timings)[0]
 
 def unit_costs(cfg:GRPOConfig, timings:dict|None=None) -> dict:
-    "CPU seconds per unit of each phase of a run of `cfg` on this machine (or on the machine whose probe gave `timings`)."
+    """CPU seconds per unit of each phase of a run of `cfg` on this machine (or on the machine whose probe gave
+    `timings`)."""
     per_row = path_seconds(timings or machine_paths()['timings'], run_path(cfg, timings))
     return {k: n * per_row[kind] for k, (kind, n) in UNIT_ROWS.items()}
 
@@ -372,7 +500,8 @@ def step_cost(cfg:GRPOConfig, levels:str='few', timings:dict|None=None) -> dict:
     la = lookahead_nfe(cfg.lookahead, cfg.K, (s, e), cfg.group_size, cfg.shared_noise) if cfg.lookahead else 0
     skips = cfg.method in ('dense', 'turning_point') and cfg.beta == 0 and cfg.skip_zero_adv
     diag = cfg.minibatch / (B * cfg.diag_every) if cfg.diag_every else 0  # one more pass over a minibatch every n steps
-    diag += cfg.minibatch / (B * cfg.kl_every) if cfg.kl_every and cfg.beta == 0 else 0  # the KL diagnostic: two no-grad passes, about one
+    # the KL diagnostic: two no-grad passes, about one
+    diag += cfg.minibatch / (B * cfg.kl_every) if cfg.kl_every and cfg.beta == 0 else 0
     c = unit_costs(cfg, timings)
     return dict(rollout=B * cfg.K * c['rollout'], values=B * la * c['lookahead'],
                 update=B * (e - s) * c['update'] * (1 - ZERO_SHARE[levels] * skips + diag))
@@ -403,7 +532,8 @@ def _eval_groups(ccfg:CompareConfig, given:bool=False) -> dict:
     return out
 
 def job_costs(ccfg:CompareConfig, given:bool=False, timings:dict|None=None) -> dict:
-    "{job: expected CPU seconds}: ('base', evaluation, seed, task) and (task, seed, arm), on this machine (or `timings`')."
+    """{job: expected CPU seconds}: ('base', evaluation, seed, task) and (task, seed, arm), on this machine (or
+    `timings`')."""
     jobs = {}
     for g, ts in _eval_groups(ccfg, given).items():
         for s in sorted({s for t in ts for s in ccfg.task_seeds(t)}):
@@ -412,7 +542,8 @@ def job_costs(ccfg:CompareConfig, given:bool=False, timings:dict|None=None) -> d
             jobs[('base', g, s, t)] = eval_cost(cfg.eval_images, cfg.K, unit_costs(cfg, timings)) + COSTS['run']
     for t in ccfg.tasks:
         for s in ccfg.task_seeds(t):
-            for a in ccfg.task_arms(t): jobs[(t, s, a)] = sum(run_cost(ccfg.train_config(a, s, t), TASKS[t]['levels'], timings).values())
+            for a in ccfg.task_arms(t):
+                jobs[(t, s, a)] = sum(run_cost(ccfg.train_config(a, s, t), TASKS[t]['levels'], timings).values())
     return jobs
 
 # %% ../../nbs/study/01_design.ipynb #1a9a3581
@@ -424,7 +555,8 @@ def schedule(costs:dict, workers:int) -> tuple[list, float]:
     return order, max(free)
 
 def estimate_cost(ccfg:CompareConfig, workers:int=2, timings:dict|None=None) -> dict:
-    "Expected CPU seconds of `ccfg`'s comparison (jobs, workers, report) and its wall seconds on `workers` single-thread workers."
+    """Expected CPU seconds of `ccfg`'s comparison (jobs, workers, report) and its wall seconds on `workers`
+    single-thread workers."""
     jobs = job_costs(ccfg, timings=timings)
     _, span = schedule(jobs, workers)
     fixed = workers * COSTS['worker'] + COSTS['report']

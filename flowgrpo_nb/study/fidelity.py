@@ -1,4 +1,4 @@
-"""How well each credit rule's per-step credit tracks the true step advantage `V(x_{k+1}) - V(x_k)` of the current policy, estimated by Monte Carlo under each method's own sampler, with confidence intervals clustered by prompt.
+"""Credit fidelity: how well each rule's credit tracks the true step advantage, by Monte Carlo.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/fidelity.html.md"""
 
@@ -15,7 +15,10 @@ import numpy as np, torch
 from torch import Tensor
 
 from ..policy import Policy, seeded_generator, timed
-from ..rollout import check_fields, bad_field, RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, lookahead_nfe, _step
+from flowgrpo_nb.rollout import (
+    check_fields, bad_field, RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, lookahead_nfe,
+    _step
+)
 from ..credit import Credit, step_spans, method_credits
 from ..task import Task, balanced_prompts
 from ..config import GRPOConfig, preset_config
@@ -67,7 +70,9 @@ def _check_arm_psi(name:str, cfg:GRPOConfig, psi) -> Tensor:
                                            "(psi is DenseGRPO's calibrated noise); pass None")
     p = torch.as_tensor(psi, dtype=torch.float32).cpu()
     if p.shape != (cfg.K,) or not torch.isfinite(p).all() or (p < 0).any():
-        raise ValueError(f"arms[{name!r}]: psi must be a finite, non-negative Tensor[K={cfg.K}], got shape {tuple(p.shape)}")
+        raise ValueError(
+            f"arms[{name!r}]: psi must be a finite, non-negative Tensor[K={cfg.K}], got shape {tuple(p.shape)}"
+        )
     return p
 
 # %% ../../nbs/study/02_fidelity.ipynb #725600d9
@@ -93,7 +98,8 @@ class MCValues:
 
 # %% ../../nbs/study/02_fidelity.ipynb #2078685a
 def _mc_plan(ro:Rollout, states) -> tuple[Tensor, Tensor, Tensor]:
-    "Distinct states to continue, sorted by step (rows [N], steps [N]), and src [B, K] indexing them (-1: not estimated)."
+    """Distinct states to continue, sorted by step (rows [N], steps [N]), and src [B, K] indexing them (-1: not
+    estimated)."""
     rows, ks, src = value_plan(ro, 'tweedie')  # every state x_0..x_{K-1}; shared ones once
     keep = (torch.ones(len(ks), dtype=torch.bool) if states is None else
             torch.isin(ks, torch.as_tensor(list(states), dtype=torch.long)))
@@ -139,7 +145,9 @@ def _continue(policy, ro, rows, ks, M, reward_fn, generator, max_batch) -> tuple
             n, n_old = int((start <= k).sum()), int((start < k).sum())  # running rows; those past their first step
             v = v0[:n].clone()
             if n_old:
-                v[:n_old] = policy.velocity(y[:n_old], ro.t[k].expand(n_old), cond.index(slice(0, n_old)), ro.cfg.guidance, max_batch)
+                v[:n_old] = policy.velocity(
+                    y[:n_old], ro.t[k].expand(n_old), cond.index(slice(0, n_old)), ro.cfg.guidance, max_batch
+                )
             stochastic = trained[k] and ro.cfg.sampler != 'ode'
             psi = None if ro.psi is None or not trained[k] else ro.psi[k].expand(n)
             y[:n] = _step(ro.cfg, v, y[:n], ro.t[k].expand(n), ro.t[k + 1].expand(n), trained[k], psi,
@@ -182,25 +190,43 @@ def _row(q, tr, se, cl, draws, level, z) -> tuple[dict, dict]:
     "The statistics of one (credit, truth) sample [N] and its pooled resamples."
     bs = boot_stats(q, tr, cl, draws)
     sig = np.abs(tr) > z * se
-    n_sig, n_zero, agree = int(sig.sum()), int((sig & (q == 0)).sum()), int((sig & (np.sign(q) == np.sign(tr)) & (q != 0)).sum())
-    row = dict(n=len(q),
-               **{f'{k}{e}': v for k, (est, s) in bs.items() for e, v in zip(('', '_lo', '_hi'), (est, *percentile_ci(s, level)))},
-               share_credit_zero=float((q == 0).mean()), share_truth_zero=float((tr == 0).mean()),
-               truth_reliability=float(1 - (se ** 2).mean() / tr.var()) if tr.var() > 0 else float('nan'), n_sig=n_sig,
-               zero_credit=n_zero / n_sig if n_sig else float('nan'),
-               sign_agree=agree / (n_sig - n_zero) if n_sig > n_zero else float('nan'))
+    n_sig, n_zero, agree = (
+        int(sig.sum()), int((sig & (q == 0)).sum()), int((sig & (np.sign(q) == np.sign(tr)) & (q != 0)).sum())
+    )
+    row = dict(
+        n=len(q),
+        **{
+            f'{k}{e}': v
+            for k, (est, s) in bs.items()
+            for e, v in zip(('', '_lo', '_hi'), (est, *percentile_ci(s, level)))
+        },
+        share_credit_zero=float((q == 0).mean()),
+        share_truth_zero=float((tr == 0).mean()),
+        truth_reliability=float(1 - (se**2).mean() / tr.var()) if tr.var() > 0 else float('nan'),
+        n_sig=n_sig,
+        zero_credit=n_zero / n_sig if n_sig else float('nan'),
+        sign_agree=agree / (n_sig - n_zero) if n_sig > n_zero else float('nan'),
+    )
     return row, {k: s for k, (_, s) in bs.items()}
 
 # %% ../../nbs/study/02_fidelity.ipynb #1315a8bd
 def _restricted(q, tr, cl, window, draws, level) -> dict:
-    "Pooled Kendall tau-b (with its clustered interval) on the pairs whose truth is nonzero and on the `window` columns alone."
+    """Pooled Kendall tau-b (with its clustered interval) on the pairs whose truth is nonzero and on the `window`
+    columns alone."""
     cl = np.broadcast_to(np.asarray(cl)[:, None], q.shape)
     out = {}
     for name, m in (('nonzero', tr != 0), ('window', np.broadcast_to(np.asarray(window, bool)[None], q.shape))):
-        with warnings.catch_warnings():  # a resample can draw only prompts without such pairs: nan, left out of the interval
+        # a resample can draw only prompts without such pairs: nan, left out of the interval
+        with warnings.catch_warnings():
             warnings.simplefilter('ignore', RuntimeWarning)
-            est, s = boot_stats(q[m], tr[m], cl[m], draws)['kendall'] if m.sum() > 1 else (float('nan'), np.full(len(draws), np.nan))
-        out |= dict(zip((f'kendall_{name}', f'kendall_{name}_lo', f'kendall_{name}_hi'), (est, *percentile_ci(s, level))))
+            est, s = (
+                boot_stats(q[m], tr[m], cl[m], draws)['kendall']
+                if m.sum() > 1
+                else (float('nan'), np.full(len(draws), np.nan))
+            )
+        out |= dict(
+            zip((f'kendall_{name}', f'kendall_{name}_lo', f'kendall_{name}_hi'), (est, *percentile_ci(s, level)))
+        )
     return out
 
 # %% ../../nbs/study/02_fidelity.ipynb #a18d61eb
@@ -221,7 +247,8 @@ def compare_arm(truth:Tensor, truth_se:Tensor,  # [N, K] true step advantages an
             cols = steps if k == 'all' else [k]
             r, s = _row(q[:, cols].ravel(), tr[:, cols].ravel(), se[:, cols].ravel(), np.repeat(cl, len(cols)), draws,
                         level, z)
-            if k == 'all': r |= _restricted(q[:, steps], tr[:, steps], cl, [j in (loss or steps) for j in steps], draws, level)
+            if k == 'all':
+                r |= _restricted(q[:, steps], tr[:, steps], cl, [j in (loss or steps) for j in steps], draws, level)
             rows.append(dict(quantity=qn, step=k, **r))
             if k == 'all': pooled[qn] = s
     return rows, pooled
@@ -237,8 +264,12 @@ def paired_differences(pooled:dict[str, dict],  # arm -> `compare_arm`'s pooled 
             for s in STATS:
                 d = pooled[a][qn][s] - pooled[b][qn][s]
                 lo, hi = percentile_ci(d, level)
-                out.append(dict(a=a, b=b, quantity=qn, stat=s, diff=estimates[a][qn][s] - estimates[b][qn][s], lo=lo, hi=hi,
-                                share_above_0=float(np.mean(d[np.isfinite(d)] > 0)) if np.isfinite(d).any() else float('nan')))
+                out.append(
+                    dict(
+                        a=a, b=b, quantity=qn, stat=s, diff=estimates[a][qn][s] - estimates[b][qn][s], lo=lo, hi=hi,
+                        share_above_0=float(np.mean(d[np.isfinite(d)] > 0)) if np.isfinite(d).any() else float('nan')
+                    )
+                )
     return out
 
 # %% ../../nbs/study/02_fidelity.ipynb #9ff20c3b
@@ -337,10 +368,12 @@ def arm_fidelity(policy:Policy, task:Task,
     with timed(book, 'stats', policy.nfe):
         rows, diffs = _arm_stats(data, checked, plan, cluster_draws(len(names), cfg.n_boot, cfg.seed), cfg.level, cfg.z)
     cats = [task.category(p) for p in names] if task.category else []
-    settings = dict(prompts=names, categories={c: cats.count(c) for c in sorted(set(cats))}, batch_prompts=cfg.batch_prompts,
-                    group=cfg.group, M=cfg.M, seed=cfg.seed, split=cfg.split, steps=cfg.steps, n_boot=cfg.n_boot,
-                    ci_level=cfg.level, z=cfg.z, sampler_of=None if one is None else one.to_dict(),
-                    arms={n: _arm_settings(a, plan[n]) for n, a in checked.items()})
+    settings = dict(
+        prompts=names, categories={c: cats.count(c) for c in sorted(set(cats))}, batch_prompts=cfg.batch_prompts,
+        group=cfg.group, M=cfg.M, seed=cfg.seed, split=cfg.split, steps=cfg.steps, n_boot=cfg.n_boot,
+        ci_level=cfg.level, z=cfg.z, sampler_of=None if one is None else one.to_dict(),
+        arms={n: _arm_settings(a, plan[n]) for n, a in checked.items()}
+    )
     out = dict(settings=settings, cost=_cost(book, checked), stats=rows, differences=diffs)
     if cfg.keep_data: out['data'] = {n: {**d, 'trained': checked[n].rollout.trained} for n, d in data.items()}
     return _clean(out)
@@ -368,7 +401,9 @@ def _arm_stats(data, arms, plan, draws, level, z) -> tuple[list[dict], list[dict
         rs, pooled[n] = compare_arm(d['truth'], d['truth_se'], cr, d['cluster'], plan[n], draws, level, z,
                                     arms[n].cfg.loss_steps().nonzero().flatten().tolist())
         rows += [dict(arm=n, method=arms[n].cfg.method, **r) for r in rs]
-        est[n] = {q: {s: r[s] for s in STATS} for q in QUANTITIES for r in rs if r['step'] == 'all' and r['quantity'] == q}
+        est[n] = {
+            q: {s: r[s] for s in STATS} for q in QUANTITIES for r in rs if r['step'] == 'all' and r['quantity'] == q
+        }
     return rows, paired_differences(pooled, est, level)
 
 # %% ../../nbs/study/02_fidelity.ipynb #e70568bb
@@ -390,9 +425,13 @@ def fidelity_nfe(arms:dict[str, Arm], prompts:int, M:int, steps=None) -> dict[st
     for members in seen.values():
         rc, B = arms[members[0]].rollout, prompts * arms[members[0]].rollout.group_size
         s = rc.window[0]
-        states = set().union(*(needed_states(rc.trained, arms[n].cfg.untrained, _arm_steps(n, arms[n], steps)) for n in members))
+        states = set().union(
+            *(needed_states(rc.trained, arms[n].cfg.untrained, _arm_steps(n, arms[n], steps)) for n in members)
+        )
         ops = {arms[n].cfg.lookahead for n in members} - {None}
         out['rollout'] += B * rc.K
-        out['credit'] += round(B * sum(lookahead_nfe(op, rc.K, rc.window, rc.group_size, rc.shared_noise) for op in ops))
+        out['credit'] += round(
+            B * sum(lookahead_nfe(op, rc.K, rc.window, rc.group_size, rc.shared_noise) for op in ops)
+        )
         out['mc'] += sum(M * (rc.K - 1 - k) * (prompts if rc.shared_noise and k <= s else B) for k in states)
     return out

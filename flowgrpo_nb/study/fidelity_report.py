@@ -1,4 +1,4 @@
-"""A credit-fidelity measurement as figures and files: per step and pooled statistics, paired differences, credit against truth; the arm of a fine-tuned run; `flowgrpo fidelity`, and what the committed measurement found.
+"""`flowgrpo fidelity`: a credit-fidelity measurement written as figures and files.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/fidelity_report.html.md"""
 
@@ -26,7 +26,9 @@ from ..task import Task, load_task, load_policy
 from ..config import GRPOConfig, preset_config, run_config
 from ..checkpoint import read_checkpoint, RunFolder, FolderLock, read_json, write_json
 from ..train import load_run_policy
-from .fidelity import FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
+from flowgrpo_nb.study.fidelity import (
+    FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
+)
 
 # %% auto #0
 __all__ = ['ROW', 'plot_steps', 'plot_differences', 'plot_scatter', 'plot_overall', 'run_arm', 'report_arms', 'fidelity_figures',
@@ -35,7 +37,8 @@ __all__ = ['ROW', 'plot_steps', 'plot_differences', 'plot_scatter', 'plot_overal
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #99619064
 def _colour(res:dict, arm:str) -> str:
-    "The method's colour (`display.STYLES`) for the first arm of each method; the arm's own or the palette's for the others."
+    """The method's colour (`display.STYLES`) for the first arm of each method; the arm's own or the palette's for the
+    others."""
     arms = list(res['settings']['arms'])
     m = res['settings']['arms'][arm]['method']
     first = next(a for a in arms if res['settings']['arms'][a]['method'] == m) == arm
@@ -57,21 +60,38 @@ def plot_steps(res:dict, quantity:str='advantage', stats:tuple=('kendall', 'spea
     fig = make_subplots(len(stats) + 1, 1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=[*stats, 'share exactly 0: credit (solid), true gain (dotted)'])
     for arm in res['settings']['arms']:
-        rs, c = [r for r in res['stats'] if r['arm'] == arm and r['quantity'] == quantity and r['step'] != 'all'], _colour(res, arm)
+        rs, c = (
+            [r for r in res['stats'] if r['arm'] == arm and r['quantity'] == quantity and r['step'] != 'all'],
+            _colour(res, arm),
+        )
         x = [r['step'] for r in rs]
         for i, s in enumerate(stats, 1):
             _band(fig, x, [r[f'{s}_lo'] for r in rs], [r[f'{s}_hi'] for r in rs], c, i, 1)
-            fig.add_trace(go.Scatter(x=x, y=[r[s] for r in rs], mode='lines+markers', name=display_name(arm), legendgroup=arm,
-                                     line=dict(color=c), showlegend=i == 1), i, 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=x, y=[r[s] for r in rs], mode='lines+markers', name=display_name(arm), legendgroup=arm,
+                    line=dict(color=c), showlegend=i == 1
+                ),
+                i,
+                1,
+            )
         for k, dash in (('share_credit_zero', 'solid'), ('share_truth_zero', 'dot')):
-            fig.add_trace(go.Scatter(x=x, y=[r[k] for r in rs], mode='lines', line=dict(color=c, dash=dash), legendgroup=arm,
-                                     showlegend=False, name=f'{arm} {k}'), len(stats) + 1, 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=x, y=[r[k] for r in rs], mode='lines', line=dict(color=c, dash=dash), legendgroup=arm,
+                    showlegend=False, name=f'{arm} {k}'
+                ),
+                len(stats) + 1,
+                1,
+            )
     for i in range(1, len(stats) + 1): fig.update_yaxes(range=[-1.05, 1.05], row=i, col=1)
     fig.update_yaxes(range=[-0.02, 1.02], row=len(stats) + 1, col=1)
     fig.update_xaxes(title_text='step k', dtick=1, row=len(stats) + 1, col=1)
     M = res['settings']['M']
-    return fig.update_layout(height=220 * (len(stats) + 1), template='plotly_white', legend=_LEGEND,
-                             title=title or f"credit ({quantity}) vs Monte-Carlo step advantage per step (M={M}; bands: CI by prompt)")
+    return fig.update_layout(
+        height=220 * (len(stats) + 1), template='plotly_white', legend=_LEGEND,
+        title=title or f"credit ({quantity}) vs Monte-Carlo step advantage per step (M={M}; bands: CI by prompt)"
+    )
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #5b76afa7
 def plot_differences(res:dict, quantity:str='advantage', stat:str='kendall', title:str='') -> go.Figure:
@@ -95,12 +115,26 @@ def plot_scatter(res:dict, quantity:str='advantage', title:str='') -> go.Figure:
     for c, arm in enumerate(arms, 1):
         d, ks = res['data'][arm], res['settings']['arms'][arm]['steps']
         t, q = np.array(d['truth'], dtype=float)[:, ks], np.array(d[quantity + 's'], dtype=float)[:, ks]
-        fig.add_trace(go.Scatter(x=t.ravel(), y=q.ravel(), mode='markers', showlegend=False, name=arm,
-                                 marker=dict(color=np.broadcast_to(ks, t.shape).ravel(), colorscale='Viridis', size=5, cmin=0,
-                                             cmax=len(d['trained']) - 1, showscale=c == len(arms), colorbar=dict(title='step'))), 1, c)
+        fig.add_trace(
+            go.Scatter(
+                x=t.ravel(),
+                y=q.ravel(),
+                mode='markers',
+                showlegend=False,
+                name=arm,
+                marker=dict(
+                    color=np.broadcast_to(ks, t.shape).ravel(), colorscale='Viridis', size=5, cmin=0,
+                    cmax=len(d['trained']) - 1, showscale=c == len(arms), colorbar=dict(title='step')
+                ),
+            ),
+            1,
+            c,
+        )
         fig.update_xaxes(title_text='MC step advantage', row=1, col=c)
     fig.update_yaxes(title_text=quantity, row=1, col=1)
-    return fig.update_layout(height=340, template='plotly_white', title=title or f"{quantity} vs Monte-Carlo step advantage")
+    return fig.update_layout(
+        height=340, template='plotly_white', title=title or f"{quantity} vs Monte-Carlo step advantage"
+    )
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #bff9e427
 def plot_overall(results:dict[str, dict], quantity:str='advantage', stat:str='kendall') -> go.Figure:
@@ -108,22 +142,32 @@ def plot_overall(results:dict[str, dict], quantity:str='advantage', stat:str='ke
     fig = go.Figure()
     for name, res in results.items():
         rs = fidelity_table(res, quantity, digits=6)
-        fig.add_trace(go.Bar(x=[r['arm'] for r in rs], y=[r[stat] for r in rs], name=name,
-                             error_y=dict(type='data', symmetric=False, array=[_gap(r[f'{stat}_hi'], r[stat]) for r in rs],
-                                          arrayminus=[_gap(r[stat], r[f'{stat}_lo']) for r in rs])))
+        fig.add_trace(
+            go.Bar(
+                x=[r['arm'] for r in rs],
+                y=[r[stat] for r in rs],
+                name=name,
+                error_y=dict(
+                    type='data', symmetric=False, array=[_gap(r[f'{stat}_hi'], r[stat]) for r in rs],
+                    arrayminus=[_gap(r[stat], r[f'{stat}_lo']) for r in rs]
+                ),
+            )
+        )
     return fig.update_layout(barmode='group', height=380, template='plotly_white', yaxis_range=[-1, 1],
                              yaxis_title=stat, title=f"pooled {stat} of {quantity} with the MC step advantage")
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #f582f924
 def run_arm(run:str|Path) -> tuple[GRPOConfig, Tensor|None]:
-    "A trainer run's arm: its config and its calibrated psi (newest checkpoint's state, else calibration.json; None without)."
+    """A trainer run's arm: its config and its calibrated psi (newest checkpoint's state, else calibration.json; None
+    without)."""
     run = RunFolder(run)
     cfg = run_config(run)
     if not cfg.calibrate: return cfg, None
     ckpt = run.latest_checkpoint()
     psi = read_checkpoint(ckpt, ['state.json'])['state.json'].get('psi') if ckpt is not None else None
     if psi is None: psi = (run.calibration() or {}).get('psi')
-    if psi is None: warnings.warn(f"run {str(run.path)!r} calibrates but has no psi yet: its arm explores with the initial scale")
+    if psi is None:
+        warnings.warn(f"run {str(run.path)!r} calibrates but has no psi yet: its arm explores with the initial scale")
     return cfg, None if psi is None else _check_arm_psi(str(run.path), cfg, psi)
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #d5398cc3
@@ -157,16 +201,21 @@ def fidelity_figures(results:dict[str, dict]) -> dict[str, go.Figure]:
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #aeac9f4e
 def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: write nothing)
-                    cfg:FidelityConfig|None=None,  # prompts, samples, continuations, steps, bootstrap, K, sampler_of, reward
+                    # prompts, samples, continuations, steps, bootstrap, K, sampler_of, reward
+                    cfg:FidelityConfig|None=None,
                     run:str|Path|None=None,  # trainer run folder: also evaluate its newest checkpoint
-                    policy:Policy|None=None, # the base model, without adapter (default: `load_policy` of the run's config)
-                    task:Task|None=None,     # prompts and reward (default: `load_task` of the run's config, or of `cfg.reward`)
+                    # the base model, without adapter (default: `load_policy` of the run's config)
+                    policy:Policy|None=None,
+                    # prompts and reward (default: `load_task` of the run's config, or of `cfg.reward`)
+                    task:Task|None=None,
                     arms=None,               # preset names or {name: (cfg, psi)}; None: see `report_arms`
                     base:bool=True,          # with a run: also the base model
                     png:bool=True) -> dict[str, dict]:  # model name -> `arm_fidelity` result
-    "Credit fidelity of the base model and/or a fine-tuned run under every arm's own sampler; writes fidelity.json and figures."
+    """Credit fidelity of the base model and/or a fine-tuned run under every arm's own sampler; writes fidelity.json and
+    figures."""
     cfg = cfg or FidelityConfig()
-    if task is not None and cfg.reward is not None: raise ValueError(f"reward={cfg.reward!r}: give a task or a reward name, not both")
+    if task is not None and cfg.reward is not None: raise ValueError(f"reward={cfg.reward!r}: give a task or a reward "
+                                                                     "name, not both")
     ra = run_arm(run) if run is not None else None
     spec = arms if isinstance(arms, dict) else report_arms(arms, cfg.K, ra)
     check_arms(spec, cfg.group, _sampler_of(cfg, spec))  # every argument checked before anything is loaded
@@ -177,7 +226,8 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
     task = load_task(rw, rcfg.prompts, rcfg.eval_prompts, rcfg.model) if task is None else task
     results = {}
     for name in (['base'] if base or run is None else []) + (['finetuned'] if run is not None else []):
-        with pol.disable_adapter() if name == 'base' else nullcontext():  # the base model: the run's network, adapter off
+        # the base model: the run's network, adapter off
+        with pol.disable_adapter() if name == 'base' else nullcontext():
             results[name] = arm_fidelity(pol, task, spec, cfg)
         results[name]['settings'].update(model=name, checkpoint=None if name == 'base' else str(ckpt), task=task.name,
                                          reward=rw)
@@ -190,17 +240,20 @@ def _write_report(out:Path, results:dict, png:bool):
     (out/'fidelity.json').write_text(json.dumps(results))
     figs = fidelity_figures(results)
     for n, fig in figs.items(): fig.write_html(out/f'{n}.html', include_plotlyjs='directory')
-    if png: write_pngs({out/f'{n}.png': fig for n, fig in figs.items()})  # one browser; a hung export is killed, skipped with a warning
+    # one browser; a hung export is killed, skipped with a warning
+    if png: write_pngs({out/f'{n}.png': fig for n, fig in figs.items()})
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #0e44d0be
 ROW = ('n', 'share_truth_zero', *(f'kendall{w}{e}' for w in ('', '_nonzero', '_window') for e in ('', '_lo', '_hi')))
 
 def finished_runs(compare:Path, seeds=(0, 1), tasks=None, arms=None) -> list[tuple]:
-    "(task, seed, arm, folder) of every finished run (a summary) of a comparison's folder, of `seeds` (and `tasks`, `arms`)."
+    """(task, seed, arm, folder) of every finished run (a summary) of a comparison's folder, of `seeds` (and `tasks`,
+    `arms`)."""
     out = []
     for d in sorted(Path(compare).glob('*/seed*/*')):
         t, s, a = d.parent.parent.name, d.parent.name[4:], d.name
-        if not (s.isdigit() and int(s) in seeds and (tasks is None or t in tasks) and (arms is None or a in arms)): continue
+        if not (s.isdigit() and int(s) in seeds and (tasks is None or t in tasks) and (arms is None or a in arms)):
+            continue
         if RunFolder(d).summary() is not None: out.append((t, int(s), a, d))
     return out
 
@@ -211,7 +264,10 @@ def _run_fidelity(f:Path, d:Path, a:str, cfg:FidelityConfig) -> dict:
     if f.exists():
         res = read_json(f, 'a fidelity result')
         if res.get('fidelity_config') != want:
-            raise ValueError(f"{f} was measured with other settings ({res.get('fidelity_config')}); remove it, or measure with the same ones")
+            raise ValueError(
+                f"{f} was measured with other settings ({res.get('fidelity_config')}); remove it, or measure with the "
+                "same ones"
+            )
         return res
     res = fidelity_report(None, cfg, run=d, arms={a: run_arm(d)}, base=False)['finetuned']
     f.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +284,11 @@ def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowg
     compare = Path(compare)
     out, cfg = Path(out) if out is not None else compare/'fidelity', replace(cfg or FidelityConfig(), keep_data=False)
     runs = finished_runs(compare, seeds, tasks, arms)
-    if not runs: raise ValueError(f"compare={str(compare)!r}: no finished run of seeds {list(seeds)} there (a folder of flowgrpo compare --out)")
+    if not runs:
+        raise ValueError(
+            f"compare={str(compare)!r}: no finished run of seeds {list(seeds)} there (a folder of flowgrpo compare "
+            "--out)"
+        )
     rows, left = [], []
     with FolderLock(out, 'a fidelity measurement'):
         try:
@@ -236,22 +296,38 @@ def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowg
                 f = out/t/f'seed{s}'/f'{a}.json'
                 if not f.exists() and not RunFolder(d).checkpoints(): left.append(f'{t}/seed{s}/{a}'); continue
                 res = _run_fidelity(f, d, a, cfg)
-                rows += [dict(task=t, seed=s, arm=a, **{k: r.get(k) for k in ROW}, cpu_seconds=res['cost']['total']['cpu_seconds'])
-                         for r in res['stats'] if r['quantity'] == 'advantage' and r['step'] == 'all']
-        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: each run's result is a file written whole; the same command measures the rest
+                rows += [
+                    dict(
+                        task=t, seed=s, arm=a, **{k: r.get(k) for k in ROW},
+                        cpu_seconds=res['cost']['total']['cpu_seconds']
+                    )
+                    for r in res['stats']
+                    if r['quantity'] == 'advantage' and r['step'] == 'all'
+                ]
+        # Ctrl-C, SIGTERM: each run's result is a file written whole; the same command measures the rest
+        except KeyboardInterrupt as e:
             n = sum((out/t/f'seed{s}'/f'{a}.json').exists() for t, s, a, _ in runs)
             raise stopped(e, f"{n} of {len(runs)} runs measured, kept in {out}", invoked()) from None
-        write_json(out/'fidelity.json', dict(rows=rows, fidelity_config=asdict(cfg), compare=str(compare)), 'the fidelity rows')
-    if left: warnings.warn(f"{len(left)} finished runs have neither a checkpoint nor a fidelity result, left out: {', '.join(left)}")
+        write_json(
+            out / 'fidelity.json', dict(rows=rows, fidelity_config=asdict(cfg), compare=str(compare)),
+            'the fidelity rows'
+        )
+    if left:
+        warnings.warn(
+            f"{len(left)} finished runs have neither a checkpoint nor a fidelity result, left out: {', '.join(left)}"
+        )
     return rows
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #b498d706
 @call_parse
 def fidelity_cli(out:str=None,             # output folder (default: runs/fidelity; with --compare: <compare>/fidelity)
                  run:str=None,             # trainer run folder: also evaluate its newest checkpoint
-                 compare:str=None,         # a comparison's folder: every finished run of --seeds on its own model (see compare_fidelity)
+                 # a comparison's folder: every finished run of --seeds on its own model (see compare_fidelity)
+                 compare:str=None,
                  seeds:str='0,1',          # with --compare: comma-separated seeds
-                 arms:str=None,            # comma-separated preset names ('run': the run's arm); default the four methods; with --compare: its arms
+                 # comma-separated preset names ('run': the run's arm); default the four methods; with --compare: its
+                 # arms
+                 arms:str=None,
                  sampler_of:str=None,      # a preset whose sampler every arm uses (default: each arm its own)
                  prompts:int=16,           # prompts, balanced over the task's categories
                  batch_prompts:int=4,      # prompts per rollout batch
@@ -266,21 +342,29 @@ def fidelity_cli(out:str=None,             # output folder (default: runs/fideli
                  no_base:bool=False,       # with --run: skip the base model
                  no_png:bool=False,        # HTML figures only
                  threads:int=0):           # torch threads (0: torch's default)
-    "Credit fidelity: every method's per-step credit vs the Monte-Carlo step advantage under its own sampler, base and fine-tuned."
+    """Credit fidelity: every method's per-step credit vs the Monte-Carlo step advantage under its own sampler, base and
+    fine-tuned."""
     if threads: torch.set_num_threads(threads)
     ks, ss = _ints('steps', steps), _ints('seeds', seeds)
     cfg = FidelityConfig(prompts=prompts, batch_prompts=batch_prompts, split=split, group=group, M=M, steps=ks, K=K,
                          sampler_of=sampler_of, reward=reward, seed=seed, n_boot=n_boot)
     if compare is not None:
         if run is not None: raise ValueError("give --run (one run) or --compare (every run of a comparison), not both")
-        rows = compare_fidelity(compare, out, cfg, ss, arms=None if arms is None else [a.strip() for a in arms.split(',')])
+        rows = compare_fidelity(
+            compare, out, cfg, ss, arms=None if arms is None else [a.strip() for a in arms.split(',')]
+        )
         return print(compare_fidelity_summary(rows) + f"\nwrote {out or Path(compare)/'fidelity'}/fidelity.json")
     out, t0 = out or 'runs/fidelity', time.time()
     try: results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png)
     except KeyboardInterrupt as e:  # the results are written once every model is measured, then the figures
         done = (f := Path(out)/'fidelity.json').exists() and f.stat().st_mtime >= t0
-        raise stopped(e, f"{f} is written, not every figure" if done else f"no result of this measurement was written to {out} "
-                      "(they are written at its end)", invoked()) from None
+        raise stopped(
+            e,
+            f"{f} is written, not every figure"
+            if done
+            else f"no result of this measurement was written to {out} (they are written at its end)",
+            invoked(),
+        ) from None
     for name, res in results.items(): print(fidelity_summary(name, res))
     print(f"wrote {out}/fidelity.json and figures")
 
@@ -292,7 +376,10 @@ def _ints(name:str, s:str|None) -> list[int]|None:
 def fidelity_summary(name:str, res:dict) -> str:
     "A few lines: the cost and every arm's pooled Kendall tau-b and Spearman of the advantages, with the zero shares."
     c = res['cost']['total']
-    lines = [f"{name}: {c['seconds']:.0f} s ({c['cpu_seconds']:.0f} s CPU), {c['nfe']} NFE; pooled advantage vs MC step advantage"]
+    lines = [
+        f"{name}: {c['seconds']:.0f} s ({c['cpu_seconds']:.0f} s CPU), {c['nfe']} NFE; pooled advantage vs MC step "
+        "advantage"
+    ]
     ok = lambda r, s: None not in (r[s], r[s + '_lo'], r[s + '_hi'])
     fmt = lambda r, s: f"{r[s]:+.3f} [{r[s + '_lo']:+.3f}, {r[s + '_hi']:+.3f}]" if ok(r, s) else 'n/a'
     for r in fidelity_table(res):
@@ -301,9 +388,13 @@ def fidelity_summary(name:str, res:dict) -> str:
     return '\n'.join(lines)
 
 def compare_fidelity_summary(rows:list[dict]) -> str:
-    "One line per task and arm: its mean pooled Kendall tau-b (all pairs, nonzero truth, loss steps) over the seeds measured."
+    """One line per task and arm: its mean pooled Kendall tau-b (all pairs, nonzero truth, loss steps) over the seeds
+    measured."""
     by = {}
     for r in rows: by.setdefault((r['task'], r['arm']), []).append(r)
     m = lambda rs, k: (lambda v: f"{np.mean(v):+.3f}" if v else 'n/a')([r[k] for r in rs if r.get(k) is not None])
-    return '\n'.join(f"{t:<8} {a:<17} kendall {m(rs, 'kendall')}  nonzero truth {m(rs, 'kendall_nonzero')}  loss steps "
-                     f"{m(rs, 'kendall_window')}  ({len(rs)} seeds, {sum(r['cpu_seconds'] for r in rs):.0f} CPU s)" for (t, a), rs in by.items())
+    return '\n'.join(
+        f"{t:<8} {a:<17} kendall {m(rs, 'kendall')}  nonzero truth {m(rs, 'kendall_nonzero')}  loss steps "
+        f"{m(rs, 'kendall_window')}  ({len(rs)} seeds, {sum(r['cpu_seconds'] for r in rs):.0f} CPU s)"
+        for (t, a), rs in by.items()
+    )

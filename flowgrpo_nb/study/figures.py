@@ -1,4 +1,4 @@
-"""The figures of a comparison, drawn from its `Report` alone: held-out score against steps, CPU seconds and NFE with the plateaus marked, paired differences, the claims against their margins, per-category scores, costs, where the gradient lies, the calibrated noise per round, and credit fidelity against training gain.
+"""The figures of a comparison, drawn from its `Report` alone.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/figures.html.md"""
 
@@ -40,13 +40,16 @@ def _mean_curve(fig, curves, x, name, colour):
     n = len(curves)
     xs = np.array([[getattr(p, x) for p in c] for c in curves], float)
     ys = np.array([[p.eval for p in c] for c in curves])
-    fig.add_scatter(x=xs.mean(0), y=ys.mean(0), name=f'{display_name(name)} (mean ± 95% CI, {n} seeds)', legendgroup=name,
-                    mode='lines+markers', line=dict(color=colour, width=3),
-                    error_y=dict(array=t_quantile(n) * ys.std(0, ddof=1) / math.sqrt(n), visible=True))
+    fig.add_scatter(
+        x=xs.mean(0), y=ys.mean(0), name=f'{display_name(name)} (mean ± 95% CI, {n} seeds)', legendgroup=name,
+        mode='lines+markers', line=dict(color=colour, width=3),
+        error_y=dict(array=t_quantile(n) * ys.std(0, ddof=1) / math.sqrt(n), visible=True)
+    )
 
 # %% ../../nbs/study/05_figures.ipynb #9f74bf04
 def fig_curves(report:Report, x:str='step', task:str|None=None) -> go.Figure:
-    "Held-out strict score against `x` ('step', 'seconds' or 'nfe'): each seed faint, their mean ± 95% CI bold, plateaus marked."
+    """Held-out strict score against `x` ('step', 'seconds' or 'nfe'): each seed faint, their mean ± 95% CI bold,
+    plateaus marked."""
     sec, fig = _section(report, task), go.Figure()
     n = len(sec.per_seed)
     for i, (m, summ) in enumerate(sec.arms.items()):
@@ -62,12 +65,18 @@ def fig_curves(report:Report, x:str='step', task:str|None=None) -> go.Figure:
         if x == 'step' and summ.plateau and summ.plateau['step'] is not None:
             fig.add_vline(x=summ.plateau['step'], line=dict(color=color(m, i), dash='dot', width=1))
     fig.add_hline(y=sec.base['overall']['strict'], line_dash='dot', annotation_text='base')
-    return _below(fig, title=f"{sec.task}: held-out strict score vs {x}" + (' (dotted: where each curve goes flat)' * (x == 'step')),
-                  xaxis_title=AXES[x], yaxis_title='strict score')
+    return _below(
+        fig,
+        title=f"{sec.task}: held-out strict score vs {x}" + (' (dotted: where each curve goes flat)' * (x == 'step')),
+        xaxis_title=AXES[x], yaxis_title='strict score'
+    )
 
 # %% ../../nbs/study/05_figures.ipynb #6315e133
 def _label(c) -> str:
-    return f"{c.arm} − {c.other}{' (control)' if c.is_control else ''}" + ('' if c.metric == 'strict' else ', learned score')
+    return f"{c.arm} − {c.other}{' (control)' if c.is_control else ''}" + (
+        '' if c.metric == 'strict' else ', learned score'
+    )
+
 
 def _forest(fig, rows:list, labels:list, verdicts:list):
     "Markers with asymmetric 95% intervals, one trace per verdict (its colour)."
@@ -83,7 +92,8 @@ def _forest(fig, rows:list, labels:list, verdicts:list):
 
 # %% ../../nbs/study/05_figures.ipynb #b347c131
 def fig_differences(report:Report, task:str|None=None) -> go.Figure:
-    "Paired differences of held-out scores (arm − other, mean and 95% CI over seeds), coloured by the verdict after Holm."
+    """Paired differences of held-out scores (arm − other, mean and 95% CI over seeds), coloured by the verdict after
+    Holm."""
     sec = _section(report, task)
     cs = [c for c in sec.comparisons if c.kind != 'base'][::-1]
     return _forest(go.Figure(), cs, [_label(c) for c in cs], [c.verdict for c in cs]).update_layout(
@@ -98,8 +108,10 @@ def fig_claims(report:Report) -> go.Figure:
     for i, c in enumerate(cs):
         for m in ((-c.margin,) if c.kind == 'non-inferiority' else (-c.margin, c.margin)):
             fig.add_shape(type='line', x0=m, x1=m, y0=i - 0.4, y1=i + 0.4, line=dict(color='#999', width=1))
-    return fig.update_layout(title='the claims: effect and 95% CI over seeds; ticks: ± margin; colour: the verdict (Holm over the table)',
-                             xaxis_title='arm − reference')
+    return fig.update_layout(
+        title='the claims: effect and 95% CI over seeds; ticks: ± margin; colour: the verdict (Holm over the table)',
+        xaxis_title='arm − reference',
+    )
 
 # %% ../../nbs/study/05_figures.ipynb #9a9675eb
 def _half(a:dict) -> float: return (a['ci'][1] - a['mean']) if a['n'] > 1 else a['se']
@@ -117,14 +129,17 @@ def fig_categories(report:Report, task:str|None=None) -> go.Figure:
 
 # %% ../../nbs/study/05_figures.ipynb #7247cbda
 def fig_category_curves(report:Report, task:str|None=None, cols:int=3) -> go.Figure|None:
-    "Each category's held-out strict score against optimizer steps: every arm's mean over seeds (None: the runs read no categories)."
+    """Each category's held-out strict score against optimizer steps: every arm's mean over seeds (None: the runs read
+    no categories)."""
     sec = _section(report, task)
     cats = [c for c in sec.base if c not in ('overall', 'learned_score', 'per_seed')]
     curves = {m: [runs[m].curve for runs in sec.per_seed.values()] for m in sec.arms}
     if not cats or any(p.categories is None for cs in curves.values() for c in cs for p in c): return None
     rows = math.ceil(len(cats) / cols)
-    fig = make_subplots(rows, cols, subplot_titles=[c.replace('_', ' ') for c in cats], shared_xaxes=True, shared_yaxes=True,
-                        vertical_spacing=0.5 / rows / 2 + 0.04)
+    fig = make_subplots(
+        rows, cols, subplot_titles=[c.replace('_', ' ') for c in cats], shared_xaxes=True, shared_yaxes=True,
+        vertical_spacing=0.5 / rows / 2 + 0.04
+    )
     for i, (m, cs) in enumerate(curves.items()):
         if len({len(c) for c in cs}) != 1: continue  # seeds with different evaluations: no mean
         for j, cat in enumerate(cats):
@@ -132,8 +147,13 @@ def fig_category_curves(report:Report, task:str|None=None, cols:int=3) -> go.Fig
             fig.add_scatter(x=[p.step for p in cs[0]], y=y, name=display_name(m), legendgroup=m, showlegend=j == 0,
                             mode='lines+markers', line=dict(color=color(m, i)), row=j // cols + 1, col=j % cols + 1)
     fig.update_xaxes(title_text=AXES['step'], row=rows)
-    return _below(fig, axis_px=50, plot_px=220 * rows, title=f"{sec.task}: held-out strict score per category vs optimizer steps "
-                  f"(mean over {len(sec.per_seed)} seed{'s' * (len(sec.per_seed) > 1)})")
+    return _below(
+        fig,
+        axis_px=50,
+        plot_px=220 * rows,
+        title=f"{sec.task}: held-out strict score per category vs optimizer steps "
+        f"(mean over {len(sec.per_seed)} seed{'s' * (len(sec.per_seed) > 1)})",
+    )
 
 # %% ../../nbs/study/05_figures.ipynb #170f7f2b
 def fig_costs(report:Report, task:str|None=None) -> go.Figure:
@@ -144,24 +164,34 @@ def fig_costs(report:Report, task:str|None=None) -> go.Figure:
     for ph in PHASES: fig.add_bar(x=list(M), y=[M[m].cpu_seconds_per_step[ph].mean for m in M], name=ph, row=1, col=1)
     steps = report.setup.get('steps')
     if steps:
-        fig.add_bar(x=list(M), y=[(r.calibration['cpu_seconds'].mean if r.calibration['cpu_seconds'] else 0) / steps for r in M.values()],
-                    name='calibration / steps', row=1, col=1)
+        fig.add_bar(
+            x=list(M),
+            y=[(r.calibration['cpu_seconds'].mean if r.calibration['cpu_seconds'] else 0) / steps for r in M.values()],
+            name='calibration / steps', row=1, col=1
+        )
     for kind in ('rollout', 'lookahead'):
         fig.add_bar(x=list(M), y=[M[m].nfe_per_sample[kind] for m in M], name=f'NFE {kind}', row=1, col=2)
     return _below(fig, axis_px=110, plot_px=260, barmode='stack', title=f"{sec.task}: cost of a training step")
 
 def fig_gradient(report:Report, task:str|None=None) -> go.Figure:
-    "Where each arm's gradient is: every denoising step's share of the gradient norm (mean over seeds and diagnosed steps)."
+    """Where each arm's gradient is: every denoising step's share of the gradient norm (mean over seeds and diagnosed
+    steps)."""
     sec, fig = _section(report, task), go.Figure()
     for i, (m, r) in enumerate(sec.arms.items()):
         if r.grad_share:
-            fig.add_bar(x=list(range(len(r.grad_share))), y=r.grad_share, name=display_name(m), marker_color=color(m, i))
-    return _below(fig, barmode='group', title=f"{sec.task}: share of the gradient norm per denoising step",
-                  xaxis=dict(title='denoising step k', tickmode='linear', tick0=0, dtick=1), yaxis_title='share of the gradient norm')
+            fig.add_bar(
+                x=list(range(len(r.grad_share))), y=r.grad_share, name=display_name(m), marker_color=color(m, i)
+            )
+    return _below(
+        fig, barmode='group', title=f"{sec.task}: share of the gradient norm per denoising step",
+        xaxis=dict(title='denoising step k', tickmode='linear', tick0=0, dtick=1),
+        yaxis_title='share of the gradient norm'
+    )
 
 # %% ../../nbs/study/05_figures.ipynb #b6d20cea
 def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
-    "Each calibrated arm's noise scale psi(k) per calibration round, a line per trained step (mean over the seeds with that round)."
+    """Each calibrated arm's noise scale psi(k) per calibration round, a line per trained step (mean over the seeds with
+    that round)."""
     sec = _section(report, task)
     arms = [a for a in sec.arms if any(runs[a].psi_rounds for runs in sec.per_seed.values())]
     if not arms: return None
@@ -175,9 +205,14 @@ def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
             if any(m[k] for m in mean):
                 fig.add_scatter(x=list(range(n)), y=[m[k] for m in mean], name=f'k = {k}', legendgroup=f'k{k}',
                                 showlegend=i == 1, mode='lines', row=1, col=i)
-    fig.update_xaxes(title_text='round', tickformat='d', tick0=0, dtick=max(1, math.ceil(max(len(m) for m in means) / 12)))  # whole rounds
-    return fig.update_layout(title=f"{sec.task}: calibrated noise psi(k) per calibration round", legend_title_text='a line per trained step:',
-                             yaxis_title='psi(k)', height=360)
+    # whole rounds
+    fig.update_xaxes(
+        title_text='round', tickformat='d', tick0=0, dtick=max(1, math.ceil(max(len(m) for m in means) / 12))
+    )
+    return fig.update_layout(
+        title=f"{sec.task}: calibrated noise psi(k) per calibration round",
+        legend_title_text='a line per trained step:', yaxis_title='psi(k)', height=360
+    )
 
 # %% ../../nbs/study/05_figures.ipynb #c6635132
 def fidelity_by_arm(report:Report, task:str|None=None) -> dict:
@@ -186,7 +221,8 @@ def fidelity_by_arm(report:Report, task:str|None=None) -> dict:
             for a, s in _section(report, task).arms.items() if s.fidelity}
 
 def fig_fidelity_gain(report:Report, task:str|None=None) -> go.Figure:
-    "Each arm's credit fidelity (Kendall tau-b, a panel per measure) against its training gain over the base model (95% CI)."
+    """Each arm's credit fidelity (Kendall tau-b, a panel per measure) against its training gain over the base model
+    (95% CI)."""
     sec, fid = _section(report, task), fidelity_by_arm(report, task)
     b = sec.base['overall']['strict']
     ks = [k for k in FIDELITY_MEASURES if any(k in f for f in fid.values())]
@@ -194,9 +230,21 @@ def fig_fidelity_gain(report:Report, task:str|None=None) -> go.Figure:
     for j, k in enumerate(ks, 1):
         for a in [a for a in fid if k in fid[a]]:
             h, c = sec.arms[a].heldout_strict, color(a, list(sec.arms).index(a))
-            fig.add_scatter(x=[h.mean - b], y=[fid[a][k]], name=display_name(a), legendgroup=a, showlegend=j == 1, row=1, col=j,
-                            mode='markers', marker=dict(size=10, color=c), error_x=dict(type='data', symmetric=False, color=c,
-                            thickness=1, array=[h.ci[1] - h.mean], arrayminus=[h.mean - h.ci[0]]))
+            fig.add_scatter(
+                x=[h.mean - b],
+                y=[fid[a][k]],
+                name=display_name(a),
+                legendgroup=a,
+                showlegend=j == 1,
+                row=1,
+                col=j,
+                mode='markers',
+                marker=dict(size=10, color=c),
+                error_x=dict(
+                    type='data', symmetric=False, color=c, thickness=1, array=[h.ci[1] - h.mean],
+                    arrayminus=[h.mean - h.ci[0]]
+                ),
+            )
         fig.update_xaxes(title_text='final held-out strict − base', row=1, col=j)
     return _below(fig, title=f"{sec.task}: credit fidelity (Kendall tau-b) against training gain",
                   yaxis_title='Kendall tau-b with the MC step advantage')

@@ -23,7 +23,8 @@ def start_fork_server(preload:list=WORKER_PRELOAD):
     multiprocessing.forkserver.ensure_running()
 
 def reap_fork_server_at_exit():
-    "Stop and reap the fork server when this process exits, so that its CPU time and its workers' count as this process's children's."
+    """Stop and reap the fork server when this process exits, so that its CPU time and its workers' count as this
+    process's children's."""
     fs = multiprocessing.forkserver._forkserver
     stop = getattr(fs, '_stop', None)  # no public call stops it (see above)
     if stop is None: return
@@ -36,11 +37,15 @@ def reap_fork_server_at_exit():
 
 _at_exit = []  # the one exit handler `reap_fork_server_at_exit` registered
 
-if sys.platform.startswith('linux') and 'from multiprocessing.forkserver import main' in ' '.join(getattr(sys, 'orig_argv', ())):
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # in the fork server (it imports this module through the comparison): PR_SET_PDEATHSIG, die with the command
+if sys.platform.startswith('linux') and 'from multiprocessing.forkserver import main' in ' '.join(
+    getattr(sys, 'orig_argv', ())
+):
+    # in the fork server (it imports this module through the comparison): PR_SET_PDEATHSIG, die with the command
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 def worker_context():
-    "The workers' multiprocessing context: forked from a server that imported `WORKER_PRELOAD`; spawn where fork is missing."
+    """The workers' multiprocessing context: forked from a server that imported `WORKER_PRELOAD`; spawn where fork is
+    missing."""
     if 'forkserver' not in multiprocessing.get_all_start_methods(): return multiprocessing.get_context('spawn')
     ctx = multiprocessing.get_context('forkserver')
     ctx.set_forkserver_preload(WORKER_PRELOAD)  # no effect once the server runs (then it has them already)
@@ -54,7 +59,8 @@ def watch_parent(pid:int, every:float=0.5):
     except psutil.Error: os.kill(os.getpid(), signal.SIGKILL)
     def gone() -> bool:
         try: return parent.status() == psutil.STATUS_ZOMBIE
-        except psutil.Error: return True  # NoSuchProcess, or a new process with the old PID (psutil compares start times)
+        # NoSuchProcess, or a new process with the old PID (psutil compares start times)
+        except psutil.Error: return True
     def watch():
         while not gone(): time.sleep(every)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -64,13 +70,16 @@ def init_worker(parent:int):
     "What a worker does first: leave Ctrl-C to the command (`parent`, whose PID it is given) and die with it."
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_parent(parent)
-    with contextlib.suppress(ImportError):  # tqdm's own lock would be a named semaphore that a killed worker leaves to the resource tracker (a warning at exit)
+    # tqdm's own lock would be a named semaphore that a killed worker leaves to the resource tracker (a warning at exit)
+    with contextlib.suppress(ImportError):
         from tqdm import tqdm
         tqdm.set_lock(threading.RLock())
 
 def stop_pool(ex):
-    "Cancel the queued jobs of `concurrent.futures.ProcessPoolExecutor` `ex` and kill its workers (and what they started); returns when they are gone."
-    procs = list((getattr(ex, '_processes', None) or {}).values())  # no public list of a pool's processes before Python 3.14
+    """Cancel the queued jobs of `concurrent.futures.ProcessPoolExecutor` `ex` and kill its workers (and what they
+    started); returns when they are gone."""
+    # no public list of a pool's processes before Python 3.14
+    procs = list((getattr(ex, '_processes', None) or {}).values())
     ex.shutdown(wait=False, cancel_futures=True)
     for p in procs: kill_tree(p.pid)
     for p in procs: p.join(10)

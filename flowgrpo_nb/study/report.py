@@ -1,4 +1,4 @@
-"""What a comparison says, written from its `Report` alone: findings in plain sentences, a results table per task, the claims with their verdicts, the study's measures, the arms' settings, the HTML page and the README's sections.
+"""What a comparison says in words, written from its `Report` alone.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/report.html.md"""
 
@@ -26,15 +26,24 @@ METRICS = dict(strict='strict score', learned_score='learned score')
 def _ci(c) -> str: return f"{c.mean:+.3f}, 95% CI [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]"
 
 def _its_control(c, short:bool=False) -> str:
-    "How a sentence names a comparison's control: matched, matched only in part (its share of the arm's gradient), or unchecked (why)."
+    """How a sentence names a comparison's control: matched, matched only in part (its share of the arm's gradient), or
+    unchecked (why)."""
     ws = c.window_share
-    if ws is not None and ws < WINDOW_MATCH: return 'its control' + ('' if short else f", whose window holds {ws:.0%} of {c.arm}'s gradient")
-    return 'its window-matched control' + (f" by its preset, unchecked: {c.window_unchecked}" if c.window_unchecked and not short else '')
+    if ws is not None and ws < WINDOW_MATCH:
+        return 'its control' + ('' if short else f", whose window holds {ws:.0%} of {c.arm}'s gradient")
+    return 'its window-matched control' + (
+        f" by its preset, unchecked: {c.window_unchecked}" if c.window_unchecked and not short else ''
+    )
+
 
 def _said(c, tag:str) -> str:
     "One comparison as a sentence: who, the difference and its interval, the basis, p and the verdict."
     who = f"{c.arm} vs {c.other}" + (f' ({_its_control(c)})' if c.is_control else '')
-    basis = f"over {c.n} seeds, higher in {c.higher_in}/{c.n}" if c.n > 1 else 'one seed: the two trained models, not the methods'
+    basis = (
+        f"over {c.n} seeds, higher in {c.higher_in}/{c.n}"
+        if c.n > 1
+        else 'one seed: the two trained models, not the methods'
+    )
     if c.p_holm is not None: basis += f"; p = {c.p:.2g}, Holm-adjusted {c.p_holm:.2g} over {c.family_size} comparisons"
     alone = c.verdict_alone or c.verdict
     v = c.verdict + (f" after Holm's correction (on its own: {alone})" if alone != c.verdict else '')
@@ -42,12 +51,19 @@ def _said(c, tag:str) -> str:
 
 # %% ../../nbs/study/06_report.ipynb #5b0b4376
 def _method(report:Report, arm:str) -> str: return report.setup['arms'][arm]['method']
-def _not_beaten(report:Report, c) -> bool: return c.is_control and c.verdict != 'higher' and _method(report, c.arm) in DENSE_CREDIT
+def _not_beaten(report: Report, c) -> bool:
+    return c.is_control and c.verdict != 'higher' and _method(report, c.arm) in DENSE_CREDIT
 
-def _not_beaten_said(c) -> str: return f" {c.arm}'s per-step credit does not beat {_its_control(c, short=True)} on the held-out {METRICS[c.metric]}."
+
+def _not_beaten_said(c) -> str:
+    return (
+        f" {c.arm}'s per-step credit does not beat {_its_control(c, short=True)} on the held-out {METRICS[c.metric]}."
+    )
+
 
 def comparison_findings(report:Report) -> list[str]:
-    "Sentences on the paired comparisons: significant first, then dense credit that does not beat its control, then the rest."
+    """Sentences on the paired comparisons: significant first, then dense credit that does not beat its control, then
+    the rest."""
     cs = [(f'[{t}] ', c) for t, sec in report.tasks.items() for c in sec.comparisons if c.kind != 'base']
     sig = sorted([x for x in cs if x[1].verdict != 'not distinguishable'], key=lambda x: x[1].p)
     out = [_said(c, tag) + (_not_beaten_said(c) if _not_beaten(report, c) else '') for tag, c in sig]
@@ -62,8 +78,10 @@ def _tp_finding(report:Report, t:str, sec:TaskSection, a:str) -> list[str]:
     r = sec.arms[a]
     if _method(report, a) != 'turning_point' or r.turning_points is None: return []
     if r.turning_points == 0:
-        return [f"[{t}] {a} fired no turning point in any step of any seed: its credit was DenseGRPO's per-step normalised "
-                "gains (TP ≡ DenseGRPO here, on TP's own uncalibrated sampler)."]
+        return [
+            f"[{t}] {a} fired no turning point in any step of any seed: its credit was DenseGRPO's per-step normalised "
+            "gains (TP ≡ DenseGRPO here, on TP's own uncalibrated sampler)."
+        ]
     n = sum(runs[a].steps for runs in sec.per_seed.values())
     return [f"[{t}] {a} kept {r.turning_points:.0f} turning points over {n} steps of {len(sec.per_seed)} seed(s)."]
 
@@ -76,11 +94,19 @@ def _window_finding(report:Report, t:str, sec:TaskSection, a:str) -> list[str]:
         (s, e), i = w['window'], w['inside']
         far = ', '.join(f"{v:.0%} at step {k}" for k, v in w['outside'].items() if v >= 0.05) or 'under 5% at any step'
         spread = f"{i['min']:.0%}–{i['max']:.0%} over {i['n']} seeds" if i['n'] > 1 else 'one seed'
-        out.append(f"[{t}] {a}'s gradient (each step's share of its gradient norm where the trainer diagnosed it) lies {i['mean']:.0%} "
-                   f"({spread}) on its control {w['control']}'s trained steps {s}–{e - 1}; "
-                   f"outside them {far}: " + (f"the control trains the window {a} effectively trains." if w['matched'] else
-                   f"below {WINDOW_MATCH:.0%}, so {w['control']} matches {a}'s window only in part and {a} vs {w['control']} "
-                   "still mixes credit with window."))
+        out.append(
+            f"[{t}] {a}'s gradient (each step's share of its gradient norm where the trainer diagnosed it) lies "
+            f"{i['mean']:.0%} "
+            f"({spread}) on its control {w['control']}'s trained steps {s}–{e - 1}; "
+            f"outside them {far}: "
+            + (
+                f"the control trains the window {a} effectively trains."
+                if w['matched']
+                else f"below {WINDOW_MATCH:.0%}, so {w['control']} matches {a}'s window only in part and {a} vs "
+                     f"{w['control']} "
+                "still mixes credit with window."
+            )
+        )
     want = report.setup['arms'][a]['controls'].get(t)
     if want and want != 'flow_grpo' and want not in sec.arms:
         out.append(f"[{t}] {a}'s window-matched control {want} did not run in this budget (--budget study runs it): "
@@ -97,10 +123,22 @@ def _base_findings(t:str, sec:TaskSection) -> list[str]:
         for c in cs: by.setdefault(c.verdict, []).append(f"{c.arm} {c.mean:+.3f}")
         for c in cs:
             if (c.verdict_alone or c.verdict) != c.verdict: alone.setdefault(c.verdict_alone, []).append(c.arm)
-        holm_ = (f" (Holm over the {cs[0].family_size} comparisons with the base model" +
-                 ''.join(f"; {v} on its own: {', '.join(a)}" for v, a in alone.items()) + ')') if cs and cs[0].family_size is not None else ''
-        if by: out.append(f"[{t}] {name} against the base model ({b:.3f}{' over seeds' if metric != 'strict' else ''}): "
-                          + '; '.join(f"{v}: {', '.join(x)}" for v, x in by.items()) + holm_ + '.')
+        holm_ = (
+            (
+                f" (Holm over the {cs[0].family_size} comparisons with the base model"
+                + ''.join(f"; {v} on its own: {', '.join(a)}" for v, a in alone.items())
+                + ')'
+            )
+            if cs and cs[0].family_size is not None
+            else ''
+        )
+        if by:
+            out.append(
+                f"[{t}] {name} against the base model ({b:.3f}{' over seeds' if metric != 'strict' else ''}): "
+                + '; '.join(f"{v}: {', '.join(x)}" for v, x in by.items())
+                + holm_
+                + '.'
+            )
     return out
 
 def _cost_finding(t:str, sec:TaskSection, a:str) -> str:
@@ -109,10 +147,17 @@ def _cost_finding(t:str, sec:TaskSection, a:str) -> str:
     by = ', '.join(f"by step {st} in {k}/{n}" for st, k in r.reached_by.items())
     reach_ = f" ({by}; median {r.seconds_to_flow_grpo.median:.0f} CPU s to get there)" if r.steps_to_flow_grpo else ''
     cal = r.calibration['nfe']
-    return (f"[{t}] {a} reached Flow-GRPO's final score in {r.reached} seeds{reach_}; a step costs {_x(r.step_time_ratio)} "
-            f"Flow-GRPO's CPU seconds (wall {_x(r.wall_time_ratio)}), {sum(r.nfe_per_step.values()):.0f} NFE "
-            f"({_x(r.nfe_ratio)})" + (f"; calibration {cal.mean:.0f} NFE and {r.calibration['cpu_seconds'].mean:.0f} CPU s"
-                                         if cal and cal.mean else '') + f"; the whole run {_x(r.cost_ratio)} Flow-GRPO's CPU seconds.")
+    return (
+        f"[{t}] {a} reached Flow-GRPO's final score in {r.reached} seeds{reach_}; a step costs {_x(r.step_time_ratio)} "
+        f"Flow-GRPO's CPU seconds (wall {_x(r.wall_time_ratio)}), {sum(r.nfe_per_step.values()):.0f} NFE "
+        f"({_x(r.nfe_ratio)})"
+        + (
+            f"; calibration {cal.mean:.0f} NFE and {r.calibration['cpu_seconds'].mean:.0f} CPU s"
+            if cal and cal.mean
+            else ''
+        )
+        + f"; the whole run {_x(r.cost_ratio)} Flow-GRPO's CPU seconds."
+    )
 
 # %% ../../nbs/study/06_report.ipynb #cbbcdcc6
 def _fidelity_finding(t:str, sec:TaskSection) -> list[str]:
@@ -126,24 +171,50 @@ def _fidelity_finding(t:str, sec:TaskSection) -> list[str]:
     seeds = sorted({s for f in fid.values() for s in f['seeds']})
     g = fidelity_gain(sec, sec.base['overall']['strict'])
     assoc = '; '.join(f"{FIDELITY_MEASURES[m]} {tau:+.2f} ({n} arms)" for m, (tau, n) in g.items())
-    return [f"[{t}] credit fidelity of the fine-tuned runs (Kendall tau-b of the advantages with the Monte-Carlo step advantage, "
-            f"{len(fid)} arms, seeds {', '.join(map(str, seeds)) or 'of one model'}): " + '; '.join(parts) + '.'
-            + (f" Across arms, fidelity and gain over the base model go together with Kendall tau {assoc} — a description of the arms run, not a test." if g else '')]
+    return [
+        f"[{t}] credit fidelity of the fine-tuned runs (Kendall tau-b of the advantages with the Monte-Carlo step "
+        "advantage, "
+        f"{len(fid)} arms, seeds {', '.join(map(str, seeds)) or 'of one model'}): "
+        + '; '.join(parts)
+        + '.'
+        + (
+            f" Across arms, fidelity and gain over the base model go together with Kendall tau {assoc} — a description "
+            "of the arms run, not a test."
+            if g
+            else ''
+        )
+    ]
 
 # %% ../../nbs/study/06_report.ipynb #56e1107f
 def _collapse_finding(t:str, sec) -> list[str]:
-    "How many runs of each arm collapsed (`task.collapse`), when and how far; nothing for a report written before it was read."
+    """How many runs of each arm collapsed (`task.collapse`), when and how far; nothing for a report written before it
+    was read."""
     arms = {a: r.collapses for a, r in sec.arms.items() if r.collapses is not None}
     if not arms: return []
-    hit, rule = {a: c for a, c in arms.items() if c}, f"a held-out evaluation more than {COLLAPSE_DROP} below the run's best earlier one"
+    hit, rule = (
+        {a: c for a, c in arms.items() if c},
+        f"a held-out evaluation more than {COLLAPSE_DROP} below the run's best earlier one",
+    )
     if not hit: return [f"[{t}] no run collapsed ({rule})."]
-    part = lambda a, c: f"{a} {len(c)} of {len(sec.per_seed)} (" + ', '.join(
-        f"seed {s} at step {d['step']}: {d['best']:.3f} at step {d['best_step']} → {d['score']:.3f}" for s, d in c.items()) + ')'
+    part = lambda a, c: (
+        f"{a} {len(c)} of {len(sec.per_seed)} ("
+        + ', '.join(
+            f"seed {s} at step {d['step']}: {d['best']:.3f} at step {d['best_step']} → {d['score']:.3f}"
+            for s, d in c.items()
+        )
+        + ')'
+    )
     n = sum(map(len, hit.values()))
-    return [f"[{t}] {n} run{'s' if n != 1 else ''} collapsed ({rule}): " + '; '.join(part(a, c) for a, c in hit.items()) + '.']
+    return [
+        f"[{t}] {n} run{'s' if n != 1 else ''} collapsed ({rule}): "
+        + '; '.join(part(a, c) for a, c in hit.items())
+        + '.'
+    ]
+
 
 def other_findings(report:Report) -> list[str]:
-    "Sentences on collapses, turning points, control windows, gains over the base model, credit fidelity, reaching Flow-GRPO's score, and costs."
+    """Sentences on collapses, turning points, control windows, gains over the base model, credit fidelity, reaching
+    Flow-GRPO's score, and costs."""
     out = []
     for t, sec in report.tasks.items():
         out += _collapse_finding(t, sec)
@@ -159,35 +230,58 @@ def findings(report:Report) -> list[str]:
 def _diff_cell(c) -> str:
     if c is None: return '—'
     alone = c.verdict_alone or c.verdict
-    return f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}] {c.verdict}" + (f" after Holm (alone: {alone})" if alone != c.verdict else '')
+    return f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}] {c.verdict}" + (
+        f" after Holm (alone: {alone})" if alone != c.verdict else ''
+    )
+
 
 def _control_cell(report:Report, task:str, a:str, ctl) -> tuple:
     "The 'vs window-matched control' cell: the difference, 'is Flow-GRPO', or that it did not run."
     want = report.setup['arms'][a]['controls'].get(task)
-    text = _diff_cell(ctl) if ctl and ctl.other != 'flow_grpo' else 'is Flow-GRPO' if ctl else f'{want} not run' if want else '—'
-    if ctl and ctl.window_share is not None and ctl.window_share < WINDOW_MATCH: text += f" (its window: {ctl.window_share:.0%} of the gradient)"
+    text = (
+        _diff_cell(ctl)
+        if ctl and ctl.other != 'flow_grpo'
+        else 'is Flow-GRPO'
+        if ctl
+        else f'{want} not run'
+        if want
+        else '—'
+    )
+    if ctl and ctl.window_share is not None and ctl.window_share < WINDOW_MATCH:
+        text += f" (its window: {ctl.window_share:.0%} of the gradient)"
     return (f"vs {ctl.other}: " if ctl and ctl.other != 'flow_grpo' else '') + text, ctl and ctl.verdict
 
 # %% ../../nbs/study/06_report.ipynb #156cd5cc
-RESULTS_HEAD = ['arm', 'held-out strict', 'vs Flow-GRPO', 'vs window-matched control', 'held-out learned score (vs Flow-GRPO)',
-                "reached Flow-GRPO's score (by step: seeds)", 'CPU s per step (× Flow-GRPO)', 'NFE per step',
-                'calibration (NFE, CPU s)', 'run CPU s (× Flow-GRPO)']
+RESULTS_HEAD = [
+    'arm', 'held-out strict', 'vs Flow-GRPO', 'vs window-matched control', 'held-out learned score (vs Flow-GRPO)',
+    "reached Flow-GRPO's score (by step: seeds)", 'CPU s per step (× Flow-GRPO)', 'NFE per step',
+    'calibration (NFE, CPU s)', 'run CPU s (× Flow-GRPO)'
+]
 
 def _arm_row(report:Report, task:str, a:str) -> list:
     "One arm's row of the results table."
     sec, r = report.tasks[task], report.tasks[task].arms[a]
     n, cs = len(sec.per_seed), [c for c in sec.comparisons if c.arm == a and c.metric == 'strict']
-    fl = next((c for c in sec.comparisons if c.arm == a and c.other == 'flow_grpo' and c.metric == 'learned_score'), None)
+    fl = next(
+        (c for c in sec.comparisons if c.arm == a and c.other == 'flow_grpo' and c.metric == 'learned_score'), None
+    )
     fg, ctl = next((c for c in cs if c.other == 'flow_grpo'), None), next((c for c in cs if c.is_control), None)
     h, cal, ls = r.heldout_strict, r.calibration, r.learned_score
-    return [(a, None), (f"{h.mean:.3f} [{h.ci[0]:.3f}, {h.ci[1]:.3f}]" if n > 1 else f"{h.mean:.3f} ± {r.heldout_se:.3f} (SE)", None),
-            (_diff_cell(fg) if a != 'flow_grpo' else '—', fg and fg.verdict), _control_cell(report, task, a, ctl),
-            ('—' if ls is None else f"{ls.mean:.3f}" + (f"; {_diff_cell(fl)}" if fl else ''), fl and fl.verdict),
-            (', '.join(f"{st}: {k}/{n}" for st, k in r.reached_by.items()), None),
-            (f"{r.cpu_seconds_per_step['step'].mean:.2f} ({_x(r.step_time_ratio)})", None),
-            (f"{sum(r.nfe_per_step.values()):.0f}", None),
-            ('—' if not (cal['nfe'] and cal['nfe'].mean) else f"{cal['nfe'].mean:.0f}, {cal['cpu_seconds'].mean:.1f}", None),
-            (f"{r.total_cpu_seconds.mean:.0f} ({_x(r.cost_ratio)})", None)]
+    return [
+        (a, None),
+        (f"{h.mean:.3f} [{h.ci[0]:.3f}, {h.ci[1]:.3f}]" if n > 1 else f"{h.mean:.3f} ± {r.heldout_se:.3f} (SE)", None),
+        (_diff_cell(fg) if a != 'flow_grpo' else '—', fg and fg.verdict),
+        _control_cell(report, task, a, ctl),
+        ('—' if ls is None else f"{ls.mean:.3f}" + (f"; {_diff_cell(fl)}" if fl else ''), fl and fl.verdict),
+        (', '.join(f"{st}: {k}/{n}" for st, k in r.reached_by.items()), None),
+        (f"{r.cpu_seconds_per_step['step'].mean:.2f} ({_x(r.step_time_ratio)})", None),
+        (f"{sum(r.nfe_per_step.values()):.0f}", None),
+        (
+            '—' if not (cal['nfe'] and cal['nfe'].mean) else f"{cal['nfe'].mean:.0f}, {cal['cpu_seconds'].mean:.1f}",
+            None,
+        ),
+        (f"{r.total_cpu_seconds.mean:.0f} ({_x(r.cost_ratio)})", None),
+    ]
 
 def results_rows(report:Report, task:str) -> tuple[list, list]:
     "(header, rows) of a task's results table; a row's cells are (text, verdict or None)."
@@ -208,17 +302,23 @@ def markdown_table(head:list, rows:list) -> str:
 
 def html_table(head:list, rows:list) -> str:
     "An HTML table; a cell with a verdict gets its class (and colour)."
-    td = lambda t, v: f"<td class='{v.replace(' ', '-')}'>{html.escape(str(t))}</td>" if v else f'<td>{html.escape(str(t))}</td>'
+    td = lambda t, v: (
+        f"<td class='{v.replace(' ', '-')}'>{html.escape(str(t))}</td>" if v else f'<td>{html.escape(str(t))}</td>'
+    )
     return ('<table><thead><tr>' + ''.join(f'<th>{html.escape(h)}</th>' for h in head) + '</tr></thead><tbody>' +
             ''.join('<tr>' + ''.join(td(t, v) for t, v in r) + '</tr>' for r in rows) + '</tbody></table>')
 
 # %% ../../nbs/study/06_report.ipynb #743548d5
 def _sampler(d:dict) -> str:
-    return (f"{d['sampler']} {'η' if d['sampler'] == 'ddim' else 'a'} = {d['level']}" + (f" ({d['ddim_schedule']})" if d.get('ddim_schedule') else '')
-            + (', shared noise' if d['shared_noise'] else ''))
+    return (
+        f"{d['sampler']} {'η' if d['sampler'] == 'ddim' else 'a'} = {d['level']}"
+        + (f" ({d['ddim_schedule']})" if d.get('ddim_schedule') else '')
+        + (', shared noise' if d['shared_noise'] else '')
+    )
 
 def _arm_cells(d:dict) -> list:
-    "An arm's settings as table cells: method, sampler, window, values, calibration, controls, siblings, what it measures."
+    """An arm's settings as table cells: method, sampler, window, values, calibration, controls, siblings, what it
+    measures."""
     (s, e), slide = d['window'], d['window_slide']
     window = f"{s}–{e - 1} of {d['K']}" + (f", sliding every {slide} steps" if slide else '')
     if (ls := _loss_steps(d)) != d['window']: window += f"; loss on {ls[0]}–{ls[1] - 1}"
@@ -242,17 +342,24 @@ def _calibration_cell(report:Report, a:str, d:dict) -> str:
     if not d['calibrate']: return '—'
     rounds = [s.arms[a].calib_rounds for s in report.tasks.values() if a in s.arms and s.arms[a].calib_rounds]
     ran = f", {rounds[0].mean:.0f} rounds run" if rounds else ''
-    return f"{d['calib_stop']}: ±{d['calib_eps2']} up to {d['calib_iters']} rounds, no signal: {d['calib_no_signal']}{ran}"
+    return (
+        f"{d['calib_stop']}: ±{d['calib_eps2']} up to {d['calib_iters']} rounds, no signal: {d['calib_no_signal']}{ran}"
+    )
+
 
 def study_arms_rows(report:Report) -> tuple[list, list]:
     "(header, rows): what sets each arm apart in the study: sampler, windows, values, calibration, NFE and batch."
     rows = []
     for a, d in report.setup['arms'].items():
         (s, e), (ls, le) = d['window'], _loss_steps(d)
-        rows.append([(a, None), (_sampler(d), None), (f"{s}–{e - 1}", None), (f"{ls}–{le - 1}", None), (d['lookahead'] or 'final reward', None),
-                     (_calibration_cell(report, a, d), None),
-                     (f"{d['nfe_per_step']:.0f}" if 'nfe_per_step' in d else '—', None),
-                     (f"{d['prompts_per_step']} × {d['group_size']}" if 'group_size' in d else '—', None)])
+        rows.append(
+            [
+                (a, None), (_sampler(d), None), (f"{s}–{e - 1}", None), (f"{ls}–{le - 1}", None),
+                (d['lookahead'] or 'final reward', None), (_calibration_cell(report, a, d), None),
+                (f"{d['nfe_per_step']:.0f}" if 'nfe_per_step' in d else '—', None),
+                (f"{d['prompts_per_step']} × {d['group_size']}" if 'group_size' in d else '—', None)
+            ]
+        )
     return STUDY_ARM_HEAD, rows
 
 # %% ../../nbs/study/06_report.ipynb #7fae0c57
@@ -262,9 +369,11 @@ CLAIM_HEAD = ['id', 'claim', 'contrast', 'task', 'metric', 'effect [95% CI]', 'p
 def _contrast(c) -> str: return contrast_label(c.arm, c.other, c.at)
 
 def verdict_text(c) -> str:
-    "A claim's verdict in words; a superiority claim that holds says whether its lower bound at alpha / m clears the claimed size."
+    """A claim's verdict in words; a superiority claim that holds says whether its lower bound at alpha / m clears the
+    claimed size."""
     if c.verdict == 'holds' and c.kind == 'superiority' and c.lower is not None:
-        return f"holds (> 0); its lower bound {c.lower:+.3f} {'clears' if c.clears else 'does not clear'} the claimed {c.margin:g}"
+        clears = 'clears' if c.clears else 'does not clear'
+        return f"holds (> 0); its lower bound {c.lower:+.3f} {clears} the claimed {c.margin:g}"
     if c.verdict == 'holds' and c.kind == 'non-inferiority': return f"holds (no worse than −{c.margin:g})"
     return f"equivalent within ±{c.margin:g}" if c.verdict == 'equivalent' else c.verdict
 
@@ -274,7 +383,8 @@ def _level(cs:list) -> str:
     return f"α/m = {c.level * c.family_size:g}/{c.family_size} = {c.level:.2g}"
 
 def claims_rows(report:Report) -> tuple[list, list]:
-    "(header, rows) of the claims table; a claim that did not run says so; a pre-registered study's has each claim's family after its id."
+    """(header, rows) of the claims table; a claim that did not run says so; a pre-registered study's has each claim's
+    family after its id."""
     rows, fam = [], any(c.family for c in report.contrasts)
     for c in with_power(report.contrasts):
         ran = c.n > 0
@@ -287,13 +397,20 @@ def claims_rows(report:Report) -> tuple[list, list]:
         if fam: rows[-1].insert(1, (c.family or '—', None))
     return (CLAIM_HEAD[:1] + ['family'] + CLAIM_HEAD[1:] if fam else CLAIM_HEAD), rows
 
-CLAIMS_NOTE = ("Each claim is the paired difference arm − reference over seeds, read at the final evaluation or where the "
-               "contrast says. It holds when its interval clears 0 (superiority) or −margin (non-inferiority) after Holm's "
-               "correction over the table; it does not hold when the interval excludes the effect the margin names; it is "
-               "equivalent when the two one-sided tests put it inside ±margin; otherwise it is undecided at this power. A superiority "
-               "claim that holds says whether its one-sided lower bound at α/m (Holm's most stringent level, m the claims that ran) "
-               "clears the claimed size. The MDE is the effect the claim's own test (one-sided; two-sided for a two-sided claim) "
-               "detects with 80% power at the measured spread at α/m; the last column, the seeds that would detect the margin there.")
+CLAIMS_NOTE = ("Each claim is the paired difference arm − reference over seeds, read at the final evaluation or where "
+               "the "
+               "contrast says. It holds when its interval clears 0 (superiority) or −margin (non-inferiority) after "
+               "Holm's "
+               "correction over the table; it does not hold when the interval excludes the effect the margin names; it "
+               "is "
+               "equivalent when the two one-sided tests put it inside ±margin; otherwise it is undecided at this "
+               "power. A superiority "
+               "claim that holds says whether its one-sided lower bound at α/m (Holm's most stringent level, m the "
+               "claims that ran) "
+               "clears the claimed size. The MDE is the effect the claim's own test (one-sided; two-sided for a "
+               "two-sided claim) "
+               "detects with 80% power at the measured spread at α/m; the last column, the seeds that would detect the "
+               "margin there.")
 
 # %% ../../nbs/study/06_report.ipynb #83e75837
 STUDY_HEAD = ['arm', 'mean over the run (AUC)', 'reached the target (steps, median)', "score at Flow-GRPO's NFE",
@@ -302,7 +419,13 @@ STUDY_HEAD = ['arm', 'mean over the run (AUC)', 'reached the target (steps, medi
 def _median_of(a) -> str: return '—' if a is None else f"{a.median:.0f}"
 
 def _fidelity_cell(f:dict|None) -> str:
-    return '—' if not f else ' / '.join('—' if f.get(m) is None else f"{f[m].mean:+.2f}" for m in FIDELITY_MEASURES) + f" (seeds {len(f['seeds']) or 1})"
+    return (
+        '—'
+        if not f
+        else ' / '.join('—' if f.get(m) is None else f"{f[m].mean:+.2f}" for m in FIDELITY_MEASURES)
+        + f" (seeds {len(f['seeds']) or 1})"
+    )
+
 
 def study_caption(report:Report, task:str) -> str:
     "What the study table of `task` measures: its target, the NFE it reads at, the plateau test's window, the ratios."
@@ -310,14 +433,20 @@ def study_caption(report:Report, task:str) -> str:
     if r is None: return ''
     every = report.setup['evaluation']['every'] or report.setup['steps']
     flat = f"{r.plateau['m'] * every} steps" if r.plateau else 'a fifth of the run'
-    return (f"AUC: the mean held-out strict score over the run (the area under its curve from step 0). Target: "
-            f"{r.reach['target']:.3f}, the base model's held-out strict + {REACH_BY:g}, counted on trained evaluations only. "
-            f"Score at Flow-GRPO's NFE: held-out strict at {r.at_nfe['nfe']:,.0f} network evaluations (Flow-GRPO's whole run, "
-            f"calibration included), linear between evaluations. Flat from step: the first evaluation after which the mean "
-            f"gain over the next {flat} never has a 95% interval above 0. Eval SE / seed SD: the final evaluation's standard "
-            "error over the spread of the arm's final scores between seeds (at most 1/3: the images are enough). Credit fidelity: "
-            "Kendall tau-b of the arm's credit with the Monte-Carlo step advantage on its own fine-tuned runs, over all "
-            "(sample, step) pairs, those with a nonzero true gain, and the steps its loss is taken on.")
+    return (
+        f"AUC: the mean held-out strict score over the run (the area under its curve from step 0). Target: "
+        f"{r.reach['target']:.3f}, the base model's held-out strict + {REACH_BY:g}, counted on trained evaluations "
+        "only. "
+        f"Score at Flow-GRPO's NFE: held-out strict at {r.at_nfe['nfe']:,.0f} network evaluations (Flow-GRPO's whole "
+        "run, "
+        f"calibration included), linear between evaluations. Flat from step: the first evaluation after which the mean "
+        f"gain over the next {flat} never has a 95% interval above 0. Eval SE / seed SD: the final evaluation's "
+        "standard "
+        "error over the spread of the arm's final scores between seeds (at most 1/3: the images are enough). Credit "
+        "fidelity: "
+        "Kendall tau-b of the arm's credit with the Monte-Carlo step advantage on its own fine-tuned runs, over all "
+        "(sample, step) pairs, those with a nonzero true gain, and the steps its loss is taken on."
+    )
 
 def study_rows(report:Report, task:str) -> tuple[list, list]:
     "(header, rows) of a task's study measures per arm (empty rows: a report without them)."
@@ -332,10 +461,14 @@ def study_rows(report:Report, task:str) -> tuple[list, list]:
     return STUDY_HEAD, rows
 
 # %% ../../nbs/study/06_report.ipynb #ee6bc571
-CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em} table{border-collapse:collapse;margin:1em 0;font-size:.9em}"
-       "th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top} th{background:#f3f3f3}"
-       "td.higher,td.holds{background:#e3f4e3} td.lower,td.does-not-hold{background:#f8e0e0} td.equivalent{background:#e3ecf8}"
-       "td.not-distinguishable,td.undecided-at-this-power,td.not-run{color:#555}")
+CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em} "
+    "table{border-collapse:collapse;margin:1em 0;font-size:.9em}"
+    "th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top} th{background:#f3f3f3}"
+    "td.higher,td.holds{background:#e3f4e3} td.lower,td.does-not-hold{background:#f8e0e0} "
+    "td.equivalent{background:#e3ecf8}"
+    "td.not-distinguishable,td.undecided-at-this-power,td.not-run{color:#555}"
+)
 
 def task_seeds(s:dict) -> dict:
     "{task: its seeds} of a report's setup (a report that ran the same seeds everywhere: the setup's)."
@@ -347,53 +480,114 @@ def _precision_items(s:dict) -> list[str]:
     if not p: return []
     n = sum(map(len, p.values()))
     if len(p) == 1: return [f"precision: the {next(iter(p))} path for all {n} runs (GRPOConfig.fast; 02b_precision)"]
-    return ["precision: " + '; '.join(f"the {k} path for {len(v)} runs ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})" for k, v in p.items())]
+    return [
+        "precision: "
+        + '; '.join(
+            f"the {k} path for {len(v)} runs ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})" for k, v in p.items()
+        )
+    ]
+
 
 def _setup_items(s:dict) -> list[str]:
     ev, base, per = s['evaluation'], s['base'], task_seeds(s)
-    return [f"base model: {base['model']}{f' version {v}' if (v := base.get('version')) else ''} "
-            f"({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
-            f"budget {s['budget']}: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × {s['group_size']} samples, lr {s['lr']}, "
-            f"LoRA rank {s['lora_rank']}" + (f", overrides {s['overrides']}" if s['overrides'] else ''),
-            "seeds: " + ('; '.join(f"{', '.join(map(str, v))} ({t})" for t, v in per.items()) if len(set(per.values())) > 1
-                         else ', '.join(map(str, s['seeds']))),
-            f"evaluation: {ev['images']} held-out images every {ev['every'] or s['steps']} steps and at the end, {ev['sampler']} K = {ev['K']}, "
-            f"guidance {ev['guidance']}, noise {ev['noise']}",
-            *[f"task {t}: trained on {d['about']} ({d['name']}; {d['train_prompts']} train prompts), judged by {d['evaluation']} on "
-              f"{d['eval_prompts']} held-out prompts; arms {', '.join(d['arms'])}" for t, d in s['tasks'].items()],
-            *_precision_items(s),
-            f"statistics: {s['statistics']}",
-            f"costs: {s['step_time_ratio']}; calibration counted into a run's NFE and CPU seconds"]
+    return [
+        f"base model: {base['model']}{f' version {v}' if (v := base.get('version')) else ''} "
+        f"({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
+        f"budget {s['budget']}: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × {s['group_size']} "
+        f"samples, lr {s['lr']}, "
+        f"LoRA rank {s['lora_rank']}" + (f", overrides {s['overrides']}" if s['overrides'] else ''),
+        "seeds: "
+        + (
+            '; '.join(f"{', '.join(map(str, v))} ({t})" for t, v in per.items())
+            if len(set(per.values())) > 1
+            else ', '.join(map(str, s['seeds']))
+        ),
+        f"evaluation: {ev['images']} held-out images every {ev['every'] or s['steps']} steps and at the end, "
+        f"{ev['sampler']} K = {ev['K']}, "
+        f"guidance {ev['guidance']}, noise {ev['noise']}",
+        *[
+            f"task {t}: trained on {d['about']} ({d['name']}; {d['train_prompts']} train prompts), judged by "
+            f"{d['evaluation']} on "
+            f"{d['eval_prompts']} held-out prompts; arms {', '.join(d['arms'])}"
+            for t, d in s['tasks'].items()
+        ],
+        *_precision_items(s),
+        f"statistics: {s['statistics']}",
+        f"costs: {s['step_time_ratio']}; calibration counted into a run's NFE and CPU seconds",
+    ]
 
 def setup_html(report:Report) -> str:
     "The opening of report.html: base model, budget, seeds, tasks, evaluation, statistics, and the arms' settings."
     tables = html_table(*arms_rows(report)) + (html_table(*study_arms_rows(report)) if report.contrasts else '')
-    return '<h2>Setup</h2><ul>' + ''.join(f'<li>{html.escape(i)}</li>' for i in _setup_items(report.setup)) + '</ul><h3>Arms</h3>' + tables
+    return (
+        '<h2>Setup</h2><ul>'
+        + ''.join(f'<li>{html.escape(i)}</li>' for i in _setup_items(report.setup))
+        + '</ul><h3>Arms</h3>'
+        + tables
+    )
 
 # %% ../../nbs/study/06_report.ipynb #11581868
 def _code(c:dict|None) -> str:
     if not c: return 'code not recorded'
-    return f"flowgrpo_nb {c['version']}" + (f" at commit {c['commit'][:10]}" + (' with changes' if c.get('changes') else '') if c.get('commit') else '')
+    return f"flowgrpo_nb {c['version']}" + (
+        f" at commit {c['commit'][:10]}" + (' with changes' if c.get('changes') else '') if c.get('commit') else ''
+    )
+
 
 def _invocation(i:dict) -> str:
-    took = 'stopped before its report' if i.get('wall_seconds') is None else f"{i['wall_seconds']:.0f} s wall, trained {i['runs_trained']} runs"
-    return (f"{i.get('started', 'at an earlier version')}: {i.get('command', 'command not recorded')} ({_code(i.get('code'))}; "
-            + (f"{i['runs_to_train']} of {i['runs']} runs to train; " if 'runs' in i else '') + took + ')')
+    took = (
+        'stopped before its report'
+        if i.get('wall_seconds') is None
+        else f"{i['wall_seconds']:.0f} s wall, trained {i['runs_trained']} runs"
+    )
+    return (
+        f"{i.get('started', 'at an earlier version')}: {i.get('command', 'command not recorded')} "
+        f"({_code(i.get('code'))}; "
+        + (f"{i['runs_to_train']} of {i['runs']} runs to train; " if 'runs' in i else '')
+        + took
+        + ')'
+    )
 
 def _machine(m:dict|None) -> str:
     return f" on {m['cpu']} ({m['capability']}), where fast=auto takes the {m['path']} path" if m else ''
 
 def _timing_html(report:Report) -> str:
-    "The timing block: this invocation's command and code, wall and CPU seconds against the estimate, and every invocation of the job."
+    """The timing block: this invocation's command and code, wall and CPU seconds against the estimate, and every
+    invocation of the job."""
     tm = report.timing or {}
     if report.wall_seconds is None or not tm.get('estimate'): return ''
     inv = tm.get('invocations') or []
-    head = f"<h2>Timing</h2><p>report written by <code>{html.escape(tm['command'])}</code> ({html.escape(_code(tm.get('code')))})</p>" if tm.get('command') else ''
-    runs = ('<p>invocations of the job:</p><ul>' + ''.join(f'<li>{html.escape(_invocation(i))}</li>' for i in inv) + '</ul>') if len(inv) > 1 else ''
-    return head + (f"<p>{report.wall_seconds:.0f} s wall" + (f" ({tm['runs_reused']} of {tm['runs']} runs reused from an earlier invocation, not counted)"
-            if tm.get('runs_reused') else '') + f", {tm.get('workers')} worker(s) × {tm.get('threads_per_worker')} thread(s), "
-            f"{tm['cpu_seconds']['total']:.0f} CPU seconds measured by the jobs; estimated {tm['estimate']['wall_seconds']:.0f} s wall, "
-            f"{tm['estimate']['core_seconds']:.0f} core-seconds in all" + _machine(tm.get('machine')) + ".</p>") + runs
+    head = (
+        f"<h2>Timing</h2><p>report written by <code>{html.escape(tm['command'])}</code> "
+        f"({html.escape(_code(tm.get('code')))})</p>"
+        if tm.get('command')
+        else ''
+    )
+    runs = (
+        (
+            '<p>invocations of the job:</p><ul>'
+            + ''.join(f'<li>{html.escape(_invocation(i))}</li>' for i in inv)
+            + '</ul>'
+        )
+        if len(inv) > 1
+        else ''
+    )
+    return (
+        head
+        + (
+            f"<p>{report.wall_seconds:.0f} s wall"
+            + (
+                f" ({tm['runs_reused']} of {tm['runs']} runs reused from an earlier invocation, not counted)"
+                if tm.get('runs_reused')
+                else ''
+            )
+            + f", {tm.get('workers')} worker(s) × {tm.get('threads_per_worker')} thread(s), "
+            f"{tm['cpu_seconds']['total']:.0f} CPU seconds measured by the jobs; estimated "
+            f"{tm['estimate']['wall_seconds']:.0f} s wall, "
+            f"{tm['estimate']['core_seconds']:.0f} core-seconds in all" + _machine(tm.get('machine')) + ".</p>"
+        )
+        + runs
+    )
 
 def _seeds(s:dict) -> str:
     "'5 seeds', or per task when the tasks ran different seeds: '8 seeds (geneval), 5 (score)'."
@@ -402,54 +596,82 @@ def _seeds(s:dict) -> str:
     return ', '.join(f"{k}{' seeds' * (i == 0)} ({t})" for i, (t, k) in enumerate(n.items()))
 
 def report_html(report:Report, figures:dict) -> str:
-    "report.html: setup, claims, findings, then per task its table, its study measures and its figures ({task: {name: figure}})."
+    """report.html: setup, claims, findings, then per task its table, its study measures and its figures ({task: {name:
+    figure}})."""
     parts, first = [], True
     for t, figs in figures.items():
-        parts.append(f"<h2>Task {html.escape(t)}: {html.escape(report.setup['tasks'][t]['about'])}</h2>" + html_table(*results_rows(report, t)))
-        if study_rows(report, t)[1]: parts.append(html_table(*study_rows(report, t)) + f"<p>{html.escape(study_caption(report, t))}</p>")
+        parts.append(
+            f"<h2>Task {html.escape(t)}: {html.escape(report.setup['tasks'][t]['about'])}</h2>"
+            + html_table(*results_rows(report, t))
+        )
+        if study_rows(report, t)[1]:
+            parts.append(html_table(*study_rows(report, t)) + f"<p>{html.escape(study_caption(report, t))}</p>")
         for f in figs.values():
             parts.append(f.to_html(full_html=False, include_plotlyjs=first)); first = False
     claims = (f"<h2>The claims</h2>{html_table(*claims_rows(report))}<p>{html.escape(CLAIMS_NOTE)}</p>"
               if any(c.n for c in report.contrasts) else '')
-    pre = prereg_html(report) if report.setup.get('prereg') else ''  # a pre-registered study: its claims before everything
-    return (f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title><style>{CSS}</style></head><body>"
-            f"<h1>Flow-GRPO, its windows and dense credit: {_seeds(report.setup)}</h1>" + (pre or '') + setup_html(report) + ('' if pre else claims)
-            + f"<h2>Findings</h2><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in report.findings)}</ul>" + ''.join(parts)
-            + _timing_html(report) + '</body></html>')
+    # a pre-registered study: its claims before everything
+    pre = prereg_html(report) if report.setup.get('prereg') else ''
+    return (
+        f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title><style>{CSS}</style></head><body>"
+        f"<h1>Flow-GRPO, its windows and dense credit: {_seeds(report.setup)}</h1>"
+        + (pre or '')
+        + setup_html(report)
+        + ('' if pre else claims)
+        + f"<h2>Findings</h2><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in report.findings)}</ul>"
+        + ''.join(parts)
+        + _timing_html(report)
+        + '</body></html>'
+    )
 
 # %% ../../nbs/study/06_report.ipynb #300f75fc
 def _bold_rule(report:Report) -> str:
-    "What a bold verdict means in the README's tables: after Holm's correction (a report without it: the CI excludes 0)."
+    """What a bold verdict means in the README's tables: after Holm's correction (a report without it: the CI excludes
+    0)."""
     fam = [c.family_size for sec in report.tasks.values() for c in sec.comparisons if c.kind != 'base']
     if not fam or None in fam: return '**bold** verdicts exclude 0.'
-    return (f"a verdict is **bold** when it holds after Holm's correction for the {max(fam)} comparisons between arms (a difference "
-            "whose own interval excludes 0 but that does not hold in the family is *not distinguishable*; the findings say which).")
+    return (
+        f"a verdict is **bold** when it holds after Holm's correction for the {max(fam)} comparisons between arms (a "
+        "difference "
+        "whose own interval excludes 0 but that does not hold in the family is *not distinguishable*; the findings say "
+        "which)."
+    )
 
 def results_markdown(report:Report) -> str:
     "Markdown of a report's setup, tables and findings."
     s = report.setup
     tasks = '; '.join(f"{t} (trained on {d['about']}: {', '.join(d['arms'])})" for t, d in s['tasks'].items())
-    parts = [f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × "
-             f"{s['group_size']} samples per run, seeds {', '.join(map(str, s['seeds']))}, {s['evaluation']['images']} held-out images per "
-             f"evaluation (the same noise for every run of a seed and the base model); tasks: {tasks}. Differences are paired per seed, "
-             "with 95% confidence intervals over seeds (Student t); " + _bold_rule(report)]
+    parts = [
+        f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × "
+        f"{s['group_size']} samples per run, seeds {', '.join(map(str, s['seeds']))}, {s['evaluation']['images']} "
+        "held-out images per "
+        f"evaluation (the same noise for every run of a seed and the base model); tasks: {tasks}. Differences are "
+        "paired per seed, "
+        "with 95% confidence intervals over seeds (Student t); " + _bold_rule(report)
+    ]
     parts.append('\n'.join(f'- {f}' for f in report.findings))
     for t in report.tasks:
         parts += [f"**{t}**: trained on {s['tasks'][t]['about']}", markdown_table(*results_rows(report, t))]
     return '\n\n'.join(parts + ['The arms:', markdown_table(*arms_rows(report))])
 
 # %% ../../nbs/study/06_report.ipynb #adb344fc
-def _listed(cs:list) -> str: return '; '.join(f"{c.id} {c.claim} ({c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}])" for c in cs)
+def _listed(cs: list) -> str:
+    return '; '.join(f"{c.id} {c.claim} ({c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}])" for c in cs)
+
 
 DECIDED = ('holds', 'does not hold', 'equivalent')  # verdicts that settle a claim one way or the other
 
 def claims_summary(report:Report) -> str:
-    """One paragraph of verdicts: the claims that hold, do not hold or are equivalent, and the reach of the undecided ones;
-    a pre-registered study's, one sentence per family first: how many of its claims it decides."""
+    """One paragraph of verdicts: the claims that hold, do not hold or are equivalent, and the reach of the undecided
+    ones; a pre-registered study's, one sentence per family first: how many of its claims it decides."""
     cs = with_power(report.contrasts)
     fams = list(dict.fromkeys(c.family for c in cs if c.family))
     if not fams: return _verdicts([c for c in cs if c.n])
-    return ' '.join(_family_line(f, [c for c in cs if c.family == f]) + ' ' + _verdicts([c for c in cs if c.family == f and c.n]) for f in fams)
+    return ' '.join(
+        _family_line(f, [c for c in cs if c.family == f]) + ' ' + _verdicts([c for c in cs if c.family == f and c.n])
+        for f in fams
+    )
+
 
 def _family_line(f:str, cs:list) -> str:
     ran, dec = [c for c in cs if c.n], [c for c in cs if c.n and c.verdict in DECIDED]
@@ -463,58 +685,103 @@ def _verdicts(ran:list) -> str:
     out = [f"**{v}**: {_listed(cs) if cs else 'none'}" for v, cs in by.items() if cs or v in ('holds', 'does not hold')]
     und = [c for c in ran if c.verdict == 'undecided at this power']
     if und:
-        mdes, need = [c.mde for c in und if c.mde is not None], [c.seeds_needed for c in und if c.seeds_needed]; span = lambda xs, f='': f'{min(xs):{f}}' + (f'–{max(xs):{f}}' if max(xs) != min(xs) else '')
-        out.append(f"**undecided at this power**: the other {len(und)}" + (f": at the spread measured these seeds detect effects of {span(mdes, '.3f')} "
-                   f"(80% power, each claim's own test at {_level(ran)})" if mdes else '') + (f", and their margins would take {span(need)} seeds" if need else ''))
+        mdes, need = [c.mde for c in und if c.mde is not None], [c.seeds_needed for c in und if c.seeds_needed]
+        span = lambda xs, f='': f'{min(xs):{f}}' + (f'–{max(xs):{f}}' if max(xs) != min(xs) else '')
+        out.append(
+            f"**undecided at this power**: the other {len(und)}"
+            + (
+                ": at the spread measured these seeds "
+                f"detect effects of {span(mdes, '.3f')} "
+                f"(80% power, each claim's own test at {_level(ran)})"
+                if mdes
+                else ''
+            )
+            + (f", and their margins would take {span(need)} seeds" if need else '')
+        )
     return f"Of {len(ran)} claim{'s' * (len(ran) != 1)} tested: " + '. '.join(out) + '.'
 
 
 # %% ../../nbs/study/06_report.ipynb #766b1a50
-PREREG_NOTE = ("Each claim is the paired difference arm − reference over seeds on the metric the pre-registration names for it, "
-               "tested one-sided against 0 (superiority) with Holm's correction over its family: the primary family together, the "
-               "secondary apart. It holds when its test clears its family's Holm level; it does not hold when the interval excludes "
-               "the margin's effect; otherwise it is undecided at this power. The MDE and the seeds for the margin are at the "
-               "family's most stringent level α/m.")
+PREREG_NOTE = (
+    "Each claim is the paired difference arm − reference over seeds on the metric the pre-registration names for it, "
+    "tested one-sided against 0 (superiority) with Holm's correction over its family: the primary family together, the "
+    "secondary apart. It holds when its test clears its family's Holm level; it does not hold when the interval "
+    "excludes "
+    "the margin's effect; otherwise it is undecided at this power. The MDE and the seeds for the margin are at the "
+    "family's most stringent level α/m."
+)
 
 def _md(s:str) -> str: return re.sub(r'\*\*(.+?)\*\*', r'<b>\1</b>', html.escape(s))  # the summary's bold, in HTML
 
 def prereg_text(pre:dict) -> str:
-    "What a study's pre-registration record says: the file, when it was committed, and whether every invocation's code came after it."
+    """What a study's pre-registration record says: the file, when it was committed, and whether every invocation's code
+    came after it."""
     f = f"Pre-registered in {pre['file']} (sha256 {pre['sha256'][:12]})"
-    if not pre.get('commit'): return f + ", a file not found in a git history here: when it was registered cannot be checked."
+    if not pre.get('commit'):
+        return f + ", a file not found in a git history here: when it was registered cannot be checked."
     f += f", added at commit {pre['commit'][:10]} on {pre['committed'][:10]}"
-    f += {True: ', unchanged since', False: ', changed since (the claims below are the file as it is now)', None: ''}[pre.get('unchanged')]
+    f += {True: ', unchanged since', False: ', changed since (the claims below are the file as it is now)', None: ''}[
+        pre.get('unchanged')
+    ]
     inv = pre.get('invocations') or []
     by = {a: [i for i in inv if i['after'] is a] for a in (True, False, None)}
-    said = ([f"{len(by[True])} of the {len(inv)} invocations that trained its runs ran code committed after it ("
-             + ', '.join(dict.fromkeys(i['commit'][:10] for i in by[True])) + ')'] if by[True] else []) + (
-            [f"{len(by[False])} ran code without it in its history: " + '; '.join(f"{i['started']} at {str(i['commit'])[:10]}" for i in by[False])] if by[False] else []) + (
-            [f"{len(by[None])} could not be checked (no commit recorded, or not in this history)"] if by[None] else [])
+    said = (
+        (
+            [
+                f"{len(by[True])} of the {len(inv)} invocations that trained its runs ran code committed after it ("
+                + ', '.join(dict.fromkeys(i['commit'][:10] for i in by[True]))
+                + ')'
+            ]
+            if by[True]
+            else []
+        )
+        + (
+            [
+                f"{len(by[False])} ran code without it in its history: "
+                + '; '.join(f"{i['started']} at {str(i['commit'])[:10]}" for i in by[False])
+            ]
+            if by[False]
+            else []
+        )
+        + ([f"{len(by[None])} could not be checked (no commit recorded, or not in this history)"] if by[None] else [])
+    )
     return f + ('. ' + '; '.join(said) if said else '. No invocation is logged') + '.'
 
 def prereg_html(report:Report) -> str:
-    "The claims block of a pre-registered study: its registration, the claims table with families, each claim's answer in words, a sentence per family, the reading."
+    """The claims block of a pre-registered study: its registration, the claims table with families, each claim's answer
+    in words, a sentence per family, the reading."""
     said = ''.join(f"<li>{_md(verdict_sentence(c))}</li>" for c in report.contrasts)
-    return (f"<h2>The pre-registered claims</h2><p>{html.escape(prereg_text(report.setup['prereg']))}</p>{html_table(*claims_rows(report))}"
-            f"<ul>{said}</ul><p>{_md(claims_summary(report))}</p><p>{html.escape(PREREG_NOTE)}</p>")
+    return (
+        "<h2>The pre-registered "
+        f"claims</h2><p>{html.escape(prereg_text(report.setup['prereg']))}</p>{html_table(*claims_rows(report))}"
+        f"<ul>{said}</ul><p>{_md(claims_summary(report))}</p><p>{html.escape(PREREG_NOTE)}</p>"
+    )
 
 
 # %% ../../nbs/study/06_report.ipynb #a454c22c
 HEADLINE_HEAD = ['claim', 'contrast', 'effect [95% CI]', 'margin', 'verdict', 'MDE (80% power, α/m)']
 
 def claims_markdown(report:Report) -> str:
-    "The study's headline: one row per claim (its words, the contrast, the effect with its interval over seeds, the verdict)."
+    """The study's headline: one row per claim (its words, the contrast, the effect with its interval over seeds, the
+    verdict)."""
     s, cs = report.setup, with_power(report.contrasts)
     rows = [[(f"{c.id}: {c.claim}", None), (f"{_contrast(c)} ({c.task}, {c.metric})", None),
              (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}] over {c.n} seeds" if c.n else '—', None),
              (f"{c.margin:g}" if c.kind != 'non-inferiority' else f"−{c.margin:g} (non-inferiority)", None),
              (verdict_text(c), c.verdict), ('—' if c.mde is None else f"{c.mde:.3f}", None)]
             for c in cs]
-    lead = (f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps per run, seeds per task "
-            + '; '.join(f"{t} {len(v)}" for t, v in task_seeds(s).items()) + ". Each claim is a paired contrast over "
-            "seeds against its margin; the claims that ran form one Holm family; *holds* means superior to 0 (non-inferiority: "
-            "no worse than −margin), and whether the effect's lower bound clears the claimed size is said separately; *undecided "
-            "at this power* means neither the claim nor its opposite is excluded at the seeds' spread; the MDE is the effect "
-            "those seeds detect with 80% power with the claim's own test (one-sided; two-sided for a two-sided claim) at Holm's "
-            f"most stringent level, {_level(cs) if any(c.n for c in cs) else 'α/m'} (conservative).")
+    lead = (
+        f"`flowgrpo compare --budget {s['budget']}`: {s['steps']} optimizer steps per run, seeds per task "
+        + '; '.join(f"{t} {len(v)}" for t, v in task_seeds(s).items())
+        + ". Each claim is a paired contrast over "
+        "seeds against its margin; the claims that ran form one Holm family; *holds* means superior to 0 "
+        "(non-inferiority: "
+        "no worse than −margin), and whether the effect's lower bound clears the claimed size is said separately; "
+        "*undecided "
+        "at this power* means neither the claim nor its opposite is excluded at the seeds' spread; the MDE is the "
+        "effect "
+        "those seeds detect with 80% power with the claim's own test (one-sided; two-sided for a two-sided claim) at "
+        "Holm's "
+        f"most stringent level, {_level(cs) if any(c.n for c in cs) else 'α/m'} (conservative)."
+    )
     return '\n\n'.join([lead, markdown_table(HEADLINE_HEAD, rows), claims_summary(report)])

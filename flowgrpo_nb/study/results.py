@@ -1,4 +1,4 @@
-"""The comparison's results as typed records — a run, an arm over seeds, a paired comparison, a claim's verdict, the whole report — each with `to_json`/`from_json` and a versioned schema checked on read; and a run read from its folder into its record.
+"""The comparison's results as typed records with a versioned JSON schema.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/results.html.md"""
 
@@ -23,7 +23,8 @@ __all__ = ['STEP_TIME_RATIO', 'NO_CALIBRATION', 'FIDELITY_MEASURES', 'FORMAT', '
 
 # %% ../../nbs/study/03_results.ipynb #9f5e4533
 def _from(tp, x, where:str):
-    "A value of declared type `tp` from JSON `x`: records by field, lists and dicts of records, optionals; the rest as is."
+    """A value of declared type `tp` from JSON `x`: records by field, lists and dicts of records, optionals; the rest as
+    is."""
     if x is None: return None
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -36,7 +37,8 @@ def _from(tp, x, where:str):
 
 # %% ../../nbs/study/03_results.ipynb #464d6323
 class Record:
-    "A typed JSON record (a dataclass): `to_json` gives plain JSON, `from_json` checks the field names and builds nested records."
+    """A typed JSON record (a dataclass): `to_json` gives plain JSON, `from_json` checks the field names and builds
+    nested records."""
     def to_json(self) -> dict: return dataclasses.asdict(self)
     @classmethod
     def from_json(cls, d:dict, where:str|None=None):
@@ -45,9 +47,15 @@ class Record:
             raise ValueError(f"{where}: expected an object of {cls.__name__} fields, got {type(d).__name__}")
         fs, hints = {f.name: f for f in fields(cls)}, typing.get_type_hints(cls)
         unknown = sorted(set(d) - set(fs))
-        missing = sorted(n for n, f in fs.items() if n not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        missing = sorted(
+            n
+            for n, f in fs.items()
+            if n not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
         if unknown or missing:
-            why = ([f"has unknown fields {unknown}"] if unknown else []) + ([f"misses the fields {missing}"] if missing else [])
+            why = ([f"has unknown fields {unknown}"] if unknown else []) + (
+                [f"misses the fields {missing}"] if missing else []
+            )
             raise ValueError(f"{where}: {cls.__name__} " + '; '.join(why))
         return cls(**{k: _from(hints[k], v, f'{where}.{k}') for k, v in d.items()})
 
@@ -109,26 +117,36 @@ class RunResult(Record):
     nfe_ratio:float|None=None    # NFE per step / Flow-GRPO's
     cost_ratio:float|None=None   # CPU seconds of the run / Flow-GRPO's
     auc:float|None=None          # mean held-out strict score over steps 0..steps (trapezoid, base point included)
-    reach:dict|None=None         # {target, steps, nfe, seconds}: the first trained evaluation at or above the task's target
+    # {target, steps, nfe, seconds}: the first trained evaluation at or above the task's target
+    reach:dict|None=None
     at_nfe:dict|None=None        # {nfe, strict, learned}: the scores at the task's NFE budget
-    collapse:dict|None=None      # its first evaluation more than COLLAPSE_DROP below its best earlier one (`task.collapse`; None: none or not read)
+    # its first evaluation more than COLLAPSE_DROP below its best earlier one (`task.collapse`; None: none or not read)
+    collapse:dict|None=None
     psi_rounds:list|None=None    # [rounds][K] psi of every calibration round
     calib_stable:bool|None=None  # calibration stopped because psi stopped moving
 
 # %% ../../nbs/study/03_results.ipynb #a4f17e4a
 def fake_run(scores:list, learned:list|None=None, every:int=25, nfe:int=160, cpu:float=2.0, cal:tuple=(0, 0.0),
              **fields) -> RunResult:
-    "A made-up run whose held-out strict curve is `scores` (the base point first), for demos and tests; `fields` set any other."
-    curve = [CurvePoint(step=i * every, seconds=cal[1] + i * every * cpu, eval=s, se=0.012, base=i == 0, nfe=cal[0] + i * every * nfe,
-                        learned=None if learned is None else learned[i]) for i, s in enumerate(scores)]
+    """A made-up run whose held-out strict curve is `scores` (the base point first), for demos and tests; `fields` set
+    any other."""
+    curve = [
+        CurvePoint(
+            step=i * every, seconds=cal[1] + i * every * cpu, eval=s, se=0.012, base=i == 0,
+            nfe=cal[0] + i * every * nfe, learned=None if learned is None else learned[i]
+        )
+        for i, s in enumerate(scores)
+    ]
     steps, per = every * (len(scores) - 1), {k: cpu for k in (*PHASES, 'step')}
-    run = dict(heldout={'overall': dict(strict=scores[-1], se=0.012, n=1200)}, n_images=1200,
-               learned_score=None if learned is None else learned[-1], curve=curve, reward_curve=[],
-               nfe_per_step=dict(rollout=nfe, lookahead=0), nfe_per_sample=dict(rollout=nfe / 16, lookahead=0),
-               seconds_per_step=per, cpu_seconds_per_step=per,
-               calibration=dict(nfe=cal[0], rollouts=0, seconds=cal[1], cpu_seconds=cal[1]),
-               steps=steps, train_seconds=steps * cpu, total_nfe=cal[0] + steps * nfe, total_cpu_seconds=cal[1] + steps * cpu,
-               eval_cpu_seconds=0.0, turning_points=None, adv_zero=None, skipped=None, window=[0, 9])
+    run = dict(
+        heldout={'overall': dict(strict=scores[-1], se=0.012, n=1200)}, n_images=1200,
+        learned_score=None if learned is None else learned[-1], curve=curve, reward_curve=[],
+        nfe_per_step=dict(rollout=nfe, lookahead=0), nfe_per_sample=dict(rollout=nfe / 16, lookahead=0),
+        seconds_per_step=per, cpu_seconds_per_step=per,
+        calibration=dict(nfe=cal[0], rollouts=0, seconds=cal[1], cpu_seconds=cal[1]), steps=steps,
+        train_seconds=steps * cpu, total_nfe=cal[0] + steps * nfe, total_cpu_seconds=cal[1] + steps * cpu,
+        eval_cpu_seconds=0.0, turning_points=None, adv_zero=None, skipped=None, window=[0, 9]
+    )
     return RunResult(**(run | fields))
 
 # %% ../../nbs/study/03_results.ipynb #cd4464a0
@@ -136,7 +154,12 @@ def heldout(rep:EvalReport) -> dict:
     "report.json's view of an evaluation: {category or 'overall': {strict, se, n, ...}}."
     cats = {c: dict(strict=v['score'], se=v['se'], **{k: x for k, x in v.items() if k not in ('score', 'se')})
             for c, v in rep.categories.items()}
-    return cats | {'overall': dict(strict=rep.overall, se=rep.overall_se, n=rep.n, **{k: v for k, v in rep.extra.items() if k != 'score'})}
+    return cats | {
+        'overall': dict(
+            strict=rep.overall, se=rep.overall_se, n=rep.n, **{k: v for k, v in rep.extra.items() if k != 'score'}
+        )
+    }
+
 
 def eval_from_metrics(m:dict, n:int, prefix:str='eval_') -> EvalReport:
     "The `EvalReport` of `n` images that a trainer logged as flat metrics `m` (without the categories' image counts)."
@@ -150,29 +173,45 @@ def eval_from_metrics(m:dict, n:int, prefix:str='eval_') -> EvalReport:
 STEP_TIME_RATIO = "process CPU seconds per training step (median over steps) divided by Flow-GRPO's, per seed"
 NO_CALIBRATION = dict(nfe=0, rollouts=0, seconds=0.0, cpu_seconds=0.0)
 
-def _median(rows:list, k:str): return float(np.median([m[k] for m in rows])) if rows and all(k in m for m in rows) else None
+def _median(rows: list, k: str):
+    return float(np.median([m[k] for m in rows])) if rows and all(k in m for m in rows) else None
+
 
 def grad_share(rows:list, K:int) -> list|None:
-    "[K] mean share of each denoising step in the gradient norm over the logged rows that diagnosed it (None: none did)."
+    """[K] mean share of each denoising step in the gradient norm over the logged rows that diagnosed it (None: none
+    did)."""
     diag = [m for m in rows if any(k.startswith('grad_share_') for k in m)]
     return [float(np.mean([m.get(f'grad_share_{k}', 0.0) for m in diag])) for k in range(K)] if diag else None
 
 # %% ../../nbs/study/03_results.ipynb #2e870406
 def cumulative(steps:list, cal:dict, B:int) -> tuple[dict, dict]:
-    "{step: process CPU seconds} and {step: NFE} of a run up to each logged step, calibration included (`B`: the batch)."
+    """{step: process CPU seconds} and {step: NFE} of a run up to each logged step, calibration included (`B`: the
+    batch)."""
     ids = [m['step'] for m in steps]
     cpu = dict(zip(ids, cal['cpu_seconds'] + np.cumsum([m.get('cpu_step', m['sec_step']) for m in steps])))
-    nfe = dict(zip(ids, cal['nfe'] + np.cumsum([(m.get('nfe_rollout', 0.0) + m.get('nfe_lookahead', 0.0)) * B for m in steps])))
+    nfe = dict(
+        zip(ids, cal['nfe'] + np.cumsum([(m.get('nfe_rollout', 0.0) + m.get('nfe_lookahead', 0.0)) * B for m in steps]))
+    )
     return cpu, nfe
 
 def run_curve(evals:list, base:EvalReport, cal:dict, cpu:dict, nfe:dict) -> list[CurvePoint]:
-    "The base point at the calibration's cost, then every evaluation with the cumulative CPU seconds and NFE at its step."
+    """The base point at the calibration's cost, then every evaluation with the cumulative CPU seconds and NFE at its
+    step."""
     cats = lambda get: {c: get(c) for c in base.categories} or None  # each category's strict score at an evaluation
-    return ([CurvePoint(step=0, seconds=cal['cpu_seconds'], eval=base.overall, se=base.overall_se, base=True, nfe=float(cal['nfe']),
-                        learned=base.extra.get('score'), categories=cats(lambda c: base.categories[c]['score']))] +
-            [CurvePoint(step=m['step'], seconds=float(cpu[m['step']]), wall=m.get('sec_total'), eval=m['eval_overall'], se=m['eval_overall_se'],
-                        nfe=float(nfe[m['step']]), learned=m.get('eval_score'), categories=cats(lambda c: m.get(f'eval_{c}')))
-             for m in evals])
+    return [
+        CurvePoint(
+            step=0, seconds=cal['cpu_seconds'], eval=base.overall, se=base.overall_se, base=True,
+            nfe=float(cal['nfe']), learned=base.extra.get('score'),
+            categories=cats(lambda c: base.categories[c]['score'])
+        )
+    ] + [
+        CurvePoint(
+            step=m['step'], seconds=float(cpu[m['step']]), wall=m.get('sec_total'), eval=m['eval_overall'],
+            se=m['eval_overall_se'], nfe=float(nfe[m['step']]), learned=m.get('eval_score'),
+            categories=cats(lambda c: m.get(f'eval_{c}'))
+        )
+        for m in evals
+    ]
 
 def calibration_rounds(run:RunFolder, cfg:GRPOConfig) -> dict:
     "psi of every calibration round of `run` and whether its calibration stopped because psi stopped moving."
@@ -185,15 +224,22 @@ def calibration_rounds(run:RunFolder, cfg:GRPOConfig) -> dict:
 def run_report(d:Path, base:EvalReport) -> RunResult:
     "One run's record from its folder `d`; `base` is the base model's evaluation of the run's seed (its step 0)."
     run = RunFolder(d)
-    ms, cfg = run.metrics(), run_config(run)  # a torn last line of metrics.jsonl (a killed run) is dropped with a warning
+    # a torn last line of metrics.jsonl (a killed run) is dropped with a warning
+    ms, cfg = run.metrics(), run_config(run)
     steps, evals = [m for m in ms if 'sec_step' in m], [m for m in ms if 'eval_overall' in m and m['step'] > 0]
-    if not evals: raise ValueError(f"{run.file('metrics')}: no evaluation after step 0; the comparison needs the run's final evaluation")
+    if not evals:
+        raise ValueError(
+            f"{run.file('metrics')}: no evaluation after step 0; the comparison needs the run's final evaluation"
+        )
     cal = {**NO_CALIBRATION, **((run.summary() or {}).get('calibration_cost') or {})}
     B, final = cfg.batch_size, eval_from_metrics(evals[-1], cfg.eval_images)
     cpu, at = cumulative(steps, cal, B)
     nfe = dict(rollout=(_median(steps, 'nfe_rollout') or 0.0) * B,
                lookahead=(_median(steps, 'nfe_lookahead') or 0.0) * B)
-    tps, loss = [m['turning_points'] for m in steps if 'turning_points' in m], cfg.loss_steps().nonzero().flatten().tolist()
+    tps, loss = (
+        [m['turning_points'] for m in steps if 'turning_points' in m],
+        cfg.loss_steps().nonzero().flatten().tolist(),
+    )
     curve = run_curve(evals, base, cal, cpu, at)
     return RunResult(
         heldout=heldout(final), learned_score=final.extra.get('score'), n_images=final.n,
@@ -213,7 +259,8 @@ def run_report(d:Path, base:EvalReport) -> RunResult:
         **calibration_rounds(run, cfg))
 
 # %% ../../nbs/study/03_results.ipynb #25ea3527
-FIDELITY_MEASURES = dict(kendall='all pairs', kendall_nonzero='pairs with a nonzero true gain',  # measure of `06c`: what it ranks
+# measure of `06c`: what it ranks
+FIDELITY_MEASURES = dict(kendall='all pairs', kendall_nonzero='pairs with a nonzero true gain',
                          kendall_window='its loss steps')
 
 @dataclass
@@ -228,7 +275,8 @@ class ArmSummary(Record):
     seconds_to_flow_grpo:Agg|None  # CPU seconds to get there
     reached:str                  # seeds that reached it, 'k/n'
     reached_by:dict              # {evaluation step: seeds that had reached it by then}
-    step_time_ratio:Agg|None; wall_time_ratio:Agg|None; nfe_ratio:Agg|None; cost_ratio:Agg|None  # x Flow-GRPO's, per seed
+    # x Flow-GRPO's, per seed
+    step_time_ratio:Agg|None; wall_time_ratio:Agg|None; nfe_ratio:Agg|None; cost_ratio:Agg|None
     nfe_per_step:dict            # {rollout, lookahead} of seed 0
     nfe_per_sample:dict
     seconds_per_step:dict[str, Agg]  # {phase: Agg}
@@ -246,13 +294,19 @@ class ArmSummary(Record):
     se_ratio:float|None=None     # `se_ratio` of its runs
     calib_rounds:Agg|None=None   # calibration rounds run, over seeds
     calib_stable:str|None=None   # seeds whose calibration stopped because psi stopped moving, 'k/n'
-    fidelity:dict|None=None      # credit fidelity of its fine-tuned runs: {seeds, measure of `FIDELITY_MEASURES`: Agg over seeds}
-    collapses:dict|None=None     # {seed: its run's `collapse`} of the seeds whose run collapsed (None: a report before it was read)
-    def __post_init__(self):  # read from JSON, the Aggs inside `reach`, `at_nfe` and `fidelity` are objects: make them Aggs again
+    # credit fidelity of its fine-tuned runs: {seeds, measure of `FIDELITY_MEASURES`: Agg over seeds}
+    fidelity:dict|None=None
+    # {seed: its run's `collapse`} of the seeds whose run collapsed (None: a report before it was read)
+    collapses:dict|None=None
+    # read from JSON, the Aggs inside `reach`, `at_nfe` and `fidelity` are objects: make them Aggs again
+    def __post_init__(self):
         for f, keys in (('reach', ('steps', 'nfe', 'seconds')), ('at_nfe', ('strict', 'learned')),
                         ('fidelity', tuple(FIDELITY_MEASURES))):
             if (d := getattr(self, f)) is not None:
-                setattr(self, f, {k: Agg.from_json(v) if k in keys and isinstance(v, dict) else v for k, v in d.items()})
+                setattr(
+                    self, f, {k: Agg.from_json(v) if k in keys and isinstance(v, dict) else v for k, v in d.items()}
+                )
+
 
 @dataclass
 class Comparison(Record):
@@ -288,16 +342,19 @@ class ContrastResult(Record):
     n:int=0                      # seeds (0: the contrast did not run in this report)
     mean:float|None=None; sd:float|None=None; ci:list|None=None  # the paired difference arm - other over seeds
     diffs:list|None=None
-    p:float|None=None            # p of the claim's own test (superiority: D <= 0; non-inferiority: D <= -margin; two-sided)
+    # p of the claim's own test (superiority: D <= 0; non-inferiority: D <= -margin; two-sided)
+    p:float|None=None
     p_holm:dict|None=None        # Holm-adjusted p of each test over the table
     verdict:str='not run'        # holds, equivalent, does not hold, higher, lower, undecided at this power, not run
     mde:float|None=None          # the effect its own test detects with 80% power at this spread and n, at `level`
     seeds_needed:int|None=None   # seeds that detect the margin with 80% power at this spread, at `level`
-    level:float|None=None        # the level of those statements: alpha / m, Holm's most stringent (None: a report before them)
+    # the level of those statements: alpha / m, Holm's most stringent (None: a report before them)
+    level:float|None=None
     family_size:int|None=None    # m: the claims that ran, one Holm family
     lower:float|None=None        # superiority: the one-sided lower bound of the effect at `level`
     clears:bool|None=None        # superiority: the claim holds and `lower` clears the claimed size (the margin)
-    family:str|None=None         # a pre-registered claim's family: primary (Holm over these) or secondary (apart); None: the study's table
+    # a pre-registered claim's family: primary (Holm over these) or secondary (apart); None: the study's table
+    family:str|None=None
 
 # %% ../../nbs/study/03_results.ipynb #29c11a28
 FORMAT = 3       # the version of report.json this code writes
@@ -321,6 +378,10 @@ class Report(Record):
         "The report in `d`, if this version reads its format; otherwise one sentence naming the format and the fix."
         if not isinstance(d, dict) or d.get('format') not in READS or 'tasks' not in d:
             got = d.get('format', 1) if isinstance(d, dict) else type(d).__name__
-            raise ValueError(f"{where}: report format {got!r} (this version reads formats {', '.join(map(str, READS))}); rebuild it with "
-                             "`flowgrpo compare --out DIR` on its run folder (finished runs are reused, only the report is rewritten)")
+            raise ValueError(
+                f"{where}: report format {got!r} (this version reads formats {', '.join(map(str, READS))}); rebuild it "
+                "with "
+                "`flowgrpo compare --out DIR` on its run folder (finished runs are reused, only the report is "
+                "rewritten)"
+            )
         return super().from_json(d, where)

@@ -1,4 +1,4 @@
-"""The statistics the comparison and the fidelity tool share: numbers over seeds with their t-interval, paired tests, Holm's correction, one-sided and equivalence tests against a margin, power, the minimum detectable effect and the seeds needed at the level a claim's test uses, whether a verdict and its power statement agree, and the bootstrap clustered by prompt.
+"""The statistics of the comparison: intervals, paired tests, corrections, power, the clustered bootstrap.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/stats.html.md"""
 
@@ -21,7 +21,8 @@ def t_quantile(n:int, level:float=0.95) -> float:
     return float(stats.t.ppf((1 + level) / 2, n - 1))
 
 def aggregate(vals:list) -> dict|None:
-    "Mean, median, spread (sample std over seeds; 0 for one), 95% CI of the mean, min, max and n of numbers, None-aware."
+    """Mean, median, spread (sample std over seeds; 0 for one), 95% CI of the mean, min, max and n of numbers,
+    None-aware."""
     v = np.array([x for x in vals if x is not None], float)
     if not len(v): return None
     m, sd = float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
@@ -30,7 +31,8 @@ def aggregate(vals:list) -> dict|None:
 
 # %% ../../nbs/study/00_stats.ipynb #39eff0c0
 def paired(a, b, a_se=None, b_se=None) -> dict:
-    "Paired differences a − b over seeds: mean, SD, 95% CI, t, p and the verdict (one seed: the CI from the standard errors `a_se`, `b_se`)."
+    """Paired differences a − b over seeds: mean, SD, 95% CI, t, p and the verdict (one seed: the CI from the standard
+    errors `a_se`, `b_se`)."""
     d = np.asarray(a, float) - np.asarray(b, float)
     n, m, sd = len(d), float(d.mean()), float(d.std(ddof=1)) if len(d) > 1 else None
     se = sd / math.sqrt(n) if n > 1 else float(math.hypot(np.mean(a_se), np.mean(b_se))) if a_se is not None else 0.0
@@ -77,7 +79,8 @@ def power(effect:float, sd:float, n:int, alpha:float=0.05) -> float:
     return float(stats.nct.sf(crit, n - 1, nc) + (0.0 if math.isnan(wrong) else wrong))
 
 def mde(sd:float, n:int, alpha:float=0.05, target:float=0.8) -> float:
-    "The smallest mean difference the two-sided paired t-test detects with power `target` over `n` seeds of spread `sd`."
+    """The smallest mean difference the two-sided paired t-test detects with power `target` over `n` seeds of spread
+    `sd`."""
     if n < 2 or not sd > 0: return float('nan')
     top = (t_quantile(n, 1 - alpha) + 6) * sd / math.sqrt(n)  # power is 1 to many digits there
     return float(optimize.brentq(lambda e: power(e, sd, n, alpha) - target, 0.0, top))
@@ -99,12 +102,14 @@ def claim_tests(d, m:float, kind:str) -> dict:
     if kind not in KINDS: raise ValueError(f"kind={kind!r}: allowed {', '.join(KINDS)}")
     if kind == 'superiority': return dict(holds=one_sided(d), equivalent=tost(d, m), excluded=one_sided(d, m, 'less'))
     if kind == 'non-inferiority': return dict(holds=one_sided(d, -m), excluded=one_sided(d, 0.0, 'less'))
-    if kind == 'equivalence': return dict(holds=tost(d, m), excluded=min(1.0, 2 * min(one_sided(d, m), one_sided(d, -m, 'less'))))
+    if kind == 'equivalence':
+        return dict(holds=tost(d, m), excluded=min(1.0, 2 * min(one_sided(d, m), one_sided(d, -m, 'less'))))
     return dict(holds=min(1.0, 2 * min(one_sided(d), one_sided(d, 0.0, 'less'))), equivalent=tost(d, m))
 
 # %% ../../nbs/study/00_stats.ipynb #b176ac24
 def claim_verdicts(rows:list[dict],  # each: kind, mean (of the differences) and tests (`claim_tests`)
-                   alpha:float=0.05) -> list[dict]:  # each: verdict, the Holm-adjusted p of each test, the size of the `holds` family
+                   # each: verdict, the Holm-adjusted p of each test, the size of the `holds` family
+                   alpha:float=0.05) -> list[dict]:
     "The verdict of every claim of one family: each kind of test Holm-corrected over the rows that have it."
     adj = [{} for _ in rows]
     for test in ('holds', 'equivalent', 'excluded'):
@@ -113,9 +118,20 @@ def claim_verdicts(rows:list[dict],  # each: kind, mean (of the differences) and
     out = []
     for r, a in zip(rows, adj):
         ok = lambda t: a.get(t, 1.0) < alpha
-        if r['kind'] == 'two-sided': v = ('higher' if r['mean'] > 0 else 'lower') if ok('holds') else 'equivalent' if ok('equivalent') else None
-        elif r['kind'] == 'equivalence': v = 'equivalent' if ok('holds') else 'does not hold' if ok('excluded') else None
-        else: v = 'holds' if ok('holds') else 'equivalent' if ok('equivalent') else 'does not hold' if ok('excluded') else None
+        if r['kind'] == 'two-sided':
+            v = ('higher' if r['mean'] > 0 else 'lower') if ok('holds') else 'equivalent' if ok('equivalent') else None
+        elif r['kind'] == 'equivalence':
+            v = 'equivalent' if ok('holds') else 'does not hold' if ok('excluded') else None
+        else:
+            v = (
+                'holds'
+                if ok('holds')
+                else 'equivalent'
+                if ok('equivalent')
+                else 'does not hold'
+                if ok('excluded')
+                else None
+            )
         out.append(dict(verdict=v or 'undecided at this power', p_holm=a, family_size=len(rows)))
     return out
 
@@ -132,14 +148,19 @@ def power_one_sided(shift:float, sd:float, n:int, alpha:float=0.05) -> float:
     return float(stats.nct.sf(stats.t.ppf(1 - alpha, n - 1), n - 1, shift * math.sqrt(n) / sd))
 
 def power_tost(effect:float, margin:float, sd:float, n:int, alpha:float=0.05) -> float:
-    "Exact power of TOST at level `alpha` (each one-sided test at `alpha`) that a true mean `effect` lies within ±`margin`."
+    """Exact power of TOST at level `alpha` (each one-sided test at `alpha`) that a true mean `effect` lies within
+    ±`margin`."""
     if n < 2 or not sd > 0: return float('nan')
     df, c, r = n - 1, stats.t.ppf(1 - alpha, n - 1), math.sqrt(n) / sd
     top = df * (margin * math.sqrt(n) / (c * sd)) ** 2  # v = df s² / sd² above this: the acceptance interval is empty
     def inside(v):  # P(-margin + c s/√n < mean < margin - c s/√n | s)
         h = c * sd * math.sqrt(v / df) / math.sqrt(n)
         return stats.norm.cdf((margin - h - effect) * r) - stats.norm.cdf((-margin + h - effect) * r)
-    return float(integrate.quad(lambda v: inside(v) * stats.chi2.pdf(v, df), 0, top, limit=200)[0]) if margin > 0 else 0.0
+
+    return (
+        float(integrate.quad(lambda v: inside(v) * stats.chi2.pdf(v, df), 0, top, limit=200)[0]) if margin > 0 else 0.0
+    )
+
 
 def _smallest(f, target:float, start:float) -> float:
     "The smallest x >= 0 with f(x) = target, f rising from below target at 0: bracket by doubling, then Brent."
@@ -148,7 +169,8 @@ def _smallest(f, target:float, start:float) -> float:
     return float(optimize.brentq(lambda x: f(x) - target, 0.0, hi, xtol=1e-10))
 
 def mde_one_sided(sd:float, n:int, alpha:float=0.05, target:float=0.8) -> float:
-    "The smallest distance beyond its null boundary that the one-sided paired t-test at `alpha` detects with power `target`."
+    """The smallest distance beyond its null boundary that the one-sided paired t-test at `alpha` detects with power
+    `target`."""
     if n < 2 or not sd > 0: return float('nan')
     return _smallest(lambda e: power_one_sided(e, sd, n, alpha), target, sd)
 
@@ -159,7 +181,8 @@ def tost_margin(sd:float, n:int, alpha:float=0.05, target:float=0.8, effect:floa
 
 # %% ../../nbs/study/00_stats.ipynb #d8a4f838
 def test_power(test:str, sd:float, n:int, margin:float, alpha:float=0.05, effect:float|None=None) -> float:
-    "Power of a claim's test over `n` seeds; the true effect by default: the margin (superiority, two-sided), 0 (non-inferiority, equivalence)."
+    """Power of a claim's test over `n` seeds; the true effect by default: the margin (superiority, two-sided), 0
+    (non-inferiority, equivalence)."""
     if test == 'superiority': return power_one_sided(margin if effect is None else effect, sd, n, alpha)
     if test == 'non-inferiority': return power_one_sided((effect or 0.0) + margin, sd, n, alpha)
     if test == 'equivalence': return power_tost(effect or 0.0, margin, sd, n, alpha)
@@ -182,7 +205,8 @@ def seeds_for(test:str, sd:float, margin:float, alpha:float=0.05, target:float=0
 
 # %% ../../nbs/study/00_stats.ipynb #4d49ab97
 def claim_power(kind:str, sd:float|None, n:int, margin:float, alpha:float=0.05, m:int=1, target:float=0.8) -> dict:
-    "What one claim's seeds detect at the level its test uses in a family of `m` (alpha/m): critical distance, MDE, seeds for the margin."
+    """What one claim's seeds detect at the level its test uses in a family of `m` (alpha/m): critical distance, MDE,
+    seeds for the margin."""
     level = holm_level(alpha, m)
     if n < 2 or not (sd or 0) > 0: return dict(level=level, crit=None, mde=None, seeds_needed=None)
     two = kind == 'two-sided'
@@ -199,23 +223,44 @@ def power_agreement(c:dict,             # kind, mean, sd, n, margin, verdict, md
                     m:int, alpha:float=0.05, target:float=0.8) -> list[str]:  # what disagrees (empty: all agrees)
     "Whether a claim's verdict and its power statement agree, in a Holm family of `m` (rules 1-5 above)."
     if c['n'] < 2 or not (c['sd'] or 0) > 0: return []
-    p, se, two = claim_power(c['kind'], c['sd'], c['n'], c['margin'], alpha, m, target), c['sd'] / math.sqrt(c['n']), c['kind'] == 'two-sided'
-    x = {'superiority': c['mean'], 'non-inferiority': c['mean'] + c['margin'], 'equivalence': c['margin'] - abs(c['mean']),
-         'two-sided': abs(c['mean'])}[c['kind']]  # the observed distance beyond the null boundary of the claim's test
+    p, se, two = (
+        claim_power(c['kind'], c['sd'], c['n'], c['margin'], alpha, m, target), c['sd'] / math.sqrt(c['n']),
+        c['kind'] == 'two-sided'
+    )
+    x = {
+        'superiority': c['mean'], 'non-inferiority': c['mean'] + c['margin'],
+        'equivalence': c['margin'] - abs(c['mean']), 'two-sided': abs(c['mean'])
+    }[c['kind']]  # the observed distance beyond the null boundary of the claim's test
     t_alone = stats.t.ppf(1 - alpha / (2 if two else 1), c['n'] - 1) * se  # the test alone: Holm never rejects more
-    won = c['verdict'] in (('higher', 'lower') if two else ('equivalent',) if c['kind'] == 'equivalence' else ('holds',))
+    won = c['verdict'] in (
+        ('higher', 'lower') if two else ('equivalent',) if c['kind'] == 'equivalence' else ('holds',)
+    )
     out = []
     if not math.isclose(c['level'], p['level'], rel_tol=1e-9) or not math.isclose(c['mde'], p['mde'], rel_tol=1e-6):
-        out.append(f"the power statement (MDE {c['mde']:.4g} at {c['level']:.3g}) is not at the test's level {p['level']:.3g} (MDE {p['mde']:.4g})")
+        out.append(
+            f"the power statement (MDE {c['mde']:.4g} at {c['level']:.3g}) is not at the test's level {p['level']:.3g} "
+            f"(MDE {p['mde']:.4g})"
+        )
     if not p['mde'] > p['crit']: out.append(f"MDE {p['mde']:.4g} is not above the critical distance {p['crit']:.4g}")
-    if won and not x > t_alone: out.append(f"{c['verdict']} though {x:+.4g} beyond the boundary is not significant even alone")
-    if x > p['crit'] and not won: out.append(f"{c['verdict']} though {x:+.4g} beyond the boundary clears the Holm-level critical {p['crit']:.4g}")
-    if c['verdict'] == 'undecided at this power' and not x < p['mde']: out.append(f"undecided though the effect {x:+.4g} reaches the MDE")
-    if two and won and (c['mean'] > 0) != (c['verdict'] == 'higher'): out.append(f"{c['verdict']} with a mean of {c['mean']:+.4g}")
+    if won and not x > t_alone:
+        out.append(f"{c['verdict']} though {x:+.4g} beyond the boundary is not significant even alone")
+    if x > p['crit'] and not won:
+        out.append(f"{c['verdict']} though {x:+.4g} beyond the boundary clears the Holm-level critical {p['crit']:.4g}")
+    if c['verdict'] == 'undecided at this power' and not x < p['mde']:
+        out.append(f"undecided though the effect {x:+.4g} reaches the MDE")
+    if two and won and (c['mean'] > 0) != (c['verdict'] == 'higher'):
+        out.append(f"{c['verdict']} with a mean of {c['mean']:+.4g}")
     if c['kind'] == 'superiority':
         lb = lower_bound(c['mean'], c['sd'], c['n'], p['level'])
-        if c.get('lower') is None or not math.isclose(c['lower'], lb, rel_tol=1e-9, abs_tol=1e-12) or c.get('clears') != (won and lb > c['margin']):
-            out.append(f"lower bound {c.get('lower')} (clears: {c.get('clears')}) is not the one at {p['level']:.3g}, {lb:+.4g} against margin {c['margin']:g}")
+        if (
+            c.get('lower') is None
+            or not math.isclose(c['lower'], lb, rel_tol=1e-9, abs_tol=1e-12)
+            or c.get('clears') != (won and lb > c['margin'])
+        ):
+            out.append(
+                f"lower bound {c.get('lower')} (clears: {c.get('clears')}) is not the one at {p['level']:.3g}, "
+                f"{lb:+.4g} against margin {c['margin']:g}"
+            )
     return out
 
 # %% ../../nbs/study/00_stats.ipynb #ccb57caa
@@ -260,7 +305,12 @@ def _spearman(x, y, cluster, draws):
     rows = [np.flatnonzero(cluster == c) for c in range(draws.shape[1])]
     idx = [np.arange(len(x))] + [np.concatenate([rows[c] for c in d]) for d in draws]
     if len({len(i) for i in idx}) == 1: idx = [np.stack(idx)]  # clusters of one size: one ranking call
-    return np.concatenate([_rowcorr(stats.rankdata(np.atleast_2d(x[i]), axis=1), stats.rankdata(np.atleast_2d(y[i]), axis=1)) for i in idx])
+    return np.concatenate(
+        [
+            _rowcorr(stats.rankdata(np.atleast_2d(x[i]), axis=1), stats.rankdata(np.atleast_2d(y[i]), axis=1))
+            for i in idx
+        ]
+    )
 
 # %% ../../nbs/study/00_stats.ipynb #d8be49f9
 def boot_stats(x, y,          # [N] paired values (credit, truth)
@@ -288,7 +338,8 @@ def percentile_ci(samples:np.ndarray, level:float=0.95) -> tuple[float, float]:
 
 # %% ../../nbs/study/00_stats.ipynb #e1d15834
 def kendall_tau(x, y) -> float:
-    "Kendall's tau-b of two samples (nan when either is constant): a rank association without an interval, for a handful of points."
+    """Kendall's tau-b of two samples (nan when either is constant): a rank association without an interval, for a
+    handful of points."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0: return float('nan')
     return float(stats.kendalltau(x, y).statistic)

@@ -1,4 +1,4 @@
-"""From runs to what a comparison concludes: the study's measures of a run (its mean score over the run, when it reaches a target, its score at a budget, the pre-registered metrics), where an arm's curve goes flat, an arm over seeds, the paired comparisons with Holm's correction, a task's section, and the verdicts of the papers' claims with their power at the level their tests use.
+"""From runs to what a comparison concludes: measures, paired comparisons, verdicts.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/summary.html.md"""
 
@@ -10,9 +10,14 @@ import math
 import numpy as np
 from ..policy import PHASES
 import dataclasses
-from .stats import kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, claim_power, lower_bound
+from flowgrpo_nb.study.stats import (
+    kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, claim_power, lower_bound
+)
 from .design import ARMS, TASKS, METRICS, Contrast, CONTRASTS, Claim, Prereg, arm_config, arm_settings
-from .results import FIDELITY_MEASURES, agg, CurvePoint, RunResult, ArmSummary, Comparison, TaskSection, ContrastResult, Report, FORMAT, fake_run
+from flowgrpo_nb.study.results import (
+    FIDELITY_MEASURES, agg, CurvePoint, RunResult, ArmSummary, Comparison, TaskSection, ContrastResult, Report, FORMAT,
+    fake_run
+)
 
 # %% auto #0
 __all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'last_mean', 'steps_to', 'first_reach',
@@ -23,8 +28,13 @@ __all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'las
 
 # %% ../../nbs/study/04_summary.ipynb #4232d228
 def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -> float|None:
-    "The `score` ('eval': strict, or 'learned') of `curve` at `x` of `by` ('step', 'seconds' or 'nfe'), linear in between."
-    pts = [(getattr(p, by), getattr(p, score)) for p in curve if getattr(p, by) is not None and getattr(p, score) is not None]
+    """The `score` ('eval': strict, or 'learned') of `curve` at `x` of `by` ('step', 'seconds' or 'nfe'), linear in
+    between."""
+    pts = [
+        (getattr(p, by), getattr(p, score))
+        for p in curve
+        if getattr(p, by) is not None and getattr(p, score) is not None
+    ]
     if not pts: return None
     xs, ys = zip(*pts)
     return float(np.interp(x, xs, ys))
@@ -67,19 +77,26 @@ def study_measures(run:RunResult, target:float, nfe_budget:float) -> dict:
 # %% ../../nbs/study/04_summary.ipynb #bedd7df1
 def plateau(curves:list[list[CurvePoint]],  # one curve per seed, with the same evaluation steps
             steps:int, eval_every:int) -> dict:
-    "The first evaluation step after which the mean gain over the next fifth of the run is never above 0 (None: not flat)."
+    """The first evaluation step after which the mean gain over the next fifth of the run is never above 0 (None: not
+    flat)."""
     m = max(1, math.ceil(steps / 5 / eval_every))
     ys = np.array([[p.eval for p in c] for c in curves])   # [seeds, J + 1]
     ts = [p.step for p in curves[0]]
-    wins = [dict(step=ts[j], **{k: v for k, v in aggregate(list(ys[:, j + m] - ys[:, j])).items() if k in ('mean', 'ci', 'n')})
-            for j in range(len(ts) - m)]
+    wins = [
+        dict(
+            step=ts[j],
+            **{k: v for k, v in aggregate(list(ys[:, j + m] - ys[:, j])).items() if k in ('mean', 'ci', 'n')},
+        )
+        for j in range(len(ts) - m)
+    ]
     rising = [w['ci'][0] > 0 for w in wins]
     first = next((j for j in range(len(wins)) if not any(rising[j:])), None)
     return dict(step=None if first is None else wins[first]['step'], m=m, windows=wins)
 
 # %% ../../nbs/study/04_summary.ipynb #cb3fe974
 def se_ratio(runs:list[RunResult]) -> float|None:
-    "Mean final-evaluation SE over seeds / SD over seeds of the final held-out strict score (None: under two seeds or no spread)."
+    """Mean final-evaluation SE over seeds / SD over seeds of the final held-out strict score (None: under two seeds or
+    no spread)."""
     finals = [r.heldout['overall']['strict'] for r in runs]
     sd = float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0
     return float(np.mean([r.heldout['overall']['se'] for r in runs]) / sd) if sd > 0 else None
@@ -104,13 +121,18 @@ def study_arm(runs:list[RunResult], steps:int, eval_every:int) -> dict:
     hit = [r for r in runs if r.reach['steps'] is not None]
     same = len({tuple(p.step for p in r.curve) for r in runs}) == 1
     cal = [r for r in runs if r.psi_rounds]
-    return dict(auc=agg([r.auc for r in runs]),
-                reach=dict(target=runs[0].reach['target'], reached=_count([r in hit for r in runs]),
-                           **{k: agg([r.reach[k] for r in hit]) for k in ('steps', 'nfe', 'seconds')}),
-                at_nfe=dict(nfe=runs[0].at_nfe['nfe'], **{k: agg([r.at_nfe[k] for r in runs]) for k in ('strict', 'learned')}),
-                plateau=plateau([r.curve for r in runs], steps, eval_every) if same else None, se_ratio=se_ratio(runs),
-                calib_rounds=agg([len(r.psi_rounds) for r in cal]) if cal else None,
-                calib_stable=_count([bool(r.calib_stable) for r in cal]) if cal else None)
+    return dict(
+        auc=agg([r.auc for r in runs]),
+        reach=dict(
+            target=runs[0].reach['target'], reached=_count([r in hit for r in runs]),
+            **{k: agg([r.reach[k] for r in hit]) for k in ('steps', 'nfe', 'seconds')}
+        ),
+        at_nfe=dict(nfe=runs[0].at_nfe['nfe'], **{k: agg([r.at_nfe[k] for r in runs]) for k in ('strict', 'learned')}),
+        plateau=plateau([r.curve for r in runs], steps, eval_every) if same else None,
+        se_ratio=se_ratio(runs),
+        calib_rounds=agg([len(r.psi_rounds) for r in cal]) if cal else None,
+        calib_stable=_count([bool(r.calib_stable) for r in cal]) if cal else None,
+    )
 
 # %% ../../nbs/study/04_summary.ipynb #2d6d8972
 def _ratio(a, b): return a / b if a is not None and b else None
@@ -138,27 +160,46 @@ def arm_summary(per_seed:dict[str, dict[str, RunResult]], arm:str) -> ArmSummary
     return ArmSummary(
         heldout_strict=A(lambda r: r.heldout['overall']['strict']),
         heldout_se=float(np.mean([r.heldout['overall']['se'] for r in reps])),
-        per_category={c: dict(**agg([r.heldout[c]['strict'] for r in reps]).to_json(), se=float(np.mean([r.heldout[c]['se'] for r in reps])))
-                      for c in reps[0].heldout if c != 'overall'},
-        learned_score=A(lambda r: r.learned_score), partial=A(lambda r: r.heldout['overall'].get('partial')),
+        per_category={
+            c: dict(
+                **agg([r.heldout[c]['strict'] for r in reps]).to_json(),
+                se=float(np.mean([r.heldout[c]['se'] for r in reps])),
+            )
+            for c in reps[0].heldout
+            if c != 'overall'
+        },
+        learned_score=A(lambda r: r.learned_score),
+        partial=A(lambda r: r.heldout['overall'].get('partial')),
         steps_to_flow_grpo=A(lambda r: r.reach_flow_grpo['steps']),
         seconds_to_flow_grpo=A(lambda r: r.reach_flow_grpo['seconds']),
         reached=_count([r.reach_flow_grpo['steps'] is not None for r in reps]),
-        reached_by={st: sum(reached(r, st) for r in reps) for st in sorted({p.step for r in reps for p in r.curve if p.step > 0})},
-        step_time_ratio=A(lambda r: r.step_time_ratio), wall_time_ratio=A(lambda r: r.wall_time_ratio),
-        nfe_ratio=A(lambda r: r.nfe_ratio), cost_ratio=A(lambda r: r.cost_ratio),
-        nfe_per_step=reps[0].nfe_per_step, nfe_per_sample=reps[0].nfe_per_sample,
+        reached_by={
+            st: sum(reached(r, st) for r in reps)
+            for st in sorted({p.step for r in reps for p in r.curve if p.step > 0})
+        },
+        step_time_ratio=A(lambda r: r.step_time_ratio),
+        wall_time_ratio=A(lambda r: r.wall_time_ratio),
+        nfe_ratio=A(lambda r: r.nfe_ratio),
+        cost_ratio=A(lambda r: r.cost_ratio),
+        nfe_per_step=reps[0].nfe_per_step,
+        nfe_per_sample=reps[0].nfe_per_sample,
         seconds_per_step={k: A(lambda r: r.seconds_per_step[k]) for k in (*PHASES, 'step')},
         cpu_seconds_per_step={k: A(lambda r: r.cpu_seconds_per_step[k]) for k in (*PHASES, 'step')},
         calibration=dict(nfe=A(lambda r: r.calibration['nfe']), cpu_seconds=A(lambda r: r.calibration['cpu_seconds'])),
-        total_nfe=A(lambda r: r.total_nfe), total_cpu_seconds=A(lambda r: r.total_cpu_seconds),
-        turning_points=None if None in tps else float(sum(tps)), adv_zero=A(lambda r: r.adv_zero),
+        total_nfe=A(lambda r: r.total_nfe),
+        total_cpu_seconds=A(lambda r: r.total_cpu_seconds),
+        turning_points=None if None in tps else float(sum(tps)),
+        adv_zero=A(lambda r: r.adv_zero),
         skipped=A(lambda r: r.skipped),
-        grad_share=None if any(r.grad_share is None for r in reps) else np.mean([r.grad_share for r in reps], 0).tolist(),
-        collapses={s: runs[arm].collapse for s, runs in per_seed.items() if runs[arm].collapse})
+        grad_share=None
+        if any(r.grad_share is None for r in reps)
+        else np.mean([r.grad_share for r in reps], 0).tolist(),
+        collapses={s: runs[arm].collapse for s, runs in per_seed.items() if runs[arm].collapse},
+    )
 
 # %% ../../nbs/study/04_summary.ipynb #51d0f68c
-WINDOW_MATCH = 0.9  # a control matches an arm's window when at least this share of the arm's gradient is on the control's trained steps
+# a control matches an arm's window when at least this share of the arm's gradient is on the control's trained steps
+WINDOW_MATCH = 0.9
 
 def _unchecked(r:RunResult, c:RunResult) -> str|None:
     "Why an arm's run `r` cannot be held against its control's run `c` (None: it can)."
@@ -167,14 +208,20 @@ def _unchecked(r:RunResult, c:RunResult) -> str|None:
     if len(r.grad_share) != c.K: return 'the control runs another number of steps'
 
 def window_match(per_seed:dict[str, dict[str, RunResult]], arm:str, control:str) -> dict:
-    "The share of `arm`'s gradient on the steps `control`'s loss takes per seed (an `Agg`), each step's share outside; or why not."
+    """The share of `arm`'s gradient on the steps `control`'s loss takes per seed (an `Agg`), each step's share outside;
+    or why not."""
     runs = [(runs[arm], runs[control]) for runs in per_seed.values()]
     why = next((w for r, c in runs if (w := _unchecked(r, c))), None)
-    runs = [(r, c) for r, c in runs if why or sum(r.grad_share) > 0]  # a seed whose diagnosed steps had no gradient says nothing
+    # a seed whose diagnosed steps had no gradient says nothing
+    runs = [(r, c) for r, c in runs if why or sum(r.grad_share) > 0]
     if why or not runs: return dict(control=control, unchecked=why or 'no gradient at the diagnosed steps')
     s, e = runs[0][1].loss  # the steps the control's loss takes
     inside = agg([sum(r.grad_share[s:e]) for r, _ in runs])
-    outside = {k: float(np.mean([r.grad_share[k] for r, _ in runs])) for k in range(len(runs[0][0].grad_share)) if not s <= k < e}
+    outside = {
+        k: float(np.mean([r.grad_share[k] for r, _ in runs]))
+        for k in range(len(runs[0][0].grad_share))
+        if not s <= k < e
+    }
     return dict(control=control, window=[s, e], inside=inside.to_json(), outside=outside,
                 matched=inside.mean >= WINDOW_MATCH)
 
@@ -182,29 +229,42 @@ def window_match(per_seed:dict[str, dict[str, RunResult]], arm:str, control:str)
 def _scores(per_seed:dict, arm:str, metric:str) -> tuple[list, list|None]:
     "Per-seed held-out `metric` ('strict' or 'learned_score') of `arm`, and its standard errors (None: not logged)."
     runs = [runs[arm] for runs in per_seed.values()]
-    if metric == 'strict': return [r.heldout['overall']['strict'] for r in runs], [r.heldout['overall']['se'] for r in runs]
+    if metric == 'strict':
+        return [r.heldout['overall']['strict'] for r in runs], [r.heldout['overall']['se'] for r in runs]
     return [r.learned_score for r in runs], None
 
 def _others(a:str, arms:list, levels:str) -> list[tuple[str, str]]:
     "(other, kind) that arm `a` is compared with: the base model, Flow-GRPO, its control and its `also` arms that ran."
     c = ARMS[a].control_for(levels)
     out = [('base', 'base')] + [('flow_grpo', 'flow_grpo')] * (a != 'flow_grpo')
-    return out + [(c, 'control')] * (c not in (None, 'flow_grpo') and c in arms) + [(o, 'also') for o in ARMS[a].also if o in arms]
+    return (
+        out
+        + [(c, 'control')] * (c not in (None, 'flow_grpo') and c in arms)
+        + [(o, 'also') for o in ARMS[a].also if o in arms]
+    )
+
 
 def task_comparisons(per_seed:dict, base:dict, arms:list, levels:str, metrics:tuple=('strict',)) -> list[Comparison]:
-    "Every paired comparison of a task, per metric: each arm with the base model, Flow-GRPO, its control and its `also` arms."
+    """Every paired comparison of a task, per metric: each arm with the base model, Flow-GRPO, its control and its
+    `also` arms."""
     out, seeds = [], list(per_seed)
     bs = dict(strict=([base[s][0]['overall']['strict'] for s in seeds], [base[s][0]['overall']['se'] for s in seeds]),
               learned_score=([base[s][1] for s in seeds], None))
     for metric in metrics:
-        if metric != 'strict' and (len(seeds) < 2 or None in bs[metric][0] + [x for a in arms for x in _scores(per_seed, a, metric)[0]]):
+        if metric != 'strict' and (
+            len(seeds) < 2 or None in bs[metric][0] + [x for a in arms for x in _scores(per_seed, a, metric)[0]]
+        ):
             continue  # without standard errors a metric needs seeds to be judged
         for a in arms:
             x, x_se = _scores(per_seed, a, metric)
             for o, kind in _others(a, arms, levels):
                 y, y_se = bs[metric] if o == 'base' else _scores(per_seed, o, metric)
-                out.append(Comparison(arm=a, other=o, kind=kind, is_control=o == ARMS[a].control_for(levels), metric=metric,
-                                      **paired(x, y, x_se, y_se)))
+                out.append(
+                    Comparison(
+                        arm=a, other=o, kind=kind, is_control=o == ARMS[a].control_for(levels), metric=metric,
+                        **paired(x, y, x_se, y_se)
+                    )
+                )
     return out
 
 # %% ../../nbs/study/04_summary.ipynb #664dc89c
@@ -212,7 +272,8 @@ FAMILIES = dict(arms="the comparisons between two arms, over every task and metr
                 base="the comparisons with the base model")
 
 def correct(sections:dict[str, TaskSection], alpha:float=0.05):
-    "Holm-correct each family of the sections' comparisons (in place): `p_holm`, the corrected `verdict`, `verdict_alone`."
+    """Holm-correct each family of the sections' comparisons (in place): `p_holm`, the corrected `verdict`,
+    `verdict_alone`."""
     fams = {}
     for sec in sections.values():
         for c in sec.comparisons: fams.setdefault('base' if c.kind == 'base' else 'arms', []).append(c)
@@ -224,7 +285,8 @@ def correct(sections:dict[str, TaskSection], alpha:float=0.05):
 
 # %% ../../nbs/study/04_summary.ipynb #6d3e9ebb
 def base_summary(base:dict) -> dict:
-    "The base model's evaluations over seeds {seed: heldout}: per category and overall the mean score, the SE of that mean, images and spread."
+    """The base model's evaluations over seeds {seed: heldout}: per category and overall the mean score, the SE of that
+    mean, images and spread."""
     hs = list(base.values())
     mean = lambda c, k: float(np.mean([h[c][k] for h in hs]))
     out = {c: dict(strict=mean(c, 'strict'), se=float(np.sqrt(np.mean([h[c]['se'] ** 2 for h in hs]) / len(hs))),
@@ -237,11 +299,14 @@ def base_summary(base:dict) -> dict:
 def task_section(task:str, per_seed:dict[str, dict[str, RunResult]],
                  base:dict,              # {seed: (heldout, learned score)} of the base model
                  arms:list, levels:str, metrics:tuple=('strict',),
-                 steps:int|None=None, eval_every:int|None=None  # the runs' schedule: the study's measures (None: not computed)
+                 # the runs' schedule: the study's measures (None: not computed)
+                 steps:int|None=None, eval_every:int|None=None
                 ) -> TaskSection:
     "One task's section from its runs {seed: {arm: RunResult}} and base evaluations."
     per_seed_ratios(per_seed)
-    study = steps is not None and all(p.nfe is not None for runs in per_seed.values() for r in runs.values() for p in r.curve)
+    study = steps is not None and all(
+        p.nfe is not None for runs in per_seed.values() for r in runs.values() for p in r.curve
+    )
     if study: study_runs(per_seed, base_summary({s: h for s, (h, _) in base.items()})['overall']['strict'])
     summary = {a: arm_summary(per_seed, a) for a in arms}
     for a in arms:
@@ -261,10 +326,13 @@ def task_section(task:str, per_seed:dict[str, dict[str, RunResult]],
     return TaskSection(task=task, levels=levels, arms=summary, base=bs, comparisons=comps, per_seed=per_seed)
 
 # %% ../../nbs/study/04_summary.ipynb #151631ae
-def _final(r:RunResult, metric:str) -> float|None: return r.heldout['overall']['strict'] if metric == 'strict' else r.learned_score
+def _final(r: RunResult, metric: str) -> float | None:
+    return r.heldout['overall']['strict'] if metric == 'strict' else r.learned_score
+
 
 def contrast_values(sec:TaskSection, c:Contrast) -> tuple[list, list]:
-    "Per seed (both arms ran): the arm's score (final, or at `c.at` of the reference's final) and the reference's final score."
+    """Per seed (both arms ran): the arm's score (final, or at `c.at` of the reference's final) and the reference's
+    final score."""
     xs, ys, score = [], [], 'eval' if c.metric == 'strict' else 'learned'
     for runs in sec.per_seed.values():
         if c.arm not in runs or c.other not in runs: continue
@@ -285,7 +353,8 @@ def run_metric(run:RunResult, metric:str, score:str='strict', k:int|None=None, t
     raise ValueError(f"metric={metric!r}: allowed {', '.join(METRICS)}")
 
 def claim_diffs(sec:TaskSection, c:Claim) -> list[float]:
-    "The claim's paired differences over the seeds where both arms ran and have the metric, positive in the claim's favour."
+    """The claim's paired differences over the seeds where both arms ran and have the metric, positive in the claim's
+    favour."""
     sign, out = 1 if METRICS[c.metric]['higher'] else -1, []
     for runs in sec.per_seed.values():
         if c.arm not in runs or c.other not in runs: continue
@@ -295,7 +364,8 @@ def claim_diffs(sec:TaskSection, c:Claim) -> list[float]:
 
 # %% ../../nbs/study/04_summary.ipynb #466a9a58
 def power_fields(c:ContrastResult, m:int, alpha:float=0.05) -> dict:
-    "A claim's power statement in a family of `m`: level alpha / m, MDE and seeds for the margin there, lower bound, clears."
+    """A claim's power statement in a family of `m`: level alpha / m, MDE and seeds for the margin there, lower bound,
+    clears."""
     p = claim_power(c.kind, c.sd, c.n, c.margin, alpha, m)
     lower = lower_bound(c.mean, c.sd, c.n, p['level']) if c.kind == 'superiority' and p['mde'] is not None else None
     return dict(level=p['level'], family_size=m, mde=p['mde'], seeds_needed=p['seeds_needed'], lower=lower,
@@ -327,12 +397,16 @@ def evaluate_contrasts(tasks:dict[str, TaskSection], contrasts=CONTRASTS) -> lis
 
 # %% ../../nbs/study/04_summary.ipynb #43814489
 def evaluate_claims(tasks:dict[str, TaskSection], pre:Prereg) -> list[ContrastResult]:
-    "Every pre-registered claim's paired differences on its metric, its test, verdict and power; Holm over the primary family, the secondary apart."
+    """Every pre-registered claim's paired differences on its metric, its test, verdict and power; Holm over the primary
+    family, the secondary apart."""
     out = {}
     for fam in ('primary', 'secondary'):
         rows = []
         for c in (c for c in pre.claims if c.family == fam):
-            r = ContrastResult(c.id, c.question, c.arm, c.other, c.task, f"{c.metric}{c.k or ''} of the {c.score} score", c.test, c.margin, family=fam)
+            r = ContrastResult(
+                c.id, c.question, c.arm, c.other, c.task, f"{c.metric}{c.k or ''} of the {c.score} score", c.test,
+                c.margin, family=fam
+            )
             d = claim_diffs(tasks[c.task], c) if c.task in tasks else []
             if len(d) > 1:
                 p, tests = paired(d, np.zeros(len(d))), claim_tests(np.asarray(d), c.margin, c.test)
@@ -354,8 +428,13 @@ def fake_report(finals:dict,             # {arm: its mean final held-out strict 
     lv = TASKS[task]['levels']
     arms = {a: arm_settings(a, arm_config(a), lv) | dict(controls={task: ARMS[a].control_for(lv)}) for a in finals}
     kw = {a: dict(window=d['window'], loss=d['loss_steps']) | (costs or {}).get(a, {}) for a, d in arms.items()}
-    per_seed = {str(s): {a: fake_run([base[s], *(base[s] + (f - .45) * rise + rng.normal(0, .012, n))], every=every, **kw[a])
-                         for a, f in finals.items()} for s in range(seeds)}
+    per_seed = {
+        str(s): {
+            a: fake_run([base[s], *(base[s] + (f - 0.45) * rise + rng.normal(0, 0.012, n))], every=every, **kw[a])
+            for a, f in finals.items()
+        }
+        for s in range(seeds)
+    }
     bases = {str(s): ({'overall': dict(strict=float(b), se=0.012, n=1200)}, None) for s, b in enumerate(base)}
     sec = task_section(task, per_seed, bases, list(finals), lv, steps=steps, eval_every=every)
     correct({task: sec})
@@ -366,25 +445,47 @@ def fake_report(finals:dict,             # {arm: its mean final held-out strict 
 
 # %% ../../nbs/study/04_summary.ipynb #774e4d12
 def verdict_sentence(c:ContrastResult) -> str:
-    "A judged claim's answer in plain words: yes / no / neither better nor worse / not decided, with its effect, interval and reach."
+    """A judged claim's answer in plain words: yes / no / neither better nor worse / not decided, with its effect,
+    interval and reach."""
     if not c.n: return f"{c.id}: {c.claim} Not run in this report."
     eff = f"{c.mean:+.3f} (95% CI [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}], {c.n} seeds)"
     at = f"α/m = {c.level:.2g}" if c.level else 'its level'
     hp = lambda t: f" (Holm-adjusted p = {c.p_holm[t]:.2g})" if (c.p_holm or {}).get(t) is not None else ''
     if c.verdict == 'holds' and c.kind == 'superiority':
-        size = ('and its lower bound at ' + at + f", {c.lower:+.3f}, clears the claimed {c.margin:g}" if c.clears else
-                f"but its lower bound at {at}, {c.lower:+.3f}, does not reach the claimed {c.margin:g}: above 0, not shown as large as claimed"
-                if c.lower is not None else '')
+        size = (
+            'and its lower bound at ' + at + f", {c.lower:+.3f}, clears the claimed {c.margin:g}"
+            if c.clears
+            else f"but its lower bound at {at}, {c.lower:+.3f}, does not reach the claimed {c.margin:g}: above 0, not "
+                 "shown as large as claimed"
+            if c.lower is not None
+            else ''
+        )
         said = f"**Yes**: by {eff}, above 0 at Holm's level{hp('holds')}" + (f", {size}" if size else '')
-    elif c.verdict == 'holds': said = f"**Yes**: {eff}, shown " + ("no worse than −" if c.kind == 'non-inferiority' else 'within ±') + f"{c.margin:g}"
+    elif c.verdict == 'holds':
+        said = (
+            f"**Yes**: {eff}, shown "
+            + ("no worse than −" if c.kind == 'non-inferiority' else 'within ±')
+            + f"{c.margin:g}"
+        )
     elif c.verdict == 'does not hold':
-        said = f"**No**: {eff}; an effect as large as " + ("the claimed " if c.kind == 'superiority' else '') + f"{c.margin:g} is excluded at Holm's level{hp('excluded')}"
-    elif c.verdict == 'equivalent': said = f"**Neither better nor worse**: {eff} lies within ±{c.margin:g}, by TOST at Holm's level{hp('equivalent' if c.kind != 'equivalence' else 'holds')}"
+        said = (
+            f"**No**: {eff}; an effect as large as "
+            + ("the claimed " if c.kind == 'superiority' else '')
+            + f"{c.margin:g} is excluded at Holm's level{hp('excluded')}"
+        )
+    elif c.verdict == 'equivalent':
+        at = hp('equivalent' if c.kind != 'equivalence' else 'holds')
+        said = f"**Neither better nor worse**: {eff} lies within ±{c.margin:g}, by TOST at Holm's level{at}"
     elif c.verdict in ('higher', 'lower'): said = f"**{c.verdict.capitalize()}**: {eff}, two-sided at Holm's level"
     else:
-        reach = (f"; these seeds detect {c.mde:.3f} with 80% power at {at}" if c.mde is not None else '; no spread between seeds to size it')
+        reach = (
+            f"; these seeds detect {c.mde:.3f} with 80% power at {at}"
+            if c.mde is not None
+            else '; no spread between seeds to size it'
+        )
         more = f", and the claimed {c.margin:g} would take {c.seeds_needed} seeds" if c.seeds_needed else ''
-        said = f"**Not decided at this power**: {eff} is neither shown above 0 nor shown to fall short of the claimed {c.margin:g}{reach}{more}"
+        said = (f"**Not decided at this power**: {eff} is neither shown above 0 nor shown to fall short of the "
+                f"claimed {c.margin:g}{reach}{more}")
     return f"{c.id}: {c.claim} {said}."
 
 
@@ -394,14 +495,17 @@ def add_fidelity(tasks:dict[str, TaskSection], rows:list[dict], arms:dict):
     for t, sec in tasks.items():
         mine = [r for r in rows if r.get('task') in (None, t)]
         for a, s in sec.arms.items():
-            rs = [r for r in mine if r['arm'] == a] or [r for r in mine if r.get('seed') is None and r['arm'] == arms[a]['method']]
+            rs = [r for r in mine if r['arm'] == a] or [
+                r for r in mine if r.get('seed') is None and r['arm'] == arms[a]['method']
+            ]
             if not rs: continue
             s.fidelity = dict(seeds=sorted(r['seed'] for r in rs if r.get('seed') is not None),
                               **{m: agg([r.get(m) for r in rs]) for m in FIDELITY_MEASURES})
 
 # %% ../../nbs/study/04_summary.ipynb #db21f6a2
 def fidelity_gain(sec:TaskSection, base:float) -> dict:
-    "{measure: (Kendall tau across arms of mean fidelity vs mean final strict score - `base`, arms)} for the measures arms have."
+    """{measure: (Kendall tau across arms of mean fidelity vs mean final strict score - `base`, arms)} for the measures
+    arms have."""
     out = {}
     for m in FIDELITY_MEASURES:
         arms = [a for a, s in sec.arms.items() if s.fidelity and s.fidelity.get(m) is not None]
