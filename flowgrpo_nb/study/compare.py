@@ -30,12 +30,12 @@ from ..config import GRPOConfig, config_diff, parse_overrides, run_config
 from ..checkpoint import RunFolder, FolderLock, read_json, write_json, write_text
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
 from flowgrpo_nb.study.design import (
-    ARMS, TASKS, BUDGETS, PREREG, budget_of, load_prereg, prereg_file, COSTS, LIMIT, CompareConfig, arm_settings,
+    ARMS, TASKS, BUDGETS, PREREG, CONTRASTS, budget_of, load_prereg, prereg_file, COSTS, LIMIT, CompareConfig, arm_settings,
     job_costs, schedule, estimate_cost, _eval_groups
 )
 from ..precision import machine_paths, resolve_fast, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
-from .summary import task_section, correct, evaluate_contrasts, evaluate_claims, add_fidelity, FAMILIES
+from .summary import task_section, correct, judge, add_fidelity, FAMILIES
 from .figures import report_figures
 from .report import findings, report_html, results_rows, markdown_table, claims_rows
 
@@ -533,17 +533,10 @@ def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -
     """The report of `sections`: Holm within families, the claims (a pre-registered study judges its own rows),
     fidelity, findings."""
     correct(sections)
-    report = Report(
-        format=FORMAT,
-        config=asdict(ccfg),
-        budget=budget_of(ccfg.budget),
-        setup=setup,
-        tasks=sections,
-        findings=[],
-        contrasts=evaluate_claims(sections, load_prereg(prereg_file()))
-        if BUDGETS[ccfg.budget]['seeds'] == 'prereg'
-        else evaluate_contrasts(sections),
-    )
+    pre = load_prereg(prereg_file()) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else None
+    claims, alpha = (pre.claims, pre.alpha) if pre else (CONTRASTS, 0.05)
+    report = Report(format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget), setup=setup, tasks=sections,
+                    findings=[], contrasts=judge(sections, claims, alpha))
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys
     report.findings = findings(report)

@@ -13,7 +13,7 @@ import dataclasses
 from flowgrpo_nb.study.stats import (
     kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, claim_power, lower_bound
 )
-from .design import ARMS, TASKS, METRICS, Contrast, CONTRASTS, Claim, Prereg, arm_config, arm_settings
+from .design import ARMS, TASKS, METRICS, CONTRASTS, Claim, Prereg, arm_config, arm_settings
 from flowgrpo_nb.study.results import (
     FIDELITY_MEASURES, agg, CurvePoint, RunResult, ArmSummary, Comparison, TaskSection, ContrastResult, Report, FORMAT,
     fake_run
@@ -22,9 +22,9 @@ from flowgrpo_nb.study.results import (
 # %% auto #0
 __all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'last_mean', 'steps_to', 'first_reach',
            'study_measures', 'plateau', 'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary',
-           'window_match', 'task_comparisons', 'correct', 'base_summary', 'task_section', 'contrast_values',
-           'run_metric', 'claim_diffs', 'power_fields', 'with_power', 'evaluate_contrasts', 'evaluate_claims',
-           'fake_report', 'verdict_sentence', 'add_fidelity', 'fidelity_gain']
+           'window_match', 'task_comparisons', 'correct', 'base_summary', 'task_section', 'run_total', 'run_metric',
+           'claim_diffs', 'power_fields', 'with_power', 'judge', 'fake_report', 'verdict_sentence', 'add_fidelity',
+           'fidelity_gain']
 
 # %% ../../nbs/study/04_summary.ipynb #4232d228
 def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -> float|None:
@@ -330,17 +330,9 @@ def _final(r: RunResult, metric: str) -> float | None:
     return r.heldout['overall']['strict'] if metric == 'strict' else r.learned_score
 
 
-def contrast_values(sec:TaskSection, c:Contrast) -> tuple[list, list]:
-    """Per seed (both arms ran): the arm's score (final, or at `c.at` of the reference's final) and the reference's
-    final score."""
-    xs, ys, score = [], [], 'eval' if c.metric == 'strict' else 'learned'
-    for runs in sec.per_seed.values():
-        if c.arm not in runs or c.other not in runs: continue
-        a, o = runs[c.arm], runs[c.other]
-        if c.at is None: x = _final(a, c.metric)
-        else: x = curve_at(a.curve, c.at[1] * (o.steps if c.at[0] == 'step' else o.total_cpu_seconds), c.at[0], score)
-        xs.append(x); ys.append(_final(o, c.metric))
-    return xs, ys
+def run_total(r:RunResult, unit:str) -> float:
+    "What run `r` spent in all, in `unit`: 'step' (optimizer steps), 'seconds' (process CPU seconds) or 'nfe'."
+    return {'step': r.steps, 'seconds': r.total_cpu_seconds, 'nfe': r.total_nfe}[unit]
 
 # %% ../../nbs/study/04_summary.ipynb #352b76cb
 def run_metric(run:RunResult, metric:str, score:str='strict', k:int|None=None, target:float|None=None) -> float|None:
@@ -355,10 +347,13 @@ def run_metric(run:RunResult, metric:str, score:str='strict', k:int|None=None, t
 def claim_diffs(sec:TaskSection, c:Claim) -> list[float]:
     """The claim's paired differences over the seeds where both arms ran and have the metric, positive in the claim's
     favour."""
-    sign, out = 1 if METRICS[c.metric]['higher'] else -1, []
+    sign, out, s = 1 if METRICS[c.metric]['higher'] else -1, [], 'eval' if c.score == 'strict' else 'learned'
     for runs in sec.per_seed.values():
         if c.arm not in runs or c.other not in runs: continue
-        x, y = (run_metric(runs[a], c.metric, c.score, c.k, c.target) for a in (c.arm, c.other))
+        a, o = runs[c.arm], runs[c.other]
+        if c.at is None: x = run_metric(a, c.metric, c.score, c.k, c.target)
+        else: x = curve_at(a.curve, c.at[1] * run_total(o, c.at[0]), c.at[0], s)
+        y = run_metric(o, c.metric, c.score, c.k, c.target)
         if x is not None and y is not None: out.append(sign * (x - y))
     return out
 
@@ -372,51 +367,39 @@ def power_fields(c:ContrastResult, m:int, alpha:float=0.05) -> dict:
                 clears=None if lower is None else c.verdict == 'holds' and lower > c.margin)
 
 def with_power(contrasts:list[ContrastResult], alpha:float=0.05) -> list[ContrastResult]:
-    """The claims, those that ran with their power statements at the Holm level of their family (new records); a
-    pre-registered claim (`family` set) keeps the statement `evaluate_claims` made at its own family's level."""
+    """The claims, those that ran with their power statements at the Holm level of their family (new records): for a
+    report written before `judge` stated them; a claim with a `family` keeps the statement `judge` made."""
     m = sum(1 for c in contrasts if c.n and not c.family)
     return [dataclasses.replace(c, **power_fields(c, m, alpha)) if c.n and not c.family else c for c in contrasts]
 
 # %% ../../nbs/study/04_summary.ipynb #945a6a26
-def evaluate_contrasts(tasks:dict[str, TaskSection], contrasts=CONTRASTS) -> list[ContrastResult]:
-    "Every claim's paired difference, tests, verdict and power statement; the claims that ran are one Holm family."
-    out, rows = [], []
-    for c in contrasts:
-        r = ContrastResult(c.id, c.claim, c.arm, c.other, c.task, c.metric, c.kind, c.margin,
-                           at=None if c.at is None else list(c.at))
-        x, y = contrast_values(tasks[c.task], c) if c.task in tasks else ([], [])
-        if x and None not in x + y:
-            d = paired(x, y)
-            tests = claim_tests(np.subtract(x, y), c.margin, c.kind)
-            r.n, r.mean, r.sd, r.ci, r.diffs = d['n'], d['mean'], d['sd'], d['ci'], d['diffs']
-            r.p = tests['holds'] if c.kind != 'two-sided' else d['p']
-            rows.append((r, dict(kind=c.kind, mean=d['mean'], tests=tests)))
-        out.append(r)
-    for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows])): r.verdict, r.p_holm = v['verdict'], v['p_holm']
-    return with_power(out)
+def _record(c:Claim) -> ContrastResult:
+    "The record of claim `c` before it is judged; the exploratory table's as report.json has always had it."
+    if c.family == 'exploratory':
+        return ContrastResult(c.id, c.question, c.arm, c.other, c.task, c.score, c.test, c.margin,
+                              at=None if c.at is None else list(c.at))
+    return ContrastResult(c.id, c.question, c.arm, c.other, c.task, f"{c.metric}{c.k or ''} of the {c.score} score",
+                          c.test, c.margin, family=c.family)
 
-# %% ../../nbs/study/04_summary.ipynb #43814489
-def evaluate_claims(tasks:dict[str, TaskSection], pre:Prereg) -> list[ContrastResult]:
-    """Every pre-registered claim's paired differences on its metric, its test, verdict and power; Holm over the primary
-    family, the secondary apart."""
-    out = {}
-    for fam in ('primary', 'secondary'):
+def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05) -> list[ContrastResult]:
+    """Every claim's paired differences, its test, Holm's correction within its family, verdict and power statement at
+    that family's level."""
+    out, families = {}, {}
+    for c in claims: families.setdefault(c.family, []).append(c)
+    for fam in families.values():
         rows = []
-        for c in (c for c in pre.claims if c.family == fam):
-            r = ContrastResult(
-                c.id, c.question, c.arm, c.other, c.task, f"{c.metric}{c.k or ''} of the {c.score} score", c.test,
-                c.margin, family=fam
-            )
+        for c in fam:
+            r = out[c.id] = _record(c)
             d = claim_diffs(tasks[c.task], c) if c.task in tasks else []
-            if len(d) > 1:
-                p, tests = paired(d, np.zeros(len(d))), claim_tests(np.asarray(d), c.margin, c.test)
-                r.n, r.mean, r.sd, r.ci, r.diffs, r.p = p['n'], p['mean'], p['sd'], p['ci'], p['diffs'], tests['holds']
-                rows.append((r, dict(kind=c.test, mean=p['mean'], tests=tests)))
-            out[c.id] = r
-        for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows], pre.alpha)):
+            if len(d) < 2: continue
+            p, tests = paired(d, np.zeros(len(d))), claim_tests(np.asarray(d), c.margin, c.test)
+            r.n, r.mean, r.sd, r.ci, r.diffs = p['n'], p['mean'], p['sd'], p['ci'], p['diffs']
+            r.p = p['p'] if c.test == 'two-sided' else tests['holds']
+            rows.append((r, dict(kind=c.test, mean=p['mean'], tests=tests)))
+        for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows], alpha)):
             r.verdict, r.p_holm = v['verdict'], v['p_holm']
-            for k, x in power_fields(r, len(rows), pre.alpha).items(): setattr(r, k, x)
-    return [out[c.id] for c in pre.claims]
+            for k, x in power_fields(r, len(rows), alpha).items(): setattr(r, k, x)
+    return [out[c.id] for c in claims]
 
 # %% ../../nbs/study/04_summary.ipynb #8ae74aad
 def fake_report(finals:dict,             # {arm: its mean final held-out strict score}
@@ -441,7 +424,7 @@ def fake_report(finals:dict,             # {arm: its mean final held-out strict 
     setup = dict(budget='study', steps=steps, prompts_per_step=2, group_size=8, seeds=list(range(seeds)),
                  evaluation=dict(images=1200, every=every),
                  tasks={task: dict(about=TASKS[task]['about'], arms=list(finals))}, arms=arms)
-    return Report(format=FORMAT, setup=setup, tasks={task: sec}, findings=[], contrasts=evaluate_contrasts({task: sec}))
+    return Report(format=FORMAT, setup=setup, tasks={task: sec}, findings=[], contrasts=judge({task: sec}, CONTRASTS))
 
 # %% ../../nbs/study/04_summary.ipynb #774e4d12
 def verdict_sentence(c:ContrastResult) -> str:
