@@ -18,7 +18,7 @@ from .processes import stop_on_signals, Stopped, stopped, running_as, invoked
 COMMANDS = {
     'demo': 'flowgrpo_nb.flow.demo', 'pretrain': 'flowgrpo_nb.tiny.pretrain_cli',
     'eval-tiny': 'flowgrpo_nb.card.evaluate_cli', 'train': 'flowgrpo_nb.train.train_cli',
-    'compare': 'flowgrpo_nb.study.compare.compare_cli', 'train-score': 'flowgrpo_nb.score.train_score_cli',
+    'compare': 'flowgrpo_nb.study.job.compare_cli', 'train-score': 'flowgrpo_nb.score.train_score_cli',
     'app': 'flowgrpo_nb.app.app_cli', 'fidelity': 'flowgrpo_nb.study.fidelity_report.fidelity_cli'
 }
 

@@ -405,7 +405,8 @@ def config_help() -> str:
     docs = {k: v for c in (CreditConfig, RolloutConfig, GRPOConfig) for k, v in docments(c).items() if v}
     hints, d = typing.get_type_hints(GRPOConfig), GRPOConfig().to_dict()
     fmt = lambda t: ' or '.join('None' if a is type(None) else a.__name__ for a in field_types(t))
-    return '\n'.join(f"  {n} ({fmt(hints[n])}, default {d[n]!r}): {docs.get(n) or ''}" for n in hints)
+    one_line = lambda s: ' '.join((s or '').split())  # a help written above its field spans lines
+    return '\n'.join(f"  {n} ({fmt(hints[n])}, default {d[n]!r}): {one_line(docs.get(n))}" for n in hints)
 
 # %% ../nbs/05c_config.ipynb #547590cf
 def lr_at(cfg:GRPOConfig, i:int) -> float:

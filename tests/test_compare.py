@@ -9,11 +9,13 @@ from safetensors.torch import load_file
 
 from flowgrpo_nb.precision import resolve_fast
 from flowgrpo_nb.study.design import ARMS, SMOKE, arm_config, arm_settings, CompareConfig, job_costs, estimate_cost
-from flowgrpo_nb.study.compare import EVAL_SEED, base_eval, compare, compare_cli, _train_one
+from flowgrpo_nb.study.compare import EVAL_SEED, base_eval, compare, _train_one
+from flowgrpo_nb.study.job import compare_cli
 from flowgrpo_nb.study.results import Report, heldout, run_report
 from flowgrpo_nb.study.summary import first_reach
 from flowgrpo_nb.study.summary import task_section, correct
-from flowgrpo_nb.study.report import findings, results_markdown
+from flowgrpo_nb.study.report import findings
+from flowgrpo_nb.study.page import results_markdown
 from flowgrpo_nb.config import GRPOConfig
 from flowgrpo_nb.checkpoint import RunFolder
 from flowgrpo_nb.task import Task, EvalReport, evaluate_policy, load_policy, reward_report
@@ -325,7 +327,7 @@ def test_the_study_at_smoke_sizes(tmp_path):
 
 def test_a_format_2_report_of_an_earlier_version_reads_and_renders():
     "tests/data/report_format2.json, written by the version before the split: it reads as records without the study's measures, and renders."
-    from flowgrpo_nb.study.report import study_rows
+    from flowgrpo_nb.study.page import study_rows
     d = json.loads((Path(__file__).parent/'data'/'report_format2.json').read_text())
     rep = Report.from_json(d)
     assert rep.format == 2 and rep.tasks['geneval'].arms['dense'].auc is None and study_rows(rep, 'geneval')[1] == []
@@ -335,7 +337,8 @@ def test_a_format_2_report_of_an_earlier_version_reads_and_renders():
 
 
 def test_a_report_json_that_is_not_an_object_is_one_sentence(task, tmp_path):
-    from flowgrpo_nb.study.compare import earlier_invocations, read_invocations
+    from flowgrpo_nb.study.compare import earlier_invocations
+    from flowgrpo_nb.study.record import read_invocations
     (tmp_path/'report.json').write_text('[1, 2]')
     with pytest.raises(ValueError, match=r"report.json holds a JSON list, not a comparison report \(an object\); move it away or use another --out$"):
         compare(tmp_path, CompareConfig(**ONE), task=task, policy=load_policy('tiny'), progress=False, workers=1)

@@ -1,4 +1,4 @@
-"""Worker processes for the comparison's jobs: forked from a server that imported the package once, each ending with the command that started it.
+"""Worker processes for the comparison's jobs, forked from a server, each ending with the command that started it.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/pool.html.md"""
 
