@@ -57,10 +57,10 @@ def test_the_study_verdicts_agree_with_their_power():
 
 def test_the_confirm_budget_runs_the_prereg_seeds_and_arms(tmp_path, monkeypatch):
     "Budget confirm takes its seeds and arms from the pre-registration file; without the file, one sentence that names it."
-    from flowgrpo_nb import design
+    from flowgrpo_nb.study import design
     from flowgrpo_nb.study.design import CompareConfig, budget_of
     p = tmp_path/'confirm_prereg.toml'
-    monkeypatch.setattr(design, 'prereg_file', lambda: p)
+    monkeypatch.setattr(design, 'prereg_file', lambda *a, **k: p)
     with pytest.raises(ValueError, match=f"budget 'confirm' runs the seeds and arms of the pre-registration {p}, which does not exist"):
         CompareConfig('confirm')
     p.write_text('[seeds]\ngeneval = [2000, 2001, 2002]\n\n' + row('D1', arm='dense', sd=0.03) + row('T2', arm='turning_point', other='dense_nocal', family='secondary'))
@@ -70,3 +70,45 @@ def test_the_confirm_budget_runs_the_prereg_seeds_and_arms(tmp_path, monkeypatch
     assert c.train_config('dense', 2000).steps == budget_of('confirm')['steps'] and not c.train_config('dense', 2000).fast
     p.write_text('[seeds]\ngeneval = [2000]\n\n' + row('D3', other='dense_nocal').replace('"geneval"', '"score"'))
     with pytest.raises(ValueError, match=r"claim 1 \(D3\): task 'score' has no seeds in \[seeds\]"): load_prereg(p)
+
+def test_a_budget_reads_each_arms_steps_from_its_claims(tmp_path):
+    """Equal compute fixed by step counts: an arm a claim reads further (`other_steps`) trains that far, the others the
+    budget's steps; the runs are scheduled seed by seed; a claim reads each run up to its own step."""
+    from flowgrpo_nb.study.design import CompareConfig, job_costs, schedule, BUDGETS
+    from flowgrpo_nb.study.summary import claim_diffs, judge, last_mean
+    from flowgrpo_nb.study.results import fake_run, TaskSection
+    p = tmp_path/'credit_prereg.toml'
+    p.write_text('[seeds]\ngeneval = [5000, 5001]\n\n'
+                 + row('C1', other='flow_grpo_train4', metric='last_mean', claim='level', k=2, other_steps=100)
+                 + row('C2', metric='last_mean', claim='level', k=2, other_steps=225))
+    c = CompareConfig('credit', prereg=str(p))
+    assert [c.train_config(a, 5000, 'geneval').steps for a in ('flow_grpo', 'dense', 'flow_grpo_train4')] == [225, 100, 100]
+    order = schedule(job_costs(c), 2, by_seed=True)[0]
+    seed = lambda k: k[2] if k[0] == 'base' else k[1]
+    assert [seed(k) for k in order] == sorted(seed(k) for k in order), 'every job of seed 5000 before any of 5001'
+    assert BUDGETS['credit']['by_seed'] and not BUDGETS['confirm'].get('by_seed')
+    # reading the runs: Flow-GRPO to step 225 for C2, to step 100 for C1's control row
+    flow = fake_run([.5, .55, .6, .62, .64, .65, .66, .67, .68, .69], every=25)   # steps 0..225
+    dense, train4 = fake_run([.5, .6, .64, .66, .67], every=25), fake_run([.5, .58, .62, .63, .65], every=25)
+    sec = TaskSection('geneval', 'few', arms={}, base={}, comparisons=[],
+                      per_seed={'0': dict(flow_grpo=flow, dense=dense, flow_grpo_train4=train4)})
+    pre = load_prereg(p)
+    by = {k.id: k for k in pre.claims}
+    assert claim_diffs(sec, by['C2']) == [pytest.approx(last_mean(dense.curve, 2) - (.68 + .69) / 2)]
+    assert by['C2'].read == 'flow_grpo to step 225'
+    three = load_prereg(p).claims + [dataclasses.replace(by['C1'], id='C3', arm='flow_grpo_train4', other='flow_grpo')]
+    assert claim_diffs(sec, three[-1]) == [pytest.approx((.63 + .65) / 2 - (.62 + .64) / 2)], 'Flow-GRPO read to step 100'
+    assert [r.read for r in judge({'geneval': sec}, three)] == ['flow_grpo_train4 to step 100', 'flow_grpo to step 225',
+                                                                   'flow_grpo to step 100']
+
+def test_equal_compute_reads_both_runs_at_what_the_cheaper_spent(tmp_path):
+    "A post hoc row reads both curves, interpolated, at the smaller of the two runs' total CPU seconds (or NFE)."
+    from flowgrpo_nb.study.design import equal_compute, CONTRASTS
+    from flowgrpo_nb.study.summary import claim_diffs, curve_at
+    from flowgrpo_nb.study.results import fake_run, TaskSection
+    flow, dense = fake_run([.5, .55, .6, .62, .64], every=25, cpu=2.0), fake_run([.5, .6, .64, .66, .67], every=25, cpu=5.0)
+    sec = TaskSection('geneval', 'few', arms={}, base={}, comparisons=[], per_seed={'0': dict(flow_grpo=flow, dense=dense)})
+    d1 = next(c for c in equal_compute(CONTRASTS) if c.id == 'D1@cpu')
+    t = min(flow.total_cpu_seconds, dense.total_cpu_seconds)
+    assert t == flow.total_cpu_seconds and 0 < t < dense.total_cpu_seconds
+    assert claim_diffs(sec, d1) == [pytest.approx(curve_at(dense.curve, t, 'seconds') - flow.curve[-1].eval)]

@@ -25,7 +25,7 @@ from ..config import GRPOConfig, config_diff, run_config
 from ..checkpoint import RunFolder, FolderLock, read_json, write_json, write_text
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
 from flowgrpo_nb.study.design import (
-    ARMS, TASKS, BUDGETS, CONTRASTS, budget_of, load_prereg, prereg_file, CompareConfig,
+    ARMS, TASKS, BUDGETS, CONTRASTS, equal_compute, budget_of, load_prereg, prereg_file, CompareConfig,
     arm_settings, job_costs, schedule, estimate_cost, _eval_groups
 )
 from flowgrpo_nb.study.record import (
@@ -316,7 +316,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         out.mkdir(parents=True, exist_ok=True)
         (out/'compare.json').write_text(json.dumps(asdict(ccfg), indent=1))
         t0, c0 = time.perf_counter(), time.process_time()
-        jobs = schedule(costs, workers)[0]
+        jobs = schedule(costs, workers, BUDGETS[ccfg.budget].get('by_seed', False))[0]
         runs = [k for k in jobs if k[0] != 'base']
         # wall_seconds counts only the rest
         reused = [k for k in runs if finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0]))]
@@ -420,7 +420,7 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
         + ')',
         step_time_ratio=STEP_TIME_RATIO,
         precision=out and run_paths(out, ccfg),
-    ) | (dict(prereg=prereg_record(out)) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else {})
+    ) | (dict(prereg=prereg_record(out, ccfg)) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else {})
 
 def build_report(
     ccfg: CompareConfig, out: Path, tasks: dict, bases: dict, given: bool = False, fidelity: list | None = None
@@ -445,9 +445,10 @@ def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -
     """The report of `sections`: Holm within families, the claims (a pre-registered study judges its own rows),
     fidelity, findings."""
     correct(sections)
-    pre = load_prereg(prereg_file()) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else None
+    pre = load_prereg(prereg_file(ccfg.budget, ccfg.prereg)) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else None
     claims, alpha = (pre.claims, pre.alpha) if pre else (CONTRASTS, 0.05)
-    report = Report(format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget), setup=setup, tasks=sections,
+    claims = [*claims, *equal_compute(claims)]  # post hoc: the level claims again at equal CPU seconds and NFE
+    report = Report(format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget, ccfg.prereg), setup=setup, tasks=sections,
                     findings=[], contrasts=judge(sections, claims, alpha))
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys

@@ -8,12 +8,13 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/design.html.md"""
 __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'EXPLORATORY', 'DEFAULT_ARMS', 'STUDY_ARMS', 'BUDGETS', 'SMOKE', 'METRICS', 'ENDPOINTS',
            'PREREG', 'AT_UNITS', 'CONTRASTS', 'COSTS', 'REFERENCE', 'UNIT_ROWS', 'ZERO_SHARE', 'LIMIT', 'Arm',
            'arm_config', 'arm_settings', 'prereg_file', 'budget_of', 'budget_fields', 'CompareConfig', 'Claim',
-           'Prereg', 'contrast_label', 'load_prereg', 'prereg_seeds', 'prereg_arms', 'path_seconds', 'run_path',
-           'unit_costs', 'step_cost', 'eval_cost', 'n_evals', 'run_cost', 'job_costs', 'schedule', 'estimate_cost']
+           'Prereg', 'contrast_label', 'equal_compute', 'load_prereg', 'prereg_seeds', 'prereg_steps', 'prereg_arms',
+           'path_seconds', 'run_path', 'unit_costs', 'step_cost', 'eval_cost', 'n_evals', 'run_cost', 'job_costs',
+           'schedule', 'estimate_cost']
 
 # %% ../../nbs/study/01_design.ipynb #c862115e
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from ..rollout import lookahead_nfe, bad_field
 from ..config import GRPOConfig, preset_config
 from ..precision import machine_paths, resolve_fast, path_name
@@ -151,9 +152,10 @@ BUDGETS = {
         seeds=dict(geneval=tuple(range(8)), score=tuple(range(5))), steps=150, eval_every=25, eval_images=1200,
         arms=STUDY_ARMS, train=EXPLORATORY
     ),
-    # seeds and arms: the pre-registration's
+    # seeds and arms: the pre-registration's (`prereg`, a path in the repository's checkout)
     'confirm': dict(
         seeds='prereg',
+        prereg='design/confirm_prereg.toml',
         steps=100,
         eval_every=25,
         eval_images=1200,
@@ -162,38 +164,47 @@ BUDGETS = {
         # fp32 eager on every CPU: a run is one computation wherever it is retrained
         train=_TRAIN | dict(fast=False),
     ),
+    # the second confirmatory study (is it the credit?): an arm trains longer where a claim reads it further
+    # (`prereg_steps`), the evaluation is smaller (training seeds, not images, dominate the spread), and the jobs run
+    # seed by seed, so that a seed's arms are trained by one commit, interleaved
+    'credit': dict(
+        seeds='prereg', prereg='design/credit_prereg.toml', steps=100, eval_every=25, eval_images=600, arms='prereg',
+        save_every=25, by_seed=True, train=_TRAIN | dict(fast=False),
+    ),
 }
 # its sizes as overrides
 SMOKE = dict(BUDGETS['smoke']['train'], **{k: BUDGETS['smoke'][k] for k in ('steps', 'eval_every', 'eval_images')})
 
 # %% ../../nbs/study/01_design.ipynb #511f4bce
-def prereg_file():
-    "Where the pre-registration lives: `PREREG` in the checkout this package was installed from."
-    import flowgrpo_nb
+def prereg_file(budget:str='confirm', path:str|None=None):
+    """The pre-registration budget `budget` runs (`path` if given): its file in the repository's checkout, found from
+    the working folder up, else beside the package's source."""
     from pathlib import Path
-    return Path(flowgrpo_nb.__file__).resolve().parent.parent / PREREG
+    import flowgrpo_nb
+    if path is not None: return Path(path)
+    rel = BUDGETS[budget].get('prereg', PREREG)
+    roots = [Path.cwd(), *Path.cwd().parents, Path(flowgrpo_nb.__file__).resolve().parent.parent]
+    return next((r/rel for r in roots if (r/rel).is_file()), roots[-1]/rel)
 
-def budget_of(name:str) -> dict:
-    """Budget `name` of `BUDGETS`, its seeds and arms read from the pre-registration where it says 'prereg' (the
-    confirmatory study's)."""
+def budget_of(name:str, prereg:str|None=None) -> dict:
+    """Budget `name` of `BUDGETS`, its seeds, arms and each arm's steps read from its pre-registration where it says
+    'prereg' (`prereg`: another file than the budget's)."""
     b = BUDGETS[name]
     if b['seeds'] != 'prereg': return b
-    f = prereg_file()
+    f = prereg_file(name, prereg)
     if not f.exists():
-        raise ValueError(
-            f"budget {name!r} runs the seeds and arms of the pre-registration {f}, which does not exist: "
-            "write it with benchmarks/prereg.py --write in the repository's checkout"
-        )
+        raise ValueError(f"budget {name!r} runs the seeds and arms of the pre-registration {f}, which does not exist: "
+                         "run from the repository's checkout (or give --prereg FILE)")
     pre = load_prereg(f)
     if not pre.seeds: raise ValueError(f"{f}: no [seeds]: budget {name!r} runs the seeds the pre-registration fixes")
-    return b | dict(seeds={t: tuple(s) for t, s in pre.seeds.items()}, arms=prereg_arms(pre))
+    return b | dict(seeds={t: tuple(s) for t, s in pre.seeds.items()}, arms=prereg_arms(pre), steps_of=prereg_steps(pre))
 
-def budget_fields(b:dict, seed:int, task:str) -> dict:
-    """The `GRPOConfig` fields budget `b` gives every run of `seed` in `task` (seeds and arms aside: `budget_of` reads
-    those)."""
+def budget_fields(b:dict, seed:int, task:str, arm:str|None=None) -> dict:
+    """The `GRPOConfig` fields budget `b` (as `budget_of` returns it) gives the run of `arm` and `seed` in `task`."""
+    steps = (b.get('steps_of') or {}).get(task, {}).get(arm, b['steps'])
     return {
-        **b['train'], 'steps': b['steps'], 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
-        'eval_start': False, 'save_every': b.get('save_every', b['steps']), 'seed': seed,
+        **b['train'], 'steps': steps, 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
+        'eval_start': False, 'save_every': b.get('save_every', steps), 'seed': seed,
         'reward': TASKS[task]['reward']
     }
 
@@ -208,9 +219,10 @@ class CompareConfig:
     overrides:dict=field(default_factory=dict)  # GRPOConfig fields applied to every run
     # a fidelity.json (flowgrpo fidelity): the report draws each arm's credit fidelity against its gain
     fidelity:str|None=None
+    prereg:str|None=None         # the pre-registration of a 'prereg' budget (None: the budget's file in the checkout)
     def __post_init__(self):
         if self.budget not in BUDGETS: bad_field(self, 'budget', self.budget, ', '.join(BUDGETS))
-        b = budget_of(self.budget)
+        b = budget_of(self.budget, self.prereg)
         s = b['seeds'] if self.seeds is None else self.seeds
         self.seeds = {t: tuple(v) for t, v in s.items()} if isinstance(s, dict) else tuple(s)
         self.tasks = tuple(b['arms'] if self.tasks is None else self.tasks)
@@ -223,12 +235,11 @@ class CompareConfig:
     def all_seeds(self) -> tuple: return tuple(sorted({s for t in self.tasks for s in self.task_seeds(t)}))
     def task_arms(self, task:str) -> tuple:
         "The arms run in `task`."
-        return self.arms or budget_of(self.budget)['arms'][task]
+        return self.arms or budget_of(self.budget, self.prereg)['arms'][task]
     def train_config(self, arm:str, seed:int, task:str|None=None) -> GRPOConfig:
         "The `GRPOConfig` of `arm` in `task` (default: the first) under this budget."
-        return arm_config(
-            arm, **budget_fields(BUDGETS[self.budget], seed, task or self.tasks[0]), overrides=self.overrides
-        )
+        b = budget_of(self.budget, self.prereg)
+        return arm_config(arm, **budget_fields(b, seed, task or self.tasks[0], arm), overrides=self.overrides)
 
 # %% ../../nbs/study/01_design.ipynb #bc5c6093
 def _check_compare(c:CompareConfig):
@@ -290,10 +301,23 @@ class Claim:
     note:str|None=None            # why the row is where it is (e.g. moved to the secondary family: the seeds it asks)
     # final only: the arm's score read at ('step' | 'seconds', f): f x the other's final; None: the arm's own final
     at:tuple|None=None
+    # final only: both runs read at the smaller of their totals in this unit, 'seconds' (CPU) or 'nfe': equal compute
+    equal:str|None=None
+    arm_steps:int|None=None       # the arm's curve read up to this step (None: to its end)
+    other_steps:int|None=None     # the other's curve read up to this step: equal compute fixed by step counts
     @property
     def contrast(self) -> tuple:
-        "What two rows must not share: the arms (either order), task, metric, score and where the arm is read."
-        return tuple(sorted((self.arm, self.other))), self.task, self.metric, self.score, self.at
+        "What two rows must not share: the arms (either order), task, metric, score and where each run is read."
+        return (tuple(sorted((self.arm, self.other))), self.task, self.metric, self.score, self.at, self.equal,
+                self.arm_steps, self.other_steps)
+    @property
+    def read(self) -> str|None:
+        "Where the runs are read, in words (None: each to its end, at equal steps when they ran as many)."
+        if self.equal: return f"at equal {AT_UNITS[self.equal]}"
+        if self.arm_steps or self.other_steps:
+            ends = ((self.arm, self.arm_steps), (self.other, self.other_steps))
+            return ' and '.join(f"{a} to step {s}" for a, s in ends if s)
+        return None
 
 @dataclass
 class Prereg:
@@ -303,12 +327,13 @@ class Prereg:
     def primary(self) -> list: return [c for c in self.claims if c.family == 'primary']
 
 # %% ../../nbs/study/01_design.ipynb #ac863091
-# where a contrast can read the arm's curve: a fraction of the reference's final
-AT_UNITS = dict(step='steps', seconds='CPU seconds')
+# where a contrast can read the arm's curve: a fraction of the reference's final (or both runs: `Claim.equal`)
+AT_UNITS = dict(step='steps', seconds='CPU seconds', nfe='NFE')
 
-def contrast_label(arm:str, other:str, at=None) -> str:
-    "`arm − other`, and where the arm's score is read when not at the end of its run."
-    return f"{arm} − {other}" + (f" ({arm} at {at[1]:.2g} × {other}'s {AT_UNITS[at[0]]})" if at else '')
+def contrast_label(arm:str, other:str, at=None, read:str|None=None) -> str:
+    "`arm − other`, and where the runs are read when not each at its end (`at`; `read`: `Claim.read`)."
+    return (f"{arm} − {other}" + (f" ({arm} at {at[1]:.2g} × {other}'s {AT_UNITS[at[0]]})" if at else '')
+            + (f" ({read})" if read else ''))
 
 # %% ../../nbs/study/01_design.ipynb #a7229c31
 def _row(id:str, claim:str, arm:str, other:str, task:str, score:str='strict', kind:str='superiority',
@@ -347,6 +372,21 @@ CONTRASTS = (
     ),
 )
 
+# %% ../../nbs/study/01_design.ipynb #9b37e3b3
+def equal_compute(claims:list[Claim]) -> list[Claim]:
+    """Every level claim read at equal CPU seconds and at equal NFE (both runs at what the cheaper spent in all): post
+    hoc rows, one Holm family of their own, each with its claim's test and margin."""
+    out, seen = [], set()
+    for c in claims:
+        key = (c.arm, c.other, c.task, c.score)
+        if c.claim != 'level' or c.at or c.equal or c.arm_steps or c.other_steps or key in seen: continue
+        seen.add(key)
+        q, end = c.question.rstrip('?.'), '?' if c.question.endswith('?') else ''
+        for unit, tag in (('seconds', 'cpu'), ('nfe', 'nfe')):
+            out.append(replace(c, id=f'{c.id}@{tag}', question=f'{q}, at equal {AT_UNITS[unit]}{end}', metric='final',
+                               k=None, equal=unit, family='post hoc', sd=None, sd_from=None, note=None))
+    return out
+
 # %% ../../nbs/study/01_design.ipynb #f3197e51
 def _claim_problem(c:Claim) -> str|None:
     "What is wrong with one row of a pre-registration (None: nothing)."
@@ -373,6 +413,14 @@ def _claim_problem(c:Claim) -> str|None:
     if c.at is not None and (c.metric != 'final' or len(c.at) != 2 or c.at[0] not in AT_UNITS or not num(c.at[1])
                              or not c.at[1] > 0):
         return f"at {c.at!r}: with metric final, [unit, fraction > 0], the unit one of {', '.join(AT_UNITS)}"
+    if c.equal is not None and (c.equal not in ('seconds', 'nfe') or c.metric != 'final' or c.at is not None):
+        return f"equal {c.equal!r}: 'seconds' or 'nfe', with metric final and no `at`"
+    for f in ('arm_steps', 'other_steps'):
+        v = getattr(c, f)
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return f"{f} {v!r}: a whole number of steps >= 1, or absent"
+    if (c.arm_steps or c.other_steps) and (c.at is not None or c.equal is not None):
+        return "arm_steps/other_steps with `at` or `equal`: one way of reading the runs per row"
     return None
 
 def load_prereg(path) -> Prereg:
@@ -410,7 +458,8 @@ def load_prereg(path) -> Prereg:
             or {'id', 'question', 'arm', 'other', 'task', 'claim', 'metric', 'test', 'margin'} - set(row)
         ):
             raise bad(f"{where} has fields {sorted(row)}: required id, question, arm, other, task, claim, metric, "
-                      "test, margin; optional family, score, k, target, sd, sd_from, note, at")
+                      "test, margin; optional family, score, k, target, sd, sd_from, note, at, equal, arm_steps, "
+                      "other_steps")
         c = Claim(**{k: tuple(v) if k == 'at' and isinstance(v, list) else v for k, v in row.items()})
         if why := _claim_problem(c): raise bad(f"{where}: {why}")
         if c.id in {x.id for x in claims}: raise bad(f"{where} repeats the id {c.id!r}")
@@ -441,6 +490,14 @@ def prereg_seeds(pre:Prereg, sds:dict|None=None) -> dict:
         m=len(prim), level=level, rows=rows, task_seeds={t: None if None in v else max(v) for t, v in per_task.items()}
     )
 
+
+def prereg_steps(pre:Prereg) -> dict:
+    "{task: {arm: steps}}: the arms a claim reads further than the budget's steps (`Claim.arm_steps`, `other_steps`)."
+    out = {}
+    for c in pre.claims:
+        for a, s in ((c.arm, c.arm_steps), (c.other, c.other_steps)):
+            if s: out.setdefault(c.task, {})[a] = max(s, out.get(c.task, {}).get(a, 0))
+    return out
 
 def prereg_arms(pre:Prereg) -> dict:
     """{task: arms}: Flow-GRPO (the reference every report reads) and every arm a claim of the task names, in the file's
@@ -489,8 +546,9 @@ def step_cost(cfg:GRPOConfig, levels:str='few', timings:dict|None=None) -> dict:
     # the KL diagnostic: two no-grad passes, about one
     diag += cfg.minibatch / (B * cfg.kl_every) if cfg.kl_every and cfg.beta == 0 else 0
     c = unit_costs(cfg, timings)
+    n = int(cfg.loss_steps().sum())  # the steps the loss takes (flow_grpo_train4: 4 of its window's 9)
     return dict(rollout=B * cfg.K * c['rollout'], values=B * la * c['lookahead'],
-                update=B * (e - s) * c['update'] * (1 - ZERO_SHARE[levels] * skips + diag))
+                update=B * c['update'] * (n * (1 - ZERO_SHARE[levels] * skips) + (e - s) * diag))
 
 # %% ../../nbs/study/01_design.ipynb #1fe021f4
 def eval_cost(images:int, K:int, costs:dict) -> float: return images * K * costs['evaluation']  # costs: `unit_costs`
@@ -533,9 +591,11 @@ def job_costs(ccfg:CompareConfig, given:bool=False, timings:dict|None=None) -> d
     return jobs
 
 # %% ../../nbs/study/01_design.ipynb #1a9a3581
-def schedule(costs:dict, workers:int) -> tuple[list, float]:
-    "Jobs longest first, and the finish time when each goes to the first free worker."
-    order = sorted(costs, key=lambda k: -costs[k])
+def schedule(costs:dict, workers:int, by_seed:bool=False) -> tuple[list, float]:
+    """Jobs longest first (`by_seed`: seed by seed, each seed's longest first), and the finish time when each goes to the
+    first free worker."""
+    seed = lambda k: k[2] if k[0] == 'base' else k[1]  # ('base', evaluation, seed, task) or (task, seed, arm)
+    order = sorted(costs, key=lambda k: (seed(k) if by_seed else 0, -costs[k]))
     free = [0.0] * workers
     for k in order: free[free.index(min(free))] += costs[k]
     return order, max(free)
@@ -544,7 +604,7 @@ def estimate_cost(ccfg:CompareConfig, workers:int=2, timings:dict|None=None) -> 
     """Expected CPU seconds of `ccfg`'s comparison (jobs, workers, report) and its wall seconds on `workers`
     single-thread workers."""
     jobs = job_costs(ccfg, timings=timings)
-    _, span = schedule(jobs, workers)
+    _, span = schedule(jobs, workers, BUDGETS[ccfg.budget].get('by_seed', False))
     fixed = workers * COSTS['worker'] + COSTS['report']
     return dict(core_seconds=sum(jobs.values()) + fixed, wall_seconds=span + COSTS['worker'] + COSTS['report'],
                 workers=workers, limit_core_seconds=workers * LIMIT, limit_wall_seconds=LIMIT, jobs=len(jobs),

@@ -103,13 +103,13 @@ def fig_differences(report:Report, task:str|None=None) -> go.Figure:
 def fig_claims(report:Report) -> go.Figure:
     "The claims that ran (arm − reference, 95% CI over seeds) with their margins, coloured by verdict."
     cs = [c for c in report.contrasts if c.n][::-1]
-    labels = [f"{c.id}: {contrast_label(c.arm, c.other, c.at)}" for c in cs]
+    labels = [f"{c.id}: {contrast_label(c.arm, c.other, c.at, c.read)}" for c in cs]
     fig = _forest(go.Figure(), cs, labels, [c.verdict for c in cs])
     for i, c in enumerate(cs):
         for m in ((-c.margin,) if c.kind == 'non-inferiority' else (-c.margin, c.margin)):
             fig.add_shape(type='line', x0=m, x1=m, y0=i - 0.4, y1=i + 0.4, line=dict(color='#999', width=1))
     return fig.update_layout(
-        title='the claims: effect and 95% CI over seeds; ticks: ± margin; colour: the verdict (Holm over the table)',
+        title='the claims: effect and 95% CI over seeds; ticks: ± margin; colour: the verdict (Holm within each family)',
         xaxis_title='arm − reference',
     )
 

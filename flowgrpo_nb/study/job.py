@@ -85,8 +85,8 @@ def _estimate_line(e:dict) -> str:
 @call_parse
 def compare_cli(
     out: str = 'runs/compare',  # run folder of the comparison
-    # smoke (checks the job runs), default (the README's results), study (the exploratory study) or confirm
-    # (the pre-registered one)
+    # smoke (checks the job runs), default (the README's results), study (the exploratory study), confirm or credit
+    # (the pre-registered ones)
     budget: str = 'default',
     seeds: Annotated[int, "seeds (default: the budget's)", dict(nargs='+')] = None,
     tasks: Annotated[
@@ -109,11 +109,12 @@ def compare_cli(
     estimate: bool = False,  # print the expected cost of the comparison and exit
     # a fidelity.json (flowgrpo fidelity): each arm's credit fidelity against its gain
     fidelity: str = None,
+    prereg: str = None,  # a pre-registered budget's file (default: the budget's, in the repository's checkout)
 ):
     "Train the arms side by side on the embedded benchmark and write report.json / report.html."
     ccfg = CompareConfig(budget=budget, seeds=None if seeds is None else tuple(seeds),
                          tasks=_names(tasks), arms=_names(arms), overrides=parse_overrides(set),
-                         fidelity=fidelity)
+                         fidelity=fidelity, prereg=prereg)
     w = default_workers(len(job_costs(ccfg)), workers=workers or None)[0]
     over = over_limit_line(ccfg, Path(out), w, shrink=seeds is None)
     if over: print(over, file=sys.stderr if not estimate else sys.stdout)

@@ -158,7 +158,7 @@ def study_arms_rows(report:Report) -> tuple[list, list]:
 CLAIM_HEAD = ['id', 'claim', 'contrast', 'task', 'metric', 'effect [95% CI]', 'p (Holm)', 'margin', 'verdict', 'seeds',
               'MDE (80%, α/m)', 'seeds for the margin (α/m)']
 
-def _contrast(c) -> str: return contrast_label(c.arm, c.other, c.at)
+def _contrast(c) -> str: return contrast_label(c.arm, c.other, c.at, c.read)
 
 def verdict_text(c) -> str:
     """A claim's verdict in words; a superiority claim that holds says whether its lower bound at alpha / m clears the
@@ -457,8 +457,8 @@ def claims_summary(report:Report) -> str:
     """One paragraph of verdicts: the claims that hold, do not hold or are equivalent, and the reach of the undecided
     ones; a pre-registered study's, one sentence per family first: how many of its claims it decides."""
     cs = with_power(report.contrasts)
-    fams = list(dict.fromkeys(c.family for c in cs if c.family))
-    if not fams: return _verdicts([c for c in cs if c.n])
+    fams = list(dict.fromkeys(c.family for c in cs))
+    if fams == [None]: return _verdicts([c for c in cs if c.n])  # the study's table alone: one family
     return ' '.join(
         _family_line(f, [c for c in cs if c.family == f]) + ' ' + _verdicts([c for c in cs if c.family == f and c.n])
         for f in fams
@@ -467,8 +467,9 @@ def claims_summary(report:Report) -> str:
 
 def _family_line(f:str, cs:list) -> str:
     ran, dec = [c for c in cs if c.n], [c for c in cs if c.n and c.verdict in DECIDED]
-    holm = 'Holm over them' if f == 'primary' else 'Holm apart from the primary'
-    return (f"The {f} family ({len(cs)} claim{'s' * (len(cs) != 1)}, {holm}) decides {len(dec)} of {len(cs)}"
+    holm = dict(primary='Holm over them', exploratory='Holm over them', secondary='Holm apart from the primary')
+    holm = holm.get(f or 'exploratory', 'read after the runs, Holm within it')
+    return (f"The {f or 'exploratory'} family ({len(cs)} claim{'s' * (len(cs) != 1)}, {holm}) decides {len(dec)} of {len(cs)}"
             + (f"; {len(cs) - len(ran)} did not run" if len(ran) < len(cs) else '')
             + (f": {', '.join(f'{c.id} {c.verdict}' for c in dec)}." if dec else '.'))
 

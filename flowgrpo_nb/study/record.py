@@ -11,7 +11,7 @@ __all__ = ['HEARTBEAT', 'code_version', 'prereg_record', 'command_line', 'log_in
 import hashlib, json, subprocess, threading
 from pathlib import Path
 import flowgrpo_nb
-from .design import PREREG, budget_of, prereg_file, CompareConfig
+from .design import budget_of, prereg_file, CompareConfig
 
 # %% ../../nbs/study/07b_record.ipynb #497a804f
 def code_version() -> dict:
@@ -32,16 +32,19 @@ def _git(root:Path, *a) -> subprocess.CompletedProcess|None:
     try: return subprocess.run(['git', '-C', str(root), *a], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError): return None
 
-def prereg_record(out:Path|None) -> dict:
+def prereg_record(out:Path|None, ccfg:CompareConfig|None=None) -> dict:  # ccfg: whose file (default: confirm's)
     """The pre-registration a study judges: its file and sha256, the commit that added it to the repository, whether
     the file is unchanged since, and for each invocation logged in `out` whether the code it ran descends from that
     commit."""
-    f = prereg_file(); root = f.parent.parent
-    rec = dict(file=PREREG, sha256=hashlib.sha256(f.read_bytes()).hexdigest())
-    added = _git(root, 'log', '--diff-filter=A', '--format=%H %cI', '--', PREREG) if (root/'.git').exists() else None
+    f = prereg_file(ccfg.budget, ccfg.prereg).resolve() if ccfg else prereg_file().resolve()
+    top = _git(f.parent, 'rev-parse', '--show-toplevel')
+    root = Path(top.stdout.strip()) if top is not None and not top.returncode else None
+    rel = f.relative_to(root).as_posix() if root and f.is_relative_to(root) else str(f)
+    rec = dict(file=rel, sha256=hashlib.sha256(f.read_bytes()).hexdigest())
+    added = _git(root, 'log', '--diff-filter=A', '--format=%H %cI', '--', rel) if root else None
     if added is None or added.returncode or not added.stdout.strip(): return rec | dict(commit=None)
     commit, date = added.stdout.strip().splitlines()[-1].split()
-    same = _git(root, 'diff', '--quiet', commit, '--', PREREG)
+    same = _git(root, 'diff', '--quiet', commit, '--', rel)
     rec |= dict(commit=commit, committed=date, unchanged=None if same is None else same.returncode == 0)
     def after(c:str|None) -> bool|None:  # the invocation's code has the pre-registration's commit in its history
         r = c and _git(root, 'merge-base', '--is-ancestor', commit, c)
@@ -62,8 +65,9 @@ def prereg_record(out:Path|None) -> dict:
 # %% ../../nbs/study/07b_record.ipynb #65027b91
 def command_line(ccfg:CompareConfig, out) -> str:
     "The `flowgrpo compare` command that runs `ccfg` into `out`."
-    b, parts = budget_of(ccfg.budget), ['flowgrpo compare', f'--budget {ccfg.budget}', f'--out {out}']
-    if ccfg.seeds != CompareConfig(ccfg.budget).seeds: parts.append('--seeds ' + ' '.join(map(str, ccfg.all_seeds)))
+    b, parts = budget_of(ccfg.budget, ccfg.prereg), ['flowgrpo compare', f'--budget {ccfg.budget}', f'--out {out}']
+    if ccfg.prereg: parts.append(f'--prereg {ccfg.prereg}')
+    if ccfg.seeds != CompareConfig(ccfg.budget, prereg=ccfg.prereg).seeds: parts.append('--seeds ' + ' '.join(map(str, ccfg.all_seeds)))
     if ccfg.tasks != tuple(b['arms']): parts.append('--tasks ' + ' '.join(ccfg.tasks))
     if ccfg.arms: parts.append('--arms ' + ' '.join(ccfg.arms))
     if ccfg.overrides: parts.append('--set ' + ' '.join(f'{k}={v}' for k, v in ccfg.overrides.items()))

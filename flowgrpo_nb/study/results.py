@@ -353,8 +353,9 @@ class ContrastResult(Record):
     family_size:int|None=None    # m: the claims that ran, one Holm family
     lower:float|None=None        # superiority: the one-sided lower bound of the effect at `level`
     clears:bool|None=None        # superiority: the claim holds and `lower` clears the claimed size (the margin)
-    # a pre-registered claim's family: primary (Holm over these) or secondary (apart); None: the study's table
+    # a pre-registered claim's family: primary (Holm over these) or secondary (apart), post hoc; None: the study's table
     family:str|None=None
+    read:str|None=None           # where the runs were read when not each at its end (`design.Claim.read`)
 
 # %% ../../nbs/study/03_results.ipynb #29c11a28
 FORMAT = 3       # the version of report.json this code writes

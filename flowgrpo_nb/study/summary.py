@@ -335,13 +335,17 @@ def run_total(r:RunResult, unit:str) -> float:
     return {'step': r.steps, 'seconds': r.total_cpu_seconds, 'nfe': r.total_nfe}[unit]
 
 # %% ../../nbs/study/04_summary.ipynb #352b76cb
-def run_metric(run:RunResult, metric:str, score:str='strict', k:int|None=None, target:float|None=None) -> float|None:
-    "One run's value of a pre-registered metric (`design.METRICS`) of its held-out `score` (strict or learned)."
-    s = 'eval' if score == 'strict' else 'learned'
-    if metric == 'auc': return curve_auc(run.curve, s)
-    if metric == 'last_mean': return last_mean(run.curve, k, s)
-    if metric == 'steps_to': return steps_to(run.curve, target, s)
-    if metric == 'final': return _final(run, score)
+def run_metric(run:RunResult, metric:str, score:str='strict', k:int|None=None, target:float|None=None,
+               upto:int|None=None) -> float|None:  # upto: the run read as if it had stopped at this step
+    "One run's value of a claim's metric (`design.METRICS`) of its held-out `score` (strict or learned)."
+    s, curve = 'eval' if score == 'strict' else 'learned', run.curve
+    if upto is not None:
+        curve = [p for p in run.curve if p.step <= upto]
+        if not curve or curve[-1].step != upto: return None  # no evaluation at that step: the run is not read there
+    if metric == 'auc': return curve_auc(curve, s)
+    if metric == 'last_mean': return last_mean(curve, k, s)
+    if metric == 'steps_to': return steps_to(curve, target, s)
+    if metric == 'final': return _final(run, score) if upto is None else getattr(curve[-1], s)
     raise ValueError(f"metric={metric!r}: allowed {', '.join(METRICS)}")
 
 def claim_diffs(sec:TaskSection, c:Claim) -> list[float]:
@@ -351,9 +355,13 @@ def claim_diffs(sec:TaskSection, c:Claim) -> list[float]:
     for runs in sec.per_seed.values():
         if c.arm not in runs or c.other not in runs: continue
         a, o = runs[c.arm], runs[c.other]
-        if c.at is None: x = run_metric(a, c.metric, c.score, c.k, c.target)
-        else: x = curve_at(a.curve, c.at[1] * run_total(o, c.at[0]), c.at[0], s)
-        y = run_metric(o, c.metric, c.score, c.k, c.target)
+        if c.equal:  # both runs at what the cheaper one spent in all
+            t = min(run_total(a, c.equal), run_total(o, c.equal))
+            x, y = curve_at(a.curve, t, c.equal, s), curve_at(o.curve, t, c.equal, s)
+        else:
+            if c.at is None: x = run_metric(a, c.metric, c.score, c.k, c.target, c.arm_steps)
+            else: x = curve_at(a.curve, c.at[1] * run_total(o, c.at[0]), c.at[0], s)
+            y = run_metric(o, c.metric, c.score, c.k, c.target, c.other_steps)
         if x is not None and y is not None: out.append(sign * (x - y))
     return out
 
@@ -379,7 +387,7 @@ def _record(c:Claim) -> ContrastResult:
         return ContrastResult(c.id, c.question, c.arm, c.other, c.task, c.score, c.test, c.margin,
                               at=None if c.at is None else list(c.at))
     return ContrastResult(c.id, c.question, c.arm, c.other, c.task, f"{c.metric}{c.k or ''} of the {c.score} score",
-                          c.test, c.margin, family=c.family)
+                          c.test, c.margin, family=c.family, read=c.read)
 
 def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05) -> list[ContrastResult]:
     """Every claim's paired differences, its test, Holm's correction within its family, verdict and power statement at
