@@ -72,7 +72,8 @@ def pair_loss(policy:Policy, rollout:Rollout,
             if measure_kl:
                 with torch.no_grad(), policy.disable_adapter(): ref = logprob_pairs(policy, rollout, ii[c], kk[c])
                 kl = kl_to_reference(out.mean.unsqueeze(1), ref.mean.unsqueeze(1), out.std.unsqueeze(1)).squeeze(1)
-                # one graph: the mean; chunks: each its share of the sum (the two round differently)
+                # one graph: beta x the mean, as the trainer always took it; chunks: each its share of the sum
+                # (the two round differently)
                 if beta > 0: loss = loss + (beta * kl.mean() if len(ratio) == n_all else beta * kl.sum() / n_all)
                 kls.append(kl.detach())
             if backward is not None: backward(loss)
