@@ -17,13 +17,13 @@ Not a test: it prints tables, and numbers only mean something on an idle machine
 
     .venv/bin/python benchmarks/network.py --threads 1,2
 """
-import copy, statistics, time
+import statistics, time
 from collections import defaultdict
 import torch
 from fastcore.script import call_parse
 from torch.profiler import profile, ProfilerActivity
 from torch.utils.flop_counter import FlopCounterMode
-from flowgrpo_nb.task import load_policy
+from flowgrpo_nb.precision import path_pair, probe_policy
 
 KINDS = dict(matmul=('addmm', 'mm', 'bmm', 'matmul', 'linear'), attention=('scaled_dot_product', 'flash_attention', 'softmax'),
              gelu=('gelu', 'sigmoid'), layer_norm=('layer_norm',), copy=('copy_', 'cat', 'contiguous', 'clone', '_to_copy'),
@@ -40,10 +40,7 @@ def _cpu(f) -> float:
 
 def policies():
     "(eager, fast) policies with the same adapter (moved off zero, as after training)."
-    eager = load_policy('tiny').add_lora(16, 16.0)
-    with torch.no_grad():
-        for p in eager.trainable_parameters(): p.add_(0.02 * torch.randn_like(p))
-    return eager, copy.deepcopy(eager).set_fast(True)
+    return path_pair(probe_policy())
 
 def call(policy, rows:int, grad:bool):
     "One network call of `rows` rows the way the trainer makes it (with gradient: then a backward)."

@@ -1,4 +1,4 @@
-"""`fast='auto'`: the faster of the tiny model's bf16 and fp32 paths on this machine, measured once.
+"""`resolve_fast`: the precision path a run takes; `'auto'` is the faster of the tiny model's two on this machine.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/precision.html.md"""
 
@@ -6,15 +6,15 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/precision.html.md"""
 
 # %% ../nbs/02b_precision.ipynb #55887dc9
 from __future__ import annotations
-import copy, json, os, platform, statistics, tempfile, time
+import copy, json, os, platform, statistics, tempfile, time, warnings
 from pathlib import Path
 import torch
 from .policy import Policy
 
 # %% auto #0
 __all__ = ['ISA_LIMITS', 'PATHS_VERSION', 'PROBE_ROWS', 'WEIGHTS', 'MARGIN', 'FAST_CHOICES', 'cpu_name', 'machine_key',
-           'probe_policy', 'probe_call', 'time_paths', 'step_seconds', 'choose_path', 'cache_file', 'machine_paths',
-           'resolve_fast', 'path_name']
+           'probe_policy', 'probe_call', 'path_pair', 'time_paths', 'step_seconds', 'choose_path', 'cache_file',
+           'machine_paths', 'resolve_fast', 'path_name']
 
 # %% ../nbs/02b_precision.ipynb #90e72c8e
 ISA_LIMITS = ('ONEDNN_MAX_CPU_ISA', 'ATEN_CPU_CAPABILITY')  # environment variables that cap the instructions torch uses
@@ -64,6 +64,12 @@ def probe_call(policy:Policy, kind:str, rows:int):
             if kind == 'update': v.square().mean().backward()
     return f
 
+# %% ../nbs/02b_precision.ipynb #601f6669
+def path_pair(policy:Policy) -> tuple[Policy, Policy]:
+    "(eager, fast): `policy` on its eager path and a deep copy of it, adapter included, on its fast path."
+    eager = policy.set_fast(False)
+    return eager, copy.deepcopy(eager).set_fast(True)
+
 # %% ../nbs/02b_precision.ipynb #4a9b5634
 def time_paths(policy:Policy|None=None,  # default: `probe_policy()`
                rows:dict=PROBE_ROWS, reps:int=3,
@@ -71,8 +77,7 @@ def time_paths(policy:Policy|None=None,  # default: `probe_policy()`
     """Process CPU seconds per row of each kind of call on each path: {'fp32': {kind: s}, 'bf16': {kind: s or None},
     'seconds': spent}."""
     t0, threads = time.perf_counter(), torch.get_num_threads()
-    eager = policy or probe_policy()
-    fast = copy.deepcopy(eager).set_fast(True)
+    eager, fast = path_pair(policy or probe_policy())
     out, lost = dict(fp32={}, bf16={}), False
     torch.set_num_threads(1)
     try:
@@ -159,15 +164,25 @@ FAST_CHOICES = (True, False, 'auto')
 
 def resolve_fast(fast:bool|str='auto', model:str='tiny',
                  # another machine's probe (`time_paths`); default: this one's
-                 timings:dict|None=None) -> tuple[bool, str]:
+                 timings:dict|None=None,
+                 # a resumed run: the path it started on (its config.json's `fast`); None: a new run
+                 started:bool|None=None) -> tuple[bool, str]:
     "(the path a run of `fast` takes here, or on the machine of `timings`: True for bf16, why)."
     if fast is True or fast is False: return fast, f"fast={str(fast).lower()} in the config"
     if fast != 'auto': raise ValueError(f"fast={fast!r}: allowed true, false or 'auto'")
-    if model != 'tiny': return False, f"fast=auto: model={model!r} has no fast path (exact precision)"
-    if timings is not None: return (c := choose_path(timings))[0], f"fast=auto: {c[1]}"
-    if torch.cuda.is_available():
-        ok = torch.cuda.is_bf16_supported()
-        return ok, f"fast=auto: a CUDA device {'with' if ok else 'without'} native bf16"
-    return machine_paths()['fast'], f"fast=auto: {machine_paths()['why']}"
+    if model != 'tiny': mine, why = False, f"fast=auto: model={model!r} has no fast path (exact precision)"
+    elif timings is not None: mine, why = (c := choose_path(timings))[0], f"fast=auto: {c[1]}"
+    elif torch.cuda.is_available():
+        mine = torch.cuda.is_bf16_supported()
+        why = f"fast=auto: a CUDA device {'with' if mine else 'without'} native bf16"
+    else: mine, why = machine_paths()['fast'], f"fast=auto: {machine_paths()['why']}"
+    if not isinstance(started, bool): return mine, why
+    if started != mine:
+        warnings.warn(
+            f"the run started on the {path_name(started)} path and resumes on it; this machine would choose the "
+            f"{path_name(mine)} one ({why}): start a new run with --set fast={str(mine).lower()} to use it",
+            stacklevel=3,
+        )
+    return started, f"the path the run started on (fast=auto here: {why})"
 
 def path_name(fast:bool) -> str: return 'bf16 fast' if fast else 'fp32 eager' 

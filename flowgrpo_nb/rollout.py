@@ -16,8 +16,8 @@ from .policy import Cond, Policy
 
 # %% auto #0
 __all__ = ['bad_field', 'field_types', 'check_fields', 'check_window', 'RolloutConfig', 'Rollout', 'reward_states', 'rollout',
-           'logprob_of', 'logprob_pairs', 'ppo_loss', 'kl_to_reference', 'parse_lookahead', 'complete', 'value_plan',
-           'StepValues', 'step_values', 'lookahead_nfe']
+           'logprob_of', 'logprob_pairs', 'parse_lookahead', 'complete', 'value_plan', 'StepValues', 'step_values',
+           'lookahead_nfe']
 
 # %% ../nbs/04_rollout.ipynb #2aaac976
 def bad_field(owner, name:str, value, allowed:str):
@@ -250,23 +250,6 @@ def logprob_pairs(policy:Policy, rollout:Rollout,
         v = policy.velocity(x, t, policy.encode([rollout.prompts[i] for i in ii.tolist()]),
                             rollout.cfg.guidance, rollout.cfg.max_batch)
     return _step(rollout.cfg, v, x, t, tn, True, psi, x_next=rollout.x[ii, kk + 1])
-
-# %% ../nbs/04_rollout.ipynb #ba60063d
-def ppo_loss(log_prob:torch.Tensor,     # [b, k] current policy
-             old_log_prob:torch.Tensor, # [b, k] rollout
-             adv:torch.Tensor,          # [b, k] advantages
-             clip_range:float) -> tuple[torch.Tensor, torch.Tensor]:  # loss (scalar), ratio [b, k]
-    "Flow-GRPO's clipped surrogate, averaged over samples and steps."
-    ratio = torch.exp(log_prob - old_log_prob)
-    return torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_range, 1 + clip_range)).mean(), ratio
-
-# %% ../nbs/04_rollout.ipynb #1983f47d
-def kl_to_reference(mean:torch.Tensor, ref_mean:torch.Tensor, std:torch.Tensor) -> torch.Tensor:
-    "[b, k] KL of the step Gaussians N(mean, std²) to N(ref_mean, std²), averaged over dimensions; 0 where std = 0."
-    var = 2 * std ** 2
-    return torch.where(
-        var > 0, ((mean - ref_mean) ** 2).flatten(2).mean(2) / var.clamp_min(torch.finfo(var.dtype).tiny), 0.0
-    )
 
 # %% ../nbs/04_rollout.ipynb #111a13e9
 def parse_lookahead(op:str) -> tuple[str, int|None]:

@@ -9,8 +9,8 @@ __all__ = ['EVAL_SEED', 'step_prompts', 'step_generator', 'GRPOTrainer', 'check_
            'train_cli', 'result_line']
 
 # %% ../nbs/06_train.ipynb #7c75e6cd
-import copy, json, math, warnings
-from dataclasses import replace
+import json, math, warnings
+from dataclasses import asdict, replace
 from pathlib import Path
 import numpy as np, torch
 from tqdm.auto import tqdm
@@ -19,8 +19,8 @@ from fastcore.script import call_parse
 from fastcore.basics import patch
 from .flow import flow_sde_scale
 from .policy import Policy, PHASES, ema_of, ema_weights, seeded_generator, timed
-from .rollout import rollout, step_values, logprob_pairs, ppo_loss, kl_to_reference
-from .update import chunked_ppo_backward, step_grad_norms
+from .rollout import rollout, step_values, logprob_pairs
+from .update import pair_loss, step_grad_norms
 from .credit import METHODS, compute_credit, calibrate_exploration, Calibration, credit_stats
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
 from flowgrpo_nb.config import (
@@ -81,8 +81,9 @@ class GRPOTrainer:
 # %% ../nbs/06_train.ipynb #4b390c80
 @patch
 def _init_state(self:GRPOTrainer, resume:bool):
-    self.cfg, why = self._precision(resume)
     cfg = self.cfg
+    fast, why = resolve_fast(cfg.fast, cfg.model, started=run_config(self.folder).fast if resume else None)
+    self.cfg = cfg = replace(cfg, fast=fast)  # from here on a bool
     self.policy.set_fast(cfg.fast)
     self.precision = dict(path=path_name(cfg.fast), why=why)
     self.base = dict(fingerprint=self.policy.base_fingerprint(), version=self.policy.model_version(), model=cfg.model,
@@ -103,23 +104,6 @@ def _init_state(self:GRPOTrainer, resume:bool):
         self.acc.init_trackers(
             'grpo', {k: str(v) for k, v in cfg.to_dict().items()}, tracker_kwargs(cfg.log_with, self.run_dir)
         )
-
-# %% ../nbs/06_train.ipynb #f54384c7
-@patch
-def _precision(self:GRPOTrainer, resume:bool) -> tuple[GRPOConfig, str]:
-    "This run's config with `fast` resolved to the path it runs (a resumed run: the one it started on), and why."
-    cfg = copy.copy(self.cfg)
-    if resume and cfg.fast == 'auto':
-        ran, (mine, why) = run_config(self.folder).fast, resolve_fast('auto', cfg.model)
-        if ran != mine:
-            warnings.warn(
-                f"{self.run_dir} started on the {path_name(ran)} path and resumes on it; this machine would choose the "
-                f"{path_name(mine)} one ({why}): start a new run with --set fast={str(mine).lower()} to use it",
-                stacklevel=3,
-            )
-        cfg.fast, why = ran, f"the path the run started on (fast=auto here: {why})"
-    else: cfg.fast, why = resolve_fast(cfg.fast, cfg.model)
-    return cfg, why
 
 # %% ../nbs/06_train.ipynb #e726a700
 @patch
@@ -209,36 +193,16 @@ def _current_logprobs(self:GRPOTrainer, ro, A, ks, rows) -> torch.Tensor:
 
 @patch
 def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|None):
-    """Loss and backward pass of minibatch `mb` (rows) on trained steps `ks`; old log-probs `old_lp` [B, K] (None: this
-    pass's own)."""
-    cfg, pol = self.cfg, self.policy
+    """`pair_loss` of minibatch `mb` (rows) on trained steps `ks`, back-propagated, its statistics appended to `stats`;
+    old log-probs `old_lp` [B, K] (None: this pass's own)."""
+    cfg = self.cfg
     keep, bi, ki, ii, kk = self._pairs(A, ks, mb)
     stats['skipped'].append(1 - keep.float().mean().item())
     if not keep.any(): return
-    if 0 < cfg.backward_pairs < len(ii):  # at most backward_pairs pairs per graph (05d_update): the same gradient
-        r = chunked_ppo_backward(pol, ro, ii, kk, old_lp, A[mb][:, ks][bi, ki], cfg.clip_range, cfg.beta, keep.numel(),
-                                 cfg.backward_pairs, lambda loss: self.acc.backward(loss / n_mb))
-        for k in ('loss', 'clipfrac', 'approx_kl', 'ratio_mean', 'ratio_std') + ('kl',) * (cfg.beta > 0):
-            stats.setdefault(k, []).append(r[k])
-        return
-    out = logprob_pairs(pol, ro, ii, kk)                # fields [n]
-    old = out.log_prob.detach() if old_lp is None else old_lp[ii, kk]
-    adv = A[mb][:, ks][bi, ki].to(out.log_prob.device)
-    loss, ratio = ppo_loss(out.log_prob, old, adv, cfg.clip_range)
-    if len(ii) < keep.numel(): loss = loss * (len(ii) / keep.numel())  # the mean over all pairs: the others add 0
-    if cfg.beta > 0:
-        with torch.no_grad(), pol.disable_adapter(): ref = logprob_pairs(pol, ro, ii, kk)
-        b, k = keep.shape
-        kl = kl_to_reference(out.mean.unflatten(0, (b, k)), ref.mean.unflatten(0, (b, k)), out.std.unflatten(0, (b, k)))
-        loss = loss + cfg.beta * kl.mean()
-        stats['kl'].append(kl.mean().item())
-    self.acc.backward(loss / n_mb)
-    stats['loss'].append(loss.item())
-    stats['clipfrac'].append(((ratio.detach() - 1).abs() > cfg.clip_range).float().mean().item())
-    stats['approx_kl'].append(0.5 * ((out.log_prob.detach() - old) ** 2).mean().item())
-    r = ratio.detach().float()
-    stats.setdefault('ratio_mean', []).append(r.mean().item())
-    stats.setdefault('ratio_std', []).append(r.std().item() if r.numel() > 1 else 0.0)
+    r = pair_loss(self.policy, ro, ii, kk, A[mb][:, ks][bi, ki], old_lp, cfg.clip_range, cfg.beta, n_all=keep.numel(),
+                  chunk=cfg.backward_pairs, backward=lambda loss: self.acc.backward(loss / n_mb))
+    for k, v in asdict(r).items():
+        if v is not None: stats.setdefault(k, []).append(v)
 
 
 # %% ../nbs/06_train.ipynb #a908fa16
@@ -258,14 +222,8 @@ def kl_to_base(self:GRPOTrainer, ro) -> float:
     """Mean KL of the trained steps' Gaussians to the adapter-free reference's, on the first minibatch, current weights,
     no gradient."""
     mb, ks = torch.arange(ro.B)[:self.cfg.minibatch], ro.trained.nonzero().flatten().cpu()
-    ii, kk, pol = mb.repeat_interleave(len(ks)), ks.repeat(len(mb)), self.policy
-    with torch.no_grad():
-        out = logprob_pairs(pol, ro, ii, kk)
-        with pol.disable_adapter(): ref = logprob_pairs(pol, ro, ii, kk)
-    shape = (len(mb), len(ks))
-    return float(
-        kl_to_reference(out.mean.unflatten(0, shape), ref.mean.unflatten(0, shape), out.std.unflatten(0, shape)).mean()
-    )
+    ii, kk = mb.repeat_interleave(len(ks)), ks.repeat(len(mb))
+    return pair_loss(self.policy, ro, ii, kk, torch.zeros(len(ii)), measure_kl=True).kl
 
 # %% ../nbs/06_train.ipynb #f2d86f17
 @patch

@@ -1,4 +1,4 @@
-"""`chunked_ppo_backward`: PPO's clipped surrogate over (sample, step) pairs, back-propagated a few pairs per graph, the same gradient as one graph.
+"""`pair_loss`: the update's one loss over (sample, step) pairs, back-propagated a few pairs per graph.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/update.html.md"""
 
@@ -6,48 +6,85 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/update.html.md"""
 
 # %% ../nbs/05d_update.ipynb #32cbfa36
 from __future__ import annotations
+from dataclasses import dataclass
 from typing import Callable
 import torch
 from .policy import Policy
-from .rollout import Rollout, logprob_pairs, ppo_loss, kl_to_reference
+from .rollout import Rollout, logprob_pairs
 
 # %% auto #0
-__all__ = ['chunked_ppo_backward', 'step_grad_norms']
+__all__ = ['ppo_loss', 'kl_to_reference', 'PairLoss', 'pair_loss', 'step_grad_norms']
+
+# %% ../nbs/05d_update.ipynb #ba60063d
+def ppo_loss(log_prob:torch.Tensor,           # [n] the pairs' log-probs under the current policy
+             old_log_prob:torch.Tensor,       # [n] under the policy that sampled them
+             adv:torch.Tensor,                # [n] their advantages
+             clip_range:float,
+             weight:torch.Tensor|None=None,   # [n] each pair's weight on its term (None: 1)
+            ) -> tuple[torch.Tensor, torch.Tensor]:  # loss (scalar), ratio [n]
+    "Flow-GRPO's clipped surrogate, each pair's term times its weight, averaged over the pairs."
+    ratio = torch.exp(log_prob - old_log_prob)
+    surrogate = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_range, 1 + clip_range))
+    return (surrogate if weight is None else surrogate * weight).mean(), ratio
+
+# %% ../nbs/05d_update.ipynb #1983f47d
+def kl_to_reference(mean:torch.Tensor, ref_mean:torch.Tensor, std:torch.Tensor) -> torch.Tensor:
+    "[b, k] KL of the step Gaussians N(mean, std²) to N(ref_mean, std²), averaged over dimensions; 0 where std = 0."
+    var = 2 * std ** 2
+    return torch.where(
+        var > 0, ((mean - ref_mean) ** 2).flatten(2).mean(2) / var.clamp_min(torch.finfo(var.dtype).tiny), 0.0
+    )
 
 # %% ../nbs/05d_update.ipynb #a859f0b9
-def chunked_ppo_backward(policy:Policy, rollout:Rollout,
-                         ii:torch.Tensor, kk:torch.Tensor,  # [n] long: the pairs' samples and steps
-                         # [B, K] old log-probs (None: each chunk's own, detached: ratio 1)
-                         old_lp:torch.Tensor|None,
-                         adv:torch.Tensor,                  # [n] the pairs' advantages
-                         clip_range:float, beta:float,
-                         n_all:int,                         # the pairs the loss is a mean over (skipped ones add 0)
-                         chunk:int,                         # at most this many pairs per graph
-                         backward:Callable) -> dict:  # called with each chunk's loss
-    """PPO's clipped surrogate (+ beta x the KL to the adapter-free reference) of the pairs, back-propagated `chunk`
-    pairs at a time."""
-    n, out_ = len(ii), dict(loss=0.0, kl=0.0, clipped=0.0, approx_kl=0.0)
-    ratios = []
-    for s in range(0, n, chunk):
-        c = slice(s, s + chunk)
-        out = logprob_pairs(policy, rollout, ii[c], kk[c])
-        old = out.log_prob.detach() if old_lp is None else old_lp[ii[c], kk[c]]
-        loss, ratio = ppo_loss(out.log_prob, old, adv[c].to(out.log_prob.device), clip_range)
-        loss = loss * (len(ratio) / n_all)  # this chunk's part of the mean over all pairs
-        if beta > 0:
-            with torch.no_grad(), policy.disable_adapter(): ref = logprob_pairs(policy, rollout, ii[c], kk[c])
-            # [chunk]
-            kl = kl_to_reference(out.mean.unsqueeze(1), ref.mean.unsqueeze(1), out.std.unsqueeze(1)).squeeze(1)
-            loss = loss + beta * kl.sum() / n_all
-            out_['kl'] += kl.sum().item()
-        backward(loss)
-        out_['loss'] += loss.item()
-        out_['clipped'] += ((ratio.detach() - 1).abs() > clip_range).float().sum().item()
-        out_['approx_kl'] += (0.5 * (out.log_prob.detach() - old) ** 2).sum().item()
-        ratios.append(ratio.detach().float())
-    r = torch.cat(ratios)
-    return dict(loss=out_['loss'], kl=out_['kl'] / n_all, clipfrac=out_['clipped'] / n, approx_kl=out_['approx_kl'] / n,
-                ratio_mean=r.mean().item(), ratio_std=r.std().item() if n > 1 else 0.0)
+@dataclass
+class PairLoss:
+    "What `pair_loss` computed: its loss and the statistics of the pairs it evaluated."
+    loss:float          # the loss back-propagated: the surrogate's mean over n_all pairs (+ beta x the mean KL)
+    clipfrac:float      # share of the pairs whose ratio is outside 1 ± clip_range
+    approx_kl:float     # mean of (log_prob - old log-prob)² / 2
+    ratio_mean:float
+    ratio_std:float     # 0 for a single pair
+    kl:float|None=None  # mean KL to the adapter-free reference (None: not measured)
+
+def pair_loss(policy:Policy, rollout:Rollout,
+              ii:torch.Tensor, kk:torch.Tensor,   # [n] long: the pairs' samples and steps
+              adv:torch.Tensor,                   # [n] the pairs' advantages
+              old_lp:torch.Tensor|None=None,      # [B, K] old log-probs (None: each pair's own, detached: ratio 1)
+              clip_range:float=1e-4,
+              beta:float=0.0,                     # weight of the KL to the adapter-free reference in the loss
+              weight:torch.Tensor|None=None,      # [n] each pair's weight on its surrogate (None: 1)
+              n_all:int|None=None,                # the loss is a mean over this many pairs, n or more (None: n)
+              chunk:int=0,                        # at most this many pairs per graph (0: all in one)
+              backward:Callable|None=None,        # called with each chunk's loss; None: no graph, statistics only
+              measure_kl:bool=False) -> PairLoss: # measure the KL also when beta = 0
+    "The update's loss over (sample, step) pairs, back-propagated `chunk` pairs at a time, and its statistics."
+    n = len(ii)
+    n_all, chunk, measure_kl = n_all or n, chunk or n, measure_kl or beta > 0
+    total, ratios, steps, kls = 0.0, [], [], []
+    with torch.set_grad_enabled(backward is not None and torch.is_grad_enabled()):
+        for s in range(0, n, chunk):
+            c = slice(s, s + chunk)
+            out = logprob_pairs(policy, rollout, ii[c], kk[c])
+            old = out.log_prob.detach() if old_lp is None else old_lp[ii[c], kk[c]]
+            w = None if weight is None else weight[c].to(out.log_prob.device)
+            loss, ratio = ppo_loss(out.log_prob, old, adv[c].to(out.log_prob.device), clip_range, w)
+            loss = loss * (len(ratio) / n_all)  # this chunk's share of the mean over all pairs
+            if measure_kl:
+                with torch.no_grad(), policy.disable_adapter(): ref = logprob_pairs(policy, rollout, ii[c], kk[c])
+                kl = kl_to_reference(out.mean.unsqueeze(1), ref.mean.unsqueeze(1), out.std.unsqueeze(1)).squeeze(1)
+                # one graph: beta x the mean, as the trainer always took it; chunks: each its share of the sum
+                # (the two round differently)
+                if beta > 0: loss = loss + (beta * kl.mean() if len(ratio) == n_all else beta * kl.sum() / n_all)
+                kls.append(kl.detach())
+            if backward is not None: backward(loss)
+            total += loss.item()
+            ratios.append(ratio.detach()); steps.append(out.log_prob.detach() - old)
+    r, d = torch.cat(ratios), torch.cat(steps)
+    return PairLoss(
+        loss=total, clipfrac=((r - 1).abs() > clip_range).float().mean().item(), approx_kl=0.5 * (d ** 2).mean().item(),
+        ratio_mean=r.float().mean().item(), ratio_std=r.float().std().item() if n > 1 else 0.0,
+        kl=torch.cat(kls).mean().item() if kls else None,
+    )
 
 # %% ../nbs/05d_update.ipynb #78ab067b
 def step_grad_norms(policy:Policy, rollout:Rollout, A:torch.Tensor,  # [B, K] advantages
@@ -62,10 +99,8 @@ def step_grad_norms(policy:Policy, rollout:Rollout, A:torch.Tensor,  # [B, K] ad
         zero_grad()
         # the weights of the rollout (on the fast path, this pass's own: `06_train`)
         old = None if policy.fast else rollout.log_prob
-        chunked_ppo_backward(
-            policy, rollout, rows, torch.full_like(rows, k), old, adv, clip_range, 0.0, len(rows), chunk or len(rows),
-            lambda loss: loss.backward()
-        )
+        pair_loss(policy, rollout, rows, torch.full_like(rows, k), adv, old, clip_range, chunk=chunk,
+                  backward=lambda loss: loss.backward())
         norms[k] = float(torch.stack([p.grad.float().norm() for p in params if p.grad is not None]).norm())
     zero_grad()
     return norms

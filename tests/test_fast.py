@@ -2,6 +2,7 @@
 import copy
 import pytest, torch
 from flowgrpo_nb.config import preset_config
+from flowgrpo_nb.precision import path_pair
 from flowgrpo_nb.rollout import rollout, step_values, logprob_pairs
 from flowgrpo_nb.task import load_policy, load_task
 from flowgrpo_nb.train import GRPOTrainer, step_generator
@@ -13,7 +14,7 @@ def pair():
     eager = load_policy('tiny').add_lora(8, 8.0)
     with torch.no_grad():
         for p in eager.trainable_parameters(): p.add_(0.02 * torch.randn_like(p))
-    return eager, copy.deepcopy(eager).set_fast(True)
+    return path_pair(eager)
 
 @pytest.fixture(scope='module')
 def task(): return load_task('partial')
