@@ -1,4 +1,4 @@
-"""A comparison set in tables and pages (its `report.html`, the findings page's sections), from its `Report` alone.
+"""A comparison set in tables, as its `report.html` or as the findings page's markdown, from its `Report` alone.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/page.html.md"""
 
