@@ -152,7 +152,7 @@ def render(cpu:dict|None=None, model:dict|None=None) -> str:
     cpu = cpu or json.loads(CPU.read_text())
     model = model or json.loads(MODEL.read_text())
     L = ['# Benchmarks: SD3.5 Medium at its real size', '', '<!-- written by benchmarks/sd35_tables.py from results/sd35_real/*.json: do not edit by hand -->', '',
-         "The other scripts in this folder (the tiny model's timings) are listed in the main README's Speed section.", '',
+         "The other scripts in this folder (the tiny model's timings) are listed in the Speed section of [Running it](../nbs/running.ipynb#speed).", '',
          '| script | what it does |', '|---|---|'] + [f'| {", ".join(f"`{s}`" for s in a.split(", "))} | {b} |' for a, b in SCRIPTS]
     L += [''] + cpu_section(cpu) + model_section(model)
     return '\n'.join(L).rstrip() + '\n'

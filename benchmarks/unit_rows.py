@@ -13,9 +13,10 @@ fitted rows per unit, and the rows per unit the package uses now). Example (seco
 
     .venv/bin/python benchmarks/unit_rows.py runs/compare --refresh
 
-With `--json FILE` it also writes what the README's table of machines reads: this machine's CPU, the path
-`fast='auto'` takes here and why, the probe's milliseconds per row, the fit, and the comparison's measured CPU and
-wall seconds (its report.json) beside what `estimate_cost` predicts for the same job with the package's units.
+With `--json FILE` it also writes what the table of machines in nbs/running.ipynb (Speed) reads: this machine's
+CPU, the path `fast='auto'` takes here and why, the probe's milliseconds per row, the fit, and the comparison's
+measured CPU and wall seconds (its report.json) beside what `estimate_cost` predicts for the same job with the
+package's units.
 """
 import json, statistics
 from pathlib import Path
@@ -53,7 +54,7 @@ def job_record(folder:Path, timings:dict) -> dict|None:
 @call_parse
 def main(folder:str,             # a comparison folder (flowgrpo compare --out) whose runs finished on this machine
          refresh:bool=False,     # time the precision probe anew (on an idle machine) instead of reading its cache
-         json_out:str=None):     # also write this machine's record (the README's table of machines) to this file
+         json_out:str=None):     # also write this machine's record (the table of machines in nbs/running.ipynb) to this file
     runs = sorted(p.parent for p in Path(folder).rglob('config.json') if (p.parent/'metrics.jsonl').exists())
     if not runs: raise SystemExit(f"folder={folder!r}: no run folders (config.json with metrics.jsonl) under it")
     paths = {run_config(r).fast for r in runs}

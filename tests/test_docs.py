@@ -1,6 +1,7 @@
 """Docs checks that need no Quarto: the notebooks go through nbdev's processors, README.md is in sync with
-nbs/index.ipynb, and the offline site of `tools/docs.py` (two pages built) reads from disk: no link to another host, every
-local link and anchor resolves, no prompts, one title a page, a progress bar and no warnings while it builds."""
+nbs/index.ipynb and reads as a home page, and the offline site of `tools/docs.py` (a few pages built) reads from disk: no
+link to another host, every local link and anchor resolves, no prompts, one title a page, a progress bar and no warnings
+while it builds."""
 import html, importlib.util, os, re, shutil, subprocess, sys
 from pathlib import Path
 import pytest
@@ -49,20 +50,51 @@ def test_readme_has_the_two_commands():
     for c in ('bash tools/main.sh', 'bash tools/test.sh'): assert c in readme, f"{c!r} is not in README.md"
 
 def test_readme_first_screen():
-    "The README's first screen: the commands, where results land, how to open them, then the study's verdicts; the quick job's findings folded."
-    lines = (ROOT/'README.md').read_text().splitlines()
-    top = '\n'.join(lines[:45])
-    for s in ('bash tools/env.sh', 'bash tools/main.sh', 'runs/compare/report.html', 'flowgrpo app --runs runs/compare',
-              'What the confirmatory study found', '| verdict |', 'glossary.ipynb'):
-        assert s in top, f"{s!r} is not in the README's first 45 lines"
-    readme = '\n'.join(lines)
-    assert '<details><summary>' in readme and '</details>' in readme, "the quick comparison's findings are not folded"
+    """The README's first screen: the two commands, where results land and how to open them; then the methods side by side
+    before what the studies found, which links to its own page and holds no verdict table (those are on the study's page)."""
+    readme = (ROOT/'README.md').read_text()
+    lines = readme.splitlines()
+    top = '\n'.join(lines[:30])
+    for s in ('bash tools/main.sh', 'bash tools/test.sh', 'runs/compare/', 'report.html', 'flowgrpo app --runs runs/compare',
+              'glossary.ipynb'):
+        assert s in top, f"{s!r} is not in the README's first 30 lines"
+    heads = [l for l in lines if l.startswith('## ')]
+    methods, found = heads.index('## The four methods side by side'), heads.index('## What the studies found')
+    assert methods < found, heads
+    table = readme[readme.index('## The four methods side by side'):readme.index('## What the studies found')]
+    assert '| method | preset | credit |' in table and table.count('\n| ') >= 5, table  # a header and a row per method
+    assert '| verdict |' not in readme and '| claim |' not in readme, 'verdict tables belong on nbs/study/findings.ipynb'
+    study = readme[readme.index('## What the studies found'):]
+    assert 'study/findings.ipynb' in study and 'at equal optimizer steps' in study, study[:2000]
+
+def test_readme_is_short():
+    "About 1,200 words at most, generated tables included: the detail lives on the pages it links to."
+    words = len((ROOT/'README.md').read_text().split())
+    assert words <= 1200, f'README.md has {words} words'
+
+def test_home_page_imports_no_private_helper():
+    "nbs/index.ipynb imports only public names (no `_name` from any module): a private helper has no contract to keep."
+    import ast, json
+    cells = [''.join(c['source']) for c in json.loads((ROOT/'nbs'/'index.ipynb').read_text())['cells'] if c['cell_type'] == 'code']
+    names = [a.name for src in cells for n in ast.walk(ast.parse(src)) if isinstance(n, (ast.Import, ast.ImportFrom))
+             for a in n.names]
+    assert names and not [n for n in names if n.split('.')[-1].startswith('_')], names
+
+def test_new_pages_are_in_the_navigation():
+    "The study's findings, Running it and Extending are pages of the site and in the navbar; every navbar link is a page."
+    docs = _docs()
+    site = {p.as_posix() for p in docs.pages()}
+    nav = dict((href, text) for text, href in docs.navbar())
+    assert set(nav) <= site, set(nav) - site
+    for page in ('study/findings.ipynb', 'running.ipynb', 'extending.ipynb', 'glossary.ipynb'):
+        assert page in site and page in nav, page
 
 # --- the offline site (tools/docs.py without Quarto) --------------------------------------------------------------
 
-# The index (API links into most notebooks, the arms table) and 05c_config, whose show_doc and prose link to symbols of
-# other notebooks (05_credit, 04_rollout): about a minute each on a loaded core.
-PAGES = ('index.ipynb', '05c_config.ipynb')
+# The index (API links into most notebooks, the methods table), 05c_config, whose show_doc and prose link to symbols
+# of other notebooks (05_credit, 04_rollout), and the pages the README sends a reader to (the study's findings, Running
+# it, Extending), whose links lead into both wings: about a minute each on a loaded core.
+PAGES = ('index.ipynb', '05c_config.ipynb', 'study/findings.ipynb', 'running.ipynb', 'extending.ipynb')
 
 def _docs():
     spec = importlib.util.spec_from_file_location('docs', ROOT/'tools'/'docs.py')
@@ -71,7 +103,7 @@ def _docs():
 
 @pytest.fixture(scope='module')
 def site(tmp_path_factory):
-    "The two pages, built by the command line as a user runs it; (folder, what the build printed)."
+    "The pages, built by the command line as a user runs it; (folder, what the build printed)."
     out = tmp_path_factory.mktemp('site')
     r = subprocess.run([sys.executable, str(ROOT/'tools'/'docs.py'), '--out', str(out), '--only', *PAGES], cwd=ROOT,
                        capture_output=True, text=True, timeout=1200, env={**os.environ, 'OMP_NUM_THREADS': '1'})
@@ -119,6 +151,15 @@ def test_local_links_and_anchors_resolve(site):
             across += bool(anchor and dest != page.resolve())
     assert across >= 3, across  # the index's API links into 05c_config were among them
     assert re.search(r'''href=["']05c_config\.html#grpoconfig["']''', (out/'index.html').read_text())  # `GRPOConfig`
+
+def test_findings_page_holds_the_verdicts(site):
+    """The verdict tables the README left: the study's page has the confirmatory and exploratory claims with their
+    verdicts, the quick comparison's tables, and that comparison's findings folded."""
+    out, _ = site
+    page = (out/'study'/'findings.html').read_text()
+    for s in ('the-confirmatory-study', 'the-exploratory-study', 'the-quick-comparison', '<details>', 'verdict',
+              'holds (&gt; 0)', 'undecided at this power', 'not distinguishable'):
+        assert s in page, f'{s!r} is not on the findings page'
 
 def test_no_prompts(site):
     out, _ = site

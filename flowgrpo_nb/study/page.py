@@ -1,4 +1,4 @@
-"""A comparison set in tables and pages (its `report.html`, the README's sections), from its `Report` alone.
+"""A comparison set in tables, as its `report.html` or as the findings page's markdown, from its `Report` alone.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/page.html.md"""
 
@@ -418,7 +418,7 @@ def report_html(report:Report, figures:dict) -> str:
 
 # %% ../../nbs/study/06b_page.ipynb #300f75fc
 def _bold_rule(report:Report) -> str:
-    """What a bold verdict means in the README's tables: after Holm's correction (a report without it: the CI excludes
+    """What a bold verdict means in the markdown tables: after Holm's correction (a report without it: the CI excludes
     0)."""
     fam = [c.family_size for sec in report.tasks.values() for c in sec.comparisons if c.kind != 'base']
     if not fam or None in fam: return '**bold** verdicts exclude 0.'
