@@ -110,7 +110,8 @@ def planning_sd() -> tuple[float, str]:
                           "seconds); no run of this recipe trained flow_grpo_train4")
 
 def plan() -> dict:
-    from flowgrpo_nb.study.design import Claim, Prereg, CompareConfig, BUDGETS, budget_fields, arm_config, run_cost, TASKS
+    from flowgrpo_nb.study.design import Claim, Prereg, CompareConfig, BUDGETS, budget_fields, arm_config, TASKS
+from flowgrpo_nb.study.costs import run_cost
     from flowgrpo_nb.study.design import prereg_seeds, prereg_steps
     from flowgrpo_nb.study.stats import seeds_for, holm_level
     steps, how = equal_cpu_steps()
@@ -144,7 +145,7 @@ def toml(p:dict) -> str:
     head = [
         "# The second confirmatory study (is it the credit?), written by benchmarks/credit_prereg.py plan --write before",
         "# any of its runs. Recipe: the confirmatory study's (budget 'credit': fp32 eager, 4 prompts x 8, EMA, lr 1e-3,",
-        f"# evaluated every {EVERY} steps on 600 held-out images); DenseGRPO and flow_grpo_train4 train {H} steps.",
+        f"# evaluated every {EVERY} steps on 1200 held-out images); DenseGRPO and flow_grpo_train4 train {H} steps.",
         f"# Equal CPU, fixed by step counts: geneval {p['steps']['geneval']} Flow-GRPO steps ({p['how']['geneval']});",
         f"# score {p['steps']['score']} ({p['how']['score']}).",
         f"# Margins: {MARGIN['geneval']} of held-out strict score (half of DenseGRPO's +0.063 at equal steps in",

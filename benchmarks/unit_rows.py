@@ -25,7 +25,8 @@ from fastcore.script import call_parse
 from flowgrpo_nb.config import run_config
 from flowgrpo_nb.checkpoint import RunFolder
 from flowgrpo_nb.precision import machine_paths, path_name
-from flowgrpo_nb.study.design import UNIT_ROWS, CompareConfig, path_seconds, job_costs, estimate_cost
+from flowgrpo_nb.study.design import CompareConfig
+from flowgrpo_nb.study.costs import UNIT_ROWS, path_seconds, job_costs, estimate_cost
 
 def units(run:Path) -> dict:
     "{phase: [CPU seconds per unit, one per logged step or evaluation]} of one run folder."

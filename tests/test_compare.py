@@ -8,7 +8,8 @@ from fastcore.script import anno_parser
 from safetensors.torch import load_file
 
 from flowgrpo_nb.precision import resolve_fast
-from flowgrpo_nb.study.design import ARMS, SMOKE, arm_config, arm_settings, CompareConfig, job_costs, estimate_cost
+from flowgrpo_nb.study.design import ARMS, SMOKE, arm_config, arm_settings, CompareConfig
+from flowgrpo_nb.study.costs import job_costs, estimate_cost
 from flowgrpo_nb.study.compare import EVAL_SEED, base_eval, compare, _train_one
 from flowgrpo_nb.study.job import compare_cli
 from flowgrpo_nb.study.results import Report, heldout, run_report
@@ -270,7 +271,7 @@ def test_cli(capsys):
 def test_the_default_job_runs_the_seeds_that_fit(capsys, tmp_path, monkeypatch):
     "On a machine too slow for all five seeds in 30 minutes (an AVX2 CPU's committed probe), `flowgrpo compare` runs the first seeds that fit and says so; given seeds run as given."
     from flowgrpo_nb import precision
-    from flowgrpo_nb.study.design import LIMIT
+    from flowgrpo_nb.study.costs import LIMIT
     probe = json.loads((Path(flowgrpo_nb.__file__).parent.parent/'results/machines/amd-epyc-avx2.json').read_text())['probe_ms_per_row']
     slow = {p: {k: None if v is None else v / 1000 for k, v in r.items()} for p, r in probe.items()}
     key = precision.machine_key()

@@ -24,10 +24,8 @@ from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from ..config import GRPOConfig, config_diff, run_config
 from ..checkpoint import RunFolder, FolderLock, read_json, write_json, write_text
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
-from flowgrpo_nb.study.design import (
-    ARMS, TASKS, BUDGETS, CONTRASTS, equal_compute, budget_of, load_prereg, prereg_file, CompareConfig,
-    arm_settings, job_costs, schedule, estimate_cost, _eval_groups
-)
+from .design import ARMS, TASKS, BUDGETS, CONTRASTS, equal_compute, budget_of, load_prereg, prereg_file, CompareConfig, arm_settings
+from .costs import job_costs, schedule, estimate_cost, _eval_groups
 from flowgrpo_nb.study.record import (
     code_version, prereg_record, command_line, log_invocation, read_invocations, _heartbeat
 )
@@ -448,8 +446,10 @@ def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -
     pre = load_prereg(prereg_file(ccfg.budget, ccfg.prereg)) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else None
     claims, alpha = (pre.claims, pre.alpha) if pre else (CONTRASTS, 0.05)
     claims = [*claims, *equal_compute(claims)]  # post hoc: the level claims again at equal CPU seconds and NFE
-    report = Report(format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget, ccfg.prereg), setup=setup, tasks=sections,
-                    findings=[], contrasts=judge(sections, claims, alpha))
+    report = Report(
+        format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget, ccfg.prereg), setup=setup, tasks=sections,
+        findings=[], contrasts=judge(sections, claims, alpha)
+    )
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys
     report.findings = findings(report)

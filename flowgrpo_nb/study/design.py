@@ -6,19 +6,15 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/design.html.md"""
 
 # %% auto #0
 __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'EXPLORATORY', 'DEFAULT_ARMS', 'STUDY_ARMS', 'BUDGETS', 'SMOKE', 'METRICS', 'ENDPOINTS',
-           'PREREG', 'AT_UNITS', 'CONTRASTS', 'COSTS', 'REFERENCE', 'UNIT_ROWS', 'ZERO_SHARE', 'LIMIT', 'Arm',
-           'arm_config', 'arm_settings', 'prereg_file', 'budget_of', 'budget_fields', 'CompareConfig', 'Claim',
-           'Prereg', 'contrast_label', 'equal_compute', 'load_prereg', 'prereg_seeds', 'prereg_steps', 'prereg_arms',
-           'path_seconds', 'run_path', 'unit_costs', 'step_cost', 'eval_cost', 'n_evals', 'run_cost', 'job_costs',
-           'schedule', 'estimate_cost']
+           'PREREG', 'AT_UNITS', 'CONTRASTS', 'Arm', 'arm_config', 'arm_settings', 'prereg_file', 'budget_of',
+           'budget_fields', 'CompareConfig', 'Claim', 'Prereg', 'contrast_label', 'equal_compute', 'load_prereg',
+           'prereg_seeds', 'prereg_steps', 'prereg_arms']
 
 # %% ../../nbs/study/01_design.ipynb #c862115e
-import math
 from dataclasses import dataclass, field, fields, replace
 from ..rollout import lookahead_nfe, bad_field
 from ..config import GRPOConfig, preset_config
-from ..precision import machine_paths, resolve_fast, path_name
-from .stats import KINDS, TESTS, holm_level, seeds_for
+from .stats import TESTS, holm_level, seeds_for
 
 # %% ../../nbs/study/01_design.ipynb #133d8253
 @dataclass
@@ -165,10 +161,11 @@ BUDGETS = {
         train=_TRAIN | dict(fast=False),
     ),
     # the second confirmatory study (is it the credit?): an arm trains longer where a claim reads it further
-    # (`prereg_steps`), the evaluation is smaller (training seeds, not images, dominate the spread), and the jobs run
+    # (`prereg_steps`), the evaluation is the confirmatory study's (its 1200 images near the cost-optimal size:
+    # results/eval_noise), and the jobs run
     # seed by seed, so that a seed's arms are trained by one commit, interleaved
     'credit': dict(
-        seeds='prereg', prereg='design/credit_prereg.toml', steps=100, eval_every=25, eval_images=600, arms='prereg',
+        seeds='prereg', prereg='design/credit_prereg.toml', steps=100, eval_every=25, eval_images=1200, arms='prereg',
         save_every=25, by_seed=True, train=_TRAIN | dict(fast=False),
     ),
 }
@@ -197,7 +194,10 @@ def budget_of(name:str, prereg:str|None=None) -> dict:
                          "run from the repository's checkout (or give --prereg FILE)")
     pre = load_prereg(f)
     if not pre.seeds: raise ValueError(f"{f}: no [seeds]: budget {name!r} runs the seeds the pre-registration fixes")
-    return b | dict(seeds={t: tuple(s) for t, s in pre.seeds.items()}, arms=prereg_arms(pre), steps_of=prereg_steps(pre))
+    return b | dict(
+        seeds={t: tuple(s) for t, s in pre.seeds.items()}, arms=prereg_arms(pre), steps_of=prereg_steps(pre)
+    )
+
 
 def budget_fields(b:dict, seed:int, task:str, arm:str|None=None) -> dict:
     """The `GRPOConfig` fields budget `b` (as `budget_of` returns it) gives the run of `arm` and `seed` in `task`."""
@@ -506,106 +506,3 @@ def prereg_arms(pre:Prereg) -> dict:
         t: tuple(dict.fromkeys(['flow_grpo'] + [a for c in pre.claims if c.task == t for a in (c.arm, c.other)]))
         for t in pre.seeds or {}
     }
-
-# %% ../../nbs/study/01_design.ipynb #6d4b3a70
-COSTS = dict(run=3.0, worker=10.0, report=30.0)  # fixed CPU s: per run, per worker, once
-# CPU s per unit on the AMX
-REFERENCE = dict(eager=dict(rollout=0.0050, lookahead=0.0041, update=0.0090, evaluation=0.00446),
-                 # test machine (median of its runs)
-                 fast=dict(rollout=0.0012, lookahead=0.0008, update=0.0023, evaluation=0.0008))
-# probe rows per unit
-UNIT_ROWS = dict(
-    rollout=('forward', 2.43), lookahead=('forward', 1.98), update=('update', 1.45), evaluation=('forward', 1.90)
-)
-ZERO_SHARE = dict(few=0.6, continuous=0.0)  # share of a dense-credit method's (sample, trained step) pairs with A = 0
-LIMIT = 1800.0                              # seconds of the default job on two idle cores
-
-def path_seconds(timings:dict, fast:bool) -> dict:
-    """CPU seconds per row of each kind of call on a path; a bf16 kind the probe did not time is fp32's x the forward's
-    ratio."""
-    f, b = timings['fp32'], timings['bf16']
-    if not fast: return dict(f)
-    return {k: b[k] if b.get(k) is not None else f[k] * b['forward'] / f['forward'] for k in f}
-
-def run_path(cfg:GRPOConfig, timings:dict|None=None) -> bool:
-    "The path a run of `cfg` takes on the machine of `timings` (default: this one): True for bf16."
-    return resolve_fast(cfg.fast, cfg.model, timings)[0]
-
-def unit_costs(cfg:GRPOConfig, timings:dict|None=None) -> dict:
-    """CPU seconds per unit of each phase of a run of `cfg` on this machine (or on the machine whose probe gave
-    `timings`)."""
-    per_row = path_seconds(timings or machine_paths()['timings'], run_path(cfg, timings))
-    return {k: n * per_row[kind] for k, (kind, n) in UNIT_ROWS.items()}
-
-def step_cost(cfg:GRPOConfig, levels:str='few', timings:dict|None=None) -> dict:
-    "Expected CPU seconds of one training step of `cfg`, by phase."
-    (s, e), B = cfg.rollout_config().window, cfg.batch_size
-    la = lookahead_nfe(cfg.lookahead, cfg.K, (s, e), cfg.group_size, cfg.shared_noise) if cfg.lookahead else 0
-    skips = cfg.method in ('dense', 'turning_point') and cfg.beta == 0 and cfg.skip_zero_adv
-    diag = cfg.minibatch / (B * cfg.diag_every) if cfg.diag_every else 0  # one more pass over a minibatch every n steps
-    # the KL diagnostic: two no-grad passes, about one
-    diag += cfg.minibatch / (B * cfg.kl_every) if cfg.kl_every and cfg.beta == 0 else 0
-    c = unit_costs(cfg, timings)
-    n = int(cfg.loss_steps().sum())  # the steps the loss takes (flow_grpo_train4: 4 of its window's 9)
-    return dict(rollout=B * cfg.K * c['rollout'], values=B * la * c['lookahead'],
-                update=B * c['update'] * (n * (1 - ZERO_SHARE[levels] * skips) + (e - s) * diag))
-
-# %% ../../nbs/study/01_design.ipynb #1fe021f4
-def eval_cost(images:int, K:int, costs:dict) -> float: return images * K * costs['evaluation']  # costs: `unit_costs`
-
-def n_evals(cfg:GRPOConfig) -> int:
-    "Evaluations a trainer run makes: every `eval_every` steps and at the end."
-    if not cfg.eval_images: return 0
-    return sum((cfg.eval_every and k % cfg.eval_every == 0) or k == cfg.steps for k in range(1, cfg.steps + 1))
-
-def run_cost(cfg:GRPOConfig, levels:str='few', timings:dict|None=None) -> dict:
-    "Expected CPU seconds of one run: training, calibration, evaluations and start-up."
-    cal, c = 0.0, unit_costs(cfg, timings)
-    if cfg.calibrate:
-        n = math.ceil(cfg.calib_samples / cfg.group_size) * cfg.group_size
-        la = lookahead_nfe('ode:rest', cfg.K, cfg.rollout_config().window)
-        cal = cfg.calib_iters * n * (cfg.K * c['rollout'] + la * c['lookahead'])
-    return dict(train=cfg.steps * sum(step_cost(cfg, levels, timings).values()), calibration=cal,
-                evaluation=n_evals(cfg) * eval_cost(cfg.eval_images, cfg.K, c), start=COSTS['run'])
-
-# %% ../../nbs/study/01_design.ipynb #209ddacc
-def _eval_groups(ccfg:CompareConfig, given:bool=False) -> dict:
-    "{evaluation: [tasks]}: tasks judged by the same evaluation share the base model's (given tasks: one each)."
-    out = {}
-    for t in ccfg.tasks: out.setdefault(t if given else TASKS[t]['evaluation'], []).append(t)
-    return out
-
-def job_costs(ccfg:CompareConfig, given:bool=False, timings:dict|None=None) -> dict:
-    """{job: expected CPU seconds}: ('base', evaluation, seed, task) and (task, seed, arm), on this machine (or
-    `timings`')."""
-    jobs = {}
-    for g, ts in _eval_groups(ccfg, given).items():
-        for s in sorted({s for t in ts for s in ccfg.task_seeds(t)}):
-            t = next(t for t in ts if s in ccfg.task_seeds(t))
-            cfg = ccfg.train_config('flow_grpo', s, t)
-            jobs[('base', g, s, t)] = eval_cost(cfg.eval_images, cfg.K, unit_costs(cfg, timings)) + COSTS['run']
-    for t in ccfg.tasks:
-        for s in ccfg.task_seeds(t):
-            for a in ccfg.task_arms(t):
-                jobs[(t, s, a)] = sum(run_cost(ccfg.train_config(a, s, t), TASKS[t]['levels'], timings).values())
-    return jobs
-
-# %% ../../nbs/study/01_design.ipynb #1a9a3581
-def schedule(costs:dict, workers:int, by_seed:bool=False) -> tuple[list, float]:
-    """Jobs longest first (`by_seed`: seed by seed, each seed's longest first), and the finish time when each goes to the
-    first free worker."""
-    seed = lambda k: k[2] if k[0] == 'base' else k[1]  # ('base', evaluation, seed, task) or (task, seed, arm)
-    order = sorted(costs, key=lambda k: (seed(k) if by_seed else 0, -costs[k]))
-    free = [0.0] * workers
-    for k in order: free[free.index(min(free))] += costs[k]
-    return order, max(free)
-
-def estimate_cost(ccfg:CompareConfig, workers:int=2, timings:dict|None=None) -> dict:
-    """Expected CPU seconds of `ccfg`'s comparison (jobs, workers, report) and its wall seconds on `workers`
-    single-thread workers."""
-    jobs = job_costs(ccfg, timings=timings)
-    _, span = schedule(jobs, workers, BUDGETS[ccfg.budget].get('by_seed', False))
-    fixed = workers * COSTS['worker'] + COSTS['report']
-    return dict(core_seconds=sum(jobs.values()) + fixed, wall_seconds=span + COSTS['worker'] + COSTS['report'],
-                workers=workers, limit_core_seconds=workers * LIMIT, limit_wall_seconds=LIMIT, jobs=len(jobs),
-                runs=sum(k[0] != 'base' for k in jobs))

@@ -109,7 +109,7 @@ def fig_claims(report:Report) -> go.Figure:
         for m in ((-c.margin,) if c.kind == 'non-inferiority' else (-c.margin, c.margin)):
             fig.add_shape(type='line', x0=m, x1=m, y0=i - 0.4, y1=i + 0.4, line=dict(color='#999', width=1))
     return fig.update_layout(
-        title='the claims: effect and 95% CI over seeds; ticks: ± margin; colour: the verdict (Holm within each family)',
+        title='the claims: effect and 95% CI over seeds; ticks: ± margin; colour: the verdict (Holm within its family)',
         xaxis_title='arm − reference',
     )
 

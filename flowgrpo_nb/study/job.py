@@ -16,7 +16,8 @@ from fastcore.script import call_parse
 from ..config import parse_overrides
 from ..precision import machine_paths, path_name
 from .page import results_rows, markdown_table, claims_rows
-from .design import COSTS, LIMIT, CompareConfig, job_costs, schedule, estimate_cost
+from .design import CompareConfig
+from .costs import COSTS, LIMIT, job_costs, schedule, estimate_cost
 from .compare import compare, jobs_left, default_workers
 
 # %% ../../nbs/study/08b_job.ipynb #1dcc4bb4

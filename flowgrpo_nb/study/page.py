@@ -469,9 +469,12 @@ def _family_line(f:str, cs:list) -> str:
     ran, dec = [c for c in cs if c.n], [c for c in cs if c.n and c.verdict in DECIDED]
     holm = dict(primary='Holm over them', exploratory='Holm over them', secondary='Holm apart from the primary')
     holm = holm.get(f or 'exploratory', 'read after the runs, Holm within it')
-    return (f"The {f or 'exploratory'} family ({len(cs)} claim{'s' * (len(cs) != 1)}, {holm}) decides {len(dec)} of {len(cs)}"
-            + (f"; {len(cs) - len(ran)} did not run" if len(ran) < len(cs) else '')
-            + (f": {', '.join(f'{c.id} {c.verdict}' for c in dec)}." if dec else '.'))
+    return (
+        f"The {f or 'exploratory'} family ({len(cs)} claim{'s' * (len(cs) != 1)}, {holm}) decides {len(dec)} of "
+        f"{len(cs)}"
+        + (f"; {len(cs) - len(ran)} did not run" if len(ran) < len(cs) else '')
+        + (f": {', '.join(f'{c.id} {c.verdict}' for c in dec)}." if dec else '.')
+    )
 
 def _verdicts(ran:list) -> str:
     by = {v: [c for c in ran if c.verdict == v] for v in ('holds', 'does not hold', 'equivalent', 'higher', 'lower')}

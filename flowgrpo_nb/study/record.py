@@ -67,7 +67,8 @@ def command_line(ccfg:CompareConfig, out) -> str:
     "The `flowgrpo compare` command that runs `ccfg` into `out`."
     b, parts = budget_of(ccfg.budget, ccfg.prereg), ['flowgrpo compare', f'--budget {ccfg.budget}', f'--out {out}']
     if ccfg.prereg: parts.append(f'--prereg {ccfg.prereg}')
-    if ccfg.seeds != CompareConfig(ccfg.budget, prereg=ccfg.prereg).seeds: parts.append('--seeds ' + ' '.join(map(str, ccfg.all_seeds)))
+    if ccfg.seeds != CompareConfig(ccfg.budget, prereg=ccfg.prereg).seeds:
+        parts.append('--seeds ' + ' '.join(map(str, ccfg.all_seeds)))
     if ccfg.tasks != tuple(b['arms']): parts.append('--tasks ' + ' '.join(ccfg.tasks))
     if ccfg.arms: parts.append('--arms ' + ' '.join(ccfg.arms))
     if ccfg.overrides: parts.append('--set ' + ' '.join(f'{k}={v}' for k, v in ccfg.overrides.items()))
