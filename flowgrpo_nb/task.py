@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/task.html.md"""
 
 # %% ../nbs/05b_task.ipynb #1b13cac9
 from __future__ import annotations
-import importlib, json, math, string
+import dataclasses, importlib, json, math, string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -16,12 +16,46 @@ from .policy import Policy
 from .rollout import RolloutConfig, rollout
 
 # %% auto #0
-__all__ = ['COLLAPSE_DROP', 'GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'EvalReport', 'mean_se', 'reward_report',
-           'collapse', 'Task', 'balanced_prompts', 'evaluate_policy', 'normalise_grid_prompt', 'geneval_task',
-           'read_prompts', 'prompt_splits', 'reward_from_spec', 'reward_task', 'check_task_names', 'load_task',
-           'load_policy']
+__all__ = ['PROMPT_DIGITS', 'COLLAPSE_DROP', 'GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'PromptScores',
+           'prompt_scores', 'EvalReport', 'mean_se', 'reward_report', 'collapse', 'Task', 'balanced_prompts',
+           'evaluate_policy', 'normalise_grid_prompt', 'geneval_task', 'read_prompts', 'prompt_splits',
+           'reward_from_spec', 'reward_task', 'check_task_names', 'load_task', 'load_policy']
 
 # %% ../nbs/05b_task.ipynb #4c1b1e5a
+PROMPT_DIGITS = 4  # decimals of a logged per-prompt mean: k of k/n reads back exactly for n below 10,000 images
+
+@dataclass
+class PromptScores:
+    "One evaluation per prompt: each prompt's images and the mean of the task's per-image score on them."
+    n:list                    # [P] images of each prompt (0: not drawn in this evaluation)
+    mean:list                 # [P] mean per-image score of each prompt (None where n is 0)
+    names:list|None = None    # [P] the prompts; None: the task's evaluation prompts, in their order
+    def over(self, prompts:list) -> PromptScores:
+        "The same results over `prompts`, in their order (`names` None): a prompt not evaluated has n 0, mean None."
+        at, known = dict(zip(self.names, zip(self.n, self.mean))), set(prompts)
+        if extra := [p for p in at if p not in known]:
+            raise ValueError(
+                f"{len(extra)} evaluated prompts are not among the {len(prompts)} given, e.g. {extra[0]!r}"
+            )
+        n, mean = zip(*(at.get(p, (0, None)) for p in prompts))
+        return PromptScores(list(n), list(mean))
+
+    def to_dict(self, digits:int|None=None) -> dict:
+        "{n, mean[, names]}; the means rounded to `digits` decimals (None: as they are)."
+        r = lambda x: x if x is None or digits is None else round(x, digits)
+        d = dict(n=list(self.n), mean=[r(x) for x in self.mean])
+        return d if self.names is None else d | dict(names=list(self.names))
+
+    @classmethod
+    def from_dict(cls, d:dict|None): return None if d is None else cls(d['n'], d['mean'], d.get('names'))
+
+def prompt_scores(scores, prompts:list[str]) -> PromptScores:
+    "Each distinct prompt's images and mean of the per-image `scores` [B], the prompts in the order they first come."
+    at = {}
+    for p, x in zip(prompts, torch.as_tensor(scores).double().flatten().tolist()): at.setdefault(p, []).append(x)
+    return PromptScores([len(v) for v in at.values()], [float(np.mean(v)) for v in at.values()], list(at))
+
+# %% ../nbs/05b_task.ipynb #c3e1a7b2
 @dataclass
 class EvalReport:
     "An evaluation's overall score ± SE, per-category scores ± SE (if any), other means, and the number of images."
@@ -30,19 +64,26 @@ class EvalReport:
     n:int
     categories:dict = field(default_factory=dict)  # {name: {'score', 'se', 'n'}}
     extra:dict = field(default_factory=dict)       # {name: mean}, e.g. partial credit or a learned score
+    prompts:PromptScores|None = None               # per prompt (None: not kept, or an evaluation from before)
     def metrics(self, prefix:str='eval_') -> dict:
-        "Flat {name: float} for logs: overall, overall_se, each category and its SE, each extra."
+        """Flat {name: value} for logs: overall, overall_se, each category and its SE, each extra (floats); the
+        per-prompt lists."""
         m = {f'{prefix}overall': self.overall, f'{prefix}overall_se': self.overall_se}
         for c, v in self.categories.items(): m |= {f'{prefix}{c}': v['score'], f'{prefix}{c}_se': v['se']}
-        return m | {f'{prefix}{k}': v for k, v in self.extra.items()}
+        m |= {f'{prefix}{k}': v for k, v in self.extra.items()}
+        if self.prompts is None: return m
+        return m | {f'{prefix}prompts_{k}': v for k, v in self.prompts.to_dict(PROMPT_DIGITS).items()}
 
     def to_dict(self):
         return dict(
             overall=self.overall, overall_se=self.overall_se, n=self.n, categories=self.categories, extra=self.extra
-        )
+        ) | ({} if self.prompts is None else dict(prompts=self.prompts.to_dict()))
 
     @classmethod
-    def from_dict(cls, d): return cls(**{k: d[k] for k in ('overall', 'overall_se', 'n', 'categories', 'extra')})
+    def from_dict(cls, d):
+        "The report of `to_dict`'s form, with or without per-prompt results."
+        return cls(**{k: d[k] for k in ('overall', 'overall_se', 'n', 'categories', 'extra')},
+                   prompts=PromptScores.from_dict(d.get('prompts')))
 
 # %% ../nbs/05b_task.ipynb #d5154745
 def mean_se(x) -> tuple[float, float]:
@@ -55,12 +96,13 @@ def reward_report(scores:torch.Tensor, prompts:list[str], category:Callable|None
     given."""
     if category is None:
         m, se = mean_se(scores)
-        return EvalReport(m, se, len(scores), extra=extra)
+        return EvalReport(m, se, len(scores), extra=extra, prompts=prompt_scores(scores, prompts))
     cats = [category(p) for p in prompts]
     by = {c: mean_se(scores[[i for i, x in enumerate(cats) if x == c]]) + (cats.count(c),) for c in dict.fromkeys(cats)}
     ms, ses = [v[0] for v in by.values()], [v[1] for v in by.values()]
     return EvalReport(float(np.mean(ms)), float(np.sqrt(np.sum(np.square(ses)))) / len(ses), len(scores),
-                      {c: dict(score=m, se=se, n=n) for c, (m, se, n) in by.items()}, extra)
+                      {c: dict(score=m, se=se, n=n) for c, (m, se, n) in by.items()}, extra,
+                      prompt_scores(scores, prompts))
 
 # %% ../nbs/05b_task.ipynb #722fa18d
 COLLAPSE_DROP = 0.10  # a held-out evaluation more than this below the run's best earlier one is a collapse
@@ -93,6 +135,13 @@ class Task:
             if not v or not all(isinstance(p, str) for p in v):
                 raise ValueError(f"Task {self.name!r}: {n} must be a non-empty list of strings")
         self.train_prompts, self.eval_prompts = list(self.train_prompts), list(self.eval_prompts)
+
+    def prompt_counts(self, split:str='eval') -> dict:
+        "Distinct prompts of `split` ('eval' or 'train') per category, most first ({'all': n} without categories)."
+        if split not in ('eval', 'train'): raise ValueError(f"split={split!r}: allowed 'eval' or 'train'")
+        ps = dict.fromkeys(self.eval_prompts if split == 'eval' else self.train_prompts)
+        cats = [self.category(p) if self.category else 'all' for p in ps]
+        return dict(sorted(((c, cats.count(c)) for c in set(cats)), key=lambda x: (-x[1], x[0])))
 
 # %% ../nbs/05b_task.ipynb #0f5f28e8
 def balanced_prompts(prompts:list[str], n:int, seed:int=0, category:Callable|None=None) -> list[str]:
@@ -131,6 +180,7 @@ def evaluate_policy(policy:Policy, task:Task,
             f"{', '.join(f'{k} = {v}' for k, v in bad.items())}; "
             "an evaluation's scores must be finite"
         )
+    if rep.prompts is not None: rep = dataclasses.replace(rep, prompts=rep.prompts.over(task.eval_prompts))
     return (rep, images, names) if return_images else rep
 
 # %% ../nbs/05b_task.ipynb #7b5ca6bb
@@ -154,12 +204,13 @@ def geneval_task(reward:str='partial') -> Task:
         raise ValueError(f"reward={reward!r}: the grid world's rewards are {', '.join(GRID_REWARDS)}")
     score = LearnedScore()
     def evaluate(images, prompts):
-        rep = geneval_report(mini_geneval(images, prompts)).to_dict()
+        res = mini_geneval(images, prompts)
+        rep = geneval_report(res).to_dict()
         cats = {c: dict(score=v['strict'], se=v['strict_se'], n=v['n']) for c, v in rep.items() if c != 'overall'}
         o = rep['overall']
         return EvalReport(
             o['strict'], o['strict_se'], o['n'], cats,
-            dict(partial=o['partial'], score=float(score(images, prompts).mean()))
+            dict(partial=o['partial'], score=float(score(images, prompts).mean())), prompt_scores(res.strict, prompts)
         )
 
     def describe(images, prompts):

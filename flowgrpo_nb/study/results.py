@@ -11,15 +11,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 import numpy as np
 from ..policy import PHASES
-from ..task import EvalReport, collapse
+from ..task import EvalReport, PromptScores, collapse
 from ..config import GRPOConfig, run_config
 from ..checkpoint import RunFolder
 from .stats import aggregate
 
 # %% auto #0
 __all__ = ['STEP_TIME_RATIO', 'NO_CALIBRATION', 'FIDELITY_MEASURES', 'FORMAT', 'READS', 'Record', 'Agg', 'agg', 'CurvePoint',
-           'RunResult', 'fake_run', 'heldout', 'eval_from_metrics', 'grad_share', 'cumulative', 'run_curve',
-           'calibration_rounds', 'run_report', 'ArmSummary', 'Comparison', 'TaskSection', 'ContrastResult', 'Report']
+           'RunResult', 'fake_run', 'heldout', 'eval_from_metrics', 'prompts_from_metrics', 'grad_share', 'cumulative',
+           'run_curve', 'calibration_rounds', 'run_report', 'ArmSummary', 'Comparison', 'TaskSection', 'ContrastResult',
+           'Report']
 
 # %% ../../nbs/study/03_results.ipynb #9f5e4533
 def _from(tp, x, where:str):
@@ -31,15 +32,28 @@ def _from(tp, x, where:str):
         kinds = [a for a in args if a is not type(None)]
         return _from(kinds[0], x, where) if len(kinds) == 1 else x
     if isinstance(tp, type) and issubclass(tp, Record): return tp.from_json(x, where)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and hasattr(tp, 'from_dict'): return tp.from_dict(x)
     if origin is list and args: return [_from(args[0], v, f'{where}[{i}]') for i, v in enumerate(x)]
     if origin is dict and args: return {k: _from(args[1], v, f'{where}.{k}') for k, v in x.items()}
+    return x
+
+def _to(x):
+    "Plain JSON of `x`: records by their `to_json`, library results by `to_dict`, containers item by item."
+    if isinstance(x, Record): return x.to_json()
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return x.to_dict() if hasattr(x, 'to_dict') else _to(dataclasses.asdict(x))
+    if isinstance(x, (list, tuple)): return type(x)(_to(v) for v in x)
+    if isinstance(x, dict): return {k: _to(v) for k, v in x.items()}
     return x
 
 # %% ../../nbs/study/03_results.ipynb #464d6323
 class Record:
     """A typed JSON record (a dataclass): `to_json` gives plain JSON, `from_json` checks the field names and builds
     nested records."""
-    def to_json(self) -> dict: return dataclasses.asdict(self)
+    OMIT_NONE = ()  # fields left out of the JSON while None (added after reports were written without them)
+    def to_json(self) -> dict:
+        return {f.name: _to(v) for f in fields(self)
+                if not ((v := getattr(self, f.name)) is None and f.name in self.OMIT_NONE)}
     @classmethod
     def from_json(cls, d:dict, where:str|None=None):
         where = where or cls.__name__
@@ -83,6 +97,8 @@ class CurvePoint(Record):
     nfe:float|None=None          # cumulative network evaluations, calibration included
     learned:float|None=None      # held-out learned score (tasks that log it)
     categories:dict|None=None    # {category: held-out strict score} (tasks with categories; None: not read)
+    prompts:PromptScores|None=None  # per-prompt results over the task's evaluation prompts (None: not logged)
+    OMIT_NONE = ('prompts',)
 
 # %% ../../nbs/study/03_results.ipynb #bb134036
 @dataclass
@@ -124,6 +140,11 @@ class RunResult(Record):
     collapse:dict|None=None
     psi_rounds:list|None=None    # [rounds][K] psi of every calibration round
     calib_stable:bool|None=None  # calibration stopped because psi stopped moving
+    def to_json(self) -> dict:
+        "The run's JSON: its curve's per-prompt results kept for the final evaluation only."
+        d = super().to_json()
+        for p in d['curve'][:-1]: p.pop('prompts', None)
+        return d
 
 # %% ../../nbs/study/03_results.ipynb #a4f17e4a
 def fake_run(scores:list, learned:list|None=None, every:int=25, nfe:int=160, cpu:float=2.0, cal:tuple=(0, 0.0),
@@ -163,11 +184,17 @@ def heldout(rep:EvalReport) -> dict:
 
 def eval_from_metrics(m:dict, n:int, prefix:str='eval_') -> EvalReport:
     "The `EvalReport` of `n` images that a trainer logged as flat metrics `m` (without the categories' image counts)."
-    names = [k[len(prefix):] for k in m if k.startswith(prefix)]
+    names = [k[len(prefix):] for k in m if k.startswith(prefix) and isinstance(m[k], (int, float))]
     cats = [c for c in names if c != 'overall' and f'{c}_se' in names]
     extra = {c: m[prefix + c] for c in names if c != 'overall' and c not in cats and not c.endswith('_se')}
     return EvalReport(m[prefix + 'overall'], m[prefix + 'overall_se'], n,
-                      {c: dict(score=m[prefix + c], se=m[prefix + c + '_se']) for c in cats}, extra)
+                      {c: dict(score=m[prefix + c], se=m[prefix + c + '_se']) for c in cats}, extra,
+                      prompts_from_metrics(m, prefix))
+
+def prompts_from_metrics(m:dict, prefix:str='eval_') -> PromptScores|None:
+    "The per-prompt results a trainer logged in the metrics row `m` (None: a row without them)."
+    get = {k: m.get(f'{prefix}prompts_{k}') for k in ('n', 'mean', 'names')}
+    return None if get['n'] is None else PromptScores.from_dict(get)
 
 # %% ../../nbs/study/03_results.ipynb #a81a36cd
 STEP_TIME_RATIO = "process CPU seconds per training step (median over steps) divided by Flow-GRPO's, per seed"
@@ -202,13 +229,13 @@ def run_curve(evals:list, base:EvalReport, cal:dict, cpu:dict, nfe:dict) -> list
         CurvePoint(
             step=0, seconds=cal['cpu_seconds'], eval=base.overall, se=base.overall_se, base=True,
             nfe=float(cal['nfe']), learned=base.extra.get('score'),
-            categories=cats(lambda c: base.categories[c]['score'])
+            categories=cats(lambda c: base.categories[c]['score']), prompts=base.prompts
         )
     ] + [
         CurvePoint(
             step=m['step'], seconds=float(cpu[m['step']]), wall=m.get('sec_total'), eval=m['eval_overall'],
             se=m['eval_overall_se'], nfe=float(nfe[m['step']]), learned=m.get('eval_score'),
-            categories=cats(lambda c: m.get(f'eval_{c}'))
+            categories=cats(lambda c: m.get(f'eval_{c}')), prompts=prompts_from_metrics(m)
         )
         for m in evals
     ]

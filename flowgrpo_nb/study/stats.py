@@ -8,7 +8,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/stats.html.md"""
 __all__ = ['KINDS', 'TESTS', 'STATS', 't_quantile', 'aggregate', 'paired', 'holm', 'one_sided', 'tost', 'power', 'mde',
            'seeds_needed', 'claim_tests', 'claim_verdicts', 'holm_level', 'power_one_sided', 'power_tost',
            'mde_one_sided', 'tost_margin', 'test_power', 'seeds_for', 'claim_power', 'lower_bound', 'power_agreement',
-           'cluster_draws', 'cluster_weights', 'boot_stats', 'percentile_ci', 'kendall_tau']
+           'cluster_draws', 'cluster_weights', 'boot_stats', 'percentile_ci', 'kendall_tau', 'eval_se', 'paired_eval',
+           'eval_sd_at']
 
 # %% ../../nbs/study/00_stats.ipynb #c1d0fdb7
 import math
@@ -343,3 +344,56 @@ def kendall_tau(x, y) -> float:
     x, y = np.asarray(x, float), np.asarray(y, float)
     if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0: return float('nan')
     return float(stats.kendalltau(x, y).statistic)
+
+# %% ../../nbs/study/00_stats.ipynb #e1a0b002
+def _prompts_by_category(n, category, *means) -> dict:
+    "{category: (n [G], each of `means` [G])} over the prompts with images (n > 0)."
+    out = {}
+    for i, (k, c) in enumerate(zip(n, category)):
+        if k: out.setdefault(c, []).append(i)
+    return {c: (np.asarray(n, float)[ix], *(np.asarray([m[i] for i in ix], float) for m in means))
+            for c, ix in out.items()}
+
+def _cluster_se(k, r) -> float:
+    "SE of a category mean clustered by prompt (G/(G-1) correction), from images `k` [G] and mean residuals `r` [G]."
+    G, N = len(k), k.sum()
+    return float(math.sqrt(G / (G - 1) * ((k * r) ** 2).sum()) / N) if G > 1 else float('nan')
+
+# %% ../../nbs/study/00_stats.ipynb #e1a0b003
+def eval_se(n, mean, category) -> dict:
+    """An evaluation's overall score (the mean over categories of each category's image mean) and its SE, binomial
+    (within-prompt p(1-p) plus the between-prompt spread) and clustered by prompt, from per-prompt results."""
+    cats = {}
+    for c, (k, m) in _prompts_by_category(n, category, mean).items():
+        N = k.sum(); p = (k * m).sum() / N; d = N * (N - 1) if N > 1 else math.inf
+        w, b = (k * m * (1 - m)).sum() / d, (k * (m - p) ** 2).sum() / d
+        cl = _cluster_se(k, m - p) if len(k) > 1 else math.sqrt(w + b)  # one prompt: per image, as the world logs it
+        cats[c] = dict(score=float(p), n=int(N), prompts=len(k), se=float(math.sqrt(w + b)), within=float(w),
+                       between=float(b), clustered=cl)
+    C, v = len(cats), lambda f: sum(x[f] for x in cats.values()) / len(cats) ** 2
+    return dict(overall=sum(x['score'] for x in cats.values()) / C, se=math.sqrt(v('within') + v('between')),
+                within=v('within'), between=v('between'),
+                clustered=math.sqrt(sum(x['clustered'] ** 2 for x in cats.values())) / C, categories=cats)
+
+# %% ../../nbs/study/00_stats.ipynb #e1a0b008
+def paired_eval(n, mean_a, mean_b, category) -> dict:
+    """The difference a − b of two evaluations on the same prompts and noise (mean over categories of image means) and
+    its SE: binomial within (`se`: independent images; `se_low`: agreeing images) plus between prompts; clustered."""
+    cats = {}
+    for c, (k, a, b) in _prompts_by_category(n, category, mean_a, mean_b).items():
+        N, dl = k.sum(), a - b
+        D = (k * dl).sum() / N; d = N * (N - 1) if N > 1 else math.inf
+        between = (k * (dl - D) ** 2).sum() / d
+        hi, lo = (k * (a * (1 - a) + b * (1 - b))).sum() / d, (k * (np.abs(dl) - dl ** 2)).sum() / d
+        cl = _cluster_se(k, dl - D) if len(k) > 1 else math.sqrt(hi + between)
+        cats[c] = dict(diff=float(D), n=int(N), prompts=len(k), between=float(between), within=float(hi),
+                       within_low=float(lo), clustered=cl)
+    C, v = len(cats), lambda f: sum(x[f] for x in cats.values()) / len(cats) ** 2
+    return dict(mean=sum(x['diff'] for x in cats.values()) / C, se=math.sqrt(v('within') + v('between')),
+                se_low=math.sqrt(v('within_low') + v('between')),
+                clustered=math.sqrt(sum(x['clustered'] ** 2 for x in cats.values())) / C, categories=cats)
+
+# %% ../../nbs/study/00_stats.ipynb #e1a0b017
+def eval_sd_at(sd:float, n:int, images:int) -> float:
+    "The SD of an evaluation of `images` images from its SD `sd` at `n` images (binomial: as one over their root)."
+    return sd * math.sqrt(n / images)
