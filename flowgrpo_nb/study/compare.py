@@ -24,7 +24,9 @@ from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy
 from ..config import GRPOConfig, config_diff, run_config
 from ..checkpoint import RunFolder, FolderLock, read_json, write_json, write_text
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
-from .design import ARMS, TASKS, BUDGETS, CONTRASTS, equal_compute, budget_of, load_prereg, prereg_file, CompareConfig, arm_settings
+from flowgrpo_nb.study.design import (
+    ARMS, TASKS, BUDGETS, CONTRASTS, equal_compute, budget_of, load_prereg, prereg_file, CompareConfig, arm_settings
+)
 from .costs import job_costs, schedule, estimate_cost, _eval_groups
 from flowgrpo_nb.study.record import (
     code_version, prereg_record, command_line, log_invocation, read_invocations, _heartbeat

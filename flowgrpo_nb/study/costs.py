@@ -8,7 +8,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/costs.html.md"""
 __all__ = ['COSTS', 'REFERENCE', 'UNIT_ROWS', 'ZERO_SHARE', 'LIMIT', 'path_seconds', 'run_path', 'unit_costs', 'step_cost',
            'eval_cost', 'n_evals', 'run_cost', 'job_costs', 'schedule', 'estimate_cost']
 
-# %% ../../nbs/study/01b_costs.ipynb #b5f677ad
+# %% ../../nbs/study/01b_costs.ipynb #ea674e8f
 import math
 from ..rollout import lookahead_nfe
 from ..config import GRPOConfig
