@@ -111,7 +111,7 @@ def planning_sd() -> tuple[float, str]:
 
 def plan() -> dict:
     from flowgrpo_nb.study.design import Claim, Prereg, CompareConfig, BUDGETS, budget_fields, arm_config, TASKS
-from flowgrpo_nb.study.costs import run_cost
+    from flowgrpo_nb.study.costs import run_cost
     from flowgrpo_nb.study.design import prereg_seeds, prereg_steps
     from flowgrpo_nb.study.stats import seeds_for, holm_level
     steps, how = equal_cpu_steps()

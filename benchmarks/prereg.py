@@ -104,7 +104,7 @@ def toml_text(rows:list[dict], seeds:dict, recipe:str, alpha:float=0.05, power:f
 def seed_cost(task:str, arms, timings:dict|None=None) -> float:
     "Expected CPU seconds of one seed of `task` under the confirm budget: a run of each arm and the base evaluation (`costs.run_cost`)."
     from flowgrpo_nb.study.design import BUDGETS, TASKS, arm_config, budget_fields
-from flowgrpo_nb.study.costs import COSTS, run_cost, eval_cost, unit_costs
+    from flowgrpo_nb.study.costs import COSTS, run_cost, eval_cost, unit_costs
     fields = budget_fields(BUDGETS['confirm'], FIRST_SEED[task], task)
     cfgs = [arm_config(a, **fields) for a in arms]
     return sum(sum(run_cost(c, TASKS[task]['levels'], timings).values()) for c in cfgs) + \

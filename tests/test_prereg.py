@@ -75,7 +75,7 @@ def test_a_budget_reads_each_arms_steps_from_its_claims(tmp_path):
     """Equal compute fixed by step counts: an arm a claim reads further (`other_steps`) trains that far, the others the
     budget's steps; the runs are scheduled seed by seed; a claim reads each run up to its own step."""
     from flowgrpo_nb.study.design import CompareConfig, BUDGETS
-from flowgrpo_nb.study.costs import job_costs, schedule
+    from flowgrpo_nb.study.costs import job_costs, schedule
     from flowgrpo_nb.study.summary import claim_diffs, judge, last_mean
     from flowgrpo_nb.study.results import fake_run, TaskSection
     p = tmp_path/'credit_prereg.toml'
