@@ -9,14 +9,15 @@ from __future__ import annotations
 import html, re
 from .results import FIDELITY_MEASURES, Report
 from .summary import REACH_BY, WINDOW_MATCH, with_power, verdict_sentence
-from .design import contrast_label
+from .design import contrast_label, AT_UNITS
 from .report import _loss_steps, _x
 
 # %% auto #0
 __all__ = ['RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD', 'CSS', 'DECIDED',
            'PREREG_NOTE', 'HEADLINE_HEAD', 'results_rows', 'markdown_table', 'html_table', 'arms_rows',
            'study_arms_rows', 'verdict_text', 'claims_rows', 'study_caption', 'study_rows', 'task_seeds', 'setup_html',
-           'report_html', 'results_markdown', 'claims_summary', 'prereg_text', 'prereg_html', 'claims_markdown']
+           'answer_lines', 'headline_html', 'report_html', 'results_markdown', 'claims_summary', 'prereg_text',
+           'prereg_html', 'claims_markdown']
 
 # %% ../../nbs/study/06b_page.ipynb #ea8a1d98
 def _diff_cell(c) -> str:
@@ -387,10 +388,55 @@ def _seeds(s:dict) -> str:
     if len(set(n.values())) == 1: k = next(iter(n.values())); return f"{k} seed{'s' * (k > 1)}"
     return ', '.join(f"{k}{' seeds' * (i == 0)} ({t})" for i, (t, k) in enumerate(n.items()))
 
+def _md(s:str) -> str: return re.sub(r'\*\*(.+?)\*\*', r'<b>\1</b>', html.escape(s))  # the summary's bold, in HTML
+
+def _reading(c) -> str:
+    "A claim's effect, interval and verdict in a few words."
+    v = dict(holds='holds', equivalent=f'equivalent within ±{c.margin:g}', **{'does not hold': 'does not hold'})
+    return f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}], " + (
+        f"**{v[c.verdict]}**" if c.verdict in v else c.verdict.replace('undecided at this power', 'not decided')
+    )
+
+
+def answer_lines(report:Report, most:int=8) -> list[str]:
+    """The report's answer in plain words, one line per claim (the primary family's, or the study's table): its verdict
+    at equal steps, then what the same runs say at equal CPU seconds and at equal NFE (the post hoc rows)."""
+    cs = with_power(report.contrasts)
+    main = [c for c in cs if c.n and c.family in ('primary', None)]
+    if len(main) > most: main = [c for c in main if c.verdict in DECIDED + ('higher', 'lower')][:most]
+    post = {c.id: c for c in cs if c.family == 'post hoc' and c.n}
+    out = []
+    for c in main:
+        at = [
+            f"at {r.read.removeprefix('at ')}: {_reading(r)}" for k in ('cpu', 'nfe') if (r := post.get(f'{c.id}@{k}'))
+        ]
+        where = (c.read or (f"{c.arm} at {c.at[1]:.2g} × {c.other}'s {AT_UNITS[c.at[0]]}" if c.at else None)
+                 or 'at equal optimizer steps')
+        out.append(
+            f"{c.id} — {c.claim.rstrip('?.')}: {where}, {_reading(c)}" + ('; ' + '; '.join(at) if at else '') + '.'
+        )
+    return out
+
+def headline_html(report:Report, figures:dict) -> str:
+    "The first screen of report.html: the answer in plain words, then every arm's held-out score against CPU seconds."
+    lines = answer_lines(report)
+    t = next(iter(figures), None)
+    fig = figures[t].get('curve_seconds') if t else None
+    said = f"<ul class='answer'>{''.join(f'<li>{_md(s)}</li>' for s in lines)}</ul>" if lines else ''
+    return (
+        "<h2>The answer</h2>"
+        + said
+        + (fig.to_html(full_html=False, include_plotlyjs=True, div_id='headline') if fig is not None else '')
+        + "<p class='note'>Each claim is the paired difference arm − reference over seeds; <i>at equal optimizer "
+        "steps</i> unless said; the readings at equal CPU seconds and equal NFE interpolate each run's held-out curve "
+        "at what the cheaper run of the seed spent in all (process CPU seconds and network evaluations, calibration "
+        "included) and are post hoc, Holm within their own family. Definitions, tables and method notes follow.</p>"
+    )
+
 def report_html(report:Report, figures:dict) -> str:
     """report.html: setup, claims, findings, then per task its table, its study measures and its figures ({task: {name:
     figure}})."""
-    parts, first = [], True
+    parts, first = [], False  # the headline carries plotly.js
     for t, figs in figures.items():
         parts.append(
             f"<h2>Task {html.escape(t)}: {html.escape(report.setup['tasks'][t]['about'])}</h2>"
@@ -407,6 +453,7 @@ def report_html(report:Report, figures:dict) -> str:
     return (
         f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title><style>{CSS}</style></head><body>"
         f"<h1>Flow-GRPO, its windows and dense credit: {_seeds(report.setup)}</h1>"
+        + headline_html(report, figures)
         + (pre or '')
         + setup_html(report)
         + ('' if pre else claims)
@@ -507,7 +554,6 @@ PREREG_NOTE = (
     "family's most stringent level α/m."
 )
 
-def _md(s:str) -> str: return re.sub(r'\*\*(.+?)\*\*', r'<b>\1</b>', html.escape(s))  # the summary's bold, in HTML
 
 def prereg_text(pre:dict) -> str:
     """What a study's pre-registration record says: the file, when it was committed, and whether every invocation's code
