@@ -80,7 +80,6 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     steps:int=40                # rollout batches to train on
     eval_every:int=20           # evaluation every n steps (0: only at the start and the end)
     eval_images:int=256         # images per evaluation (0: no evaluation)
-    eval_start:bool=True        # evaluate the base model before the first step (a comparison does it once for all runs)
     # per-step gradient-norm shares every n steps (0: never; one extra pass over one minibatch)
     diag_every:int=8
     # with beta = 0, log the KL to the reference every n steps (0: never; a no-grad pass over one minibatch, with and
@@ -341,7 +340,8 @@ def _check_noise(c:GRPOConfig):
         )
 
 # %% ../nbs/05c_config.ipynb #71ef0ac1
-REMOVED_FIELDS = ('log_images',)  # written by older versions, read by nothing
+# written by older versions, read by nothing (eval_start: a run's own choice, `GRPOTrainer(evaluate_base=...)`)
+REMOVED_FIELDS = ('log_images', 'eval_start')
 ADDED_FIELDS = dict(
     fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0,
     backward_pairs=0

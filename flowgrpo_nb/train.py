@@ -60,9 +60,11 @@ class GRPOTrainer:
                  task:Task|None=None,
                  resume:bool=False,             # continue from the newest checkpoint of `run_dir`
                  accelerator=None,              # default: a new `accelerate.Accelerator`
-                 progress:bool=True):           # tqdm bar
+                 progress:bool=True,            # tqdm bar
+                 evaluate_base:bool=True):      # evaluate the base model before the first step
         from accelerate import Accelerator
         self.cfg, self.run_dir, self.folder, self.progress = cfg, Path(run_dir), RunFolder(run_dir), progress
+        self.evaluate_base = evaluate_base
         check_output_dir(self.run_dir)
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), project_dir=str(run_dir),
                                               log_with=tracker(cfg.log_with))
@@ -267,7 +269,7 @@ def train(self:GRPOTrainer) -> dict:
         tqdm.write(f"{self.run_dir}: {self.precision['path']} path ({self.precision['why']})")
     try:
         if cfg.calibrate and self.psi is None: self.calibrate()
-        if self.step == 0 and not self.history and self.evaluates and cfg.eval_start:
+        if self.step == 0 and not self.history and self.evaluates and self.evaluate_base:
             self.log(self.eval_metrics() | dict(sec_total=0.0))
         bar = tqdm(
             total=cfg.steps, initial=self.step, desc=cfg.method,
@@ -556,8 +558,9 @@ def train_cli(
     # tiny: partial, strict, score; sd3/flux: clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MOD:FN
     reward: str = None,
     set: Annotated[str, 'GRPOConfig overrides FIELD=VALUE ... (fields below)', dict(nargs='*', action='extend')] = None,
-    quiet: bool = False,
-):        # no progress bar
+    quiet: bool = False,  # no progress bar
+    no_base_eval: bool = False,  # skip the base model's evaluation before the first step
+):
     "Fine-tune a flow model with GRPO: the embedded tiny model by default, SD3/FLUX from a local folder."
     if quiet:
         import diffusers, transformers
@@ -567,7 +570,7 @@ def train_cli(
     )
     # Ctrl-C, SIGTERM: one sentence naming the checkpoint kept and the command that resumes from it
     with resumable(out, ['--resume']):
-        trainer = GRPOTrainer(cfg, out, resume=resume, progress=not quiet)
+        trainer = GRPOTrainer(cfg, out, resume=resume, progress=not quiet, evaluate_base=not no_base_eval)
         try: s = trainer.train()
         finally: trainer.acc.end_training()  # the trackers flushed and closed, after a stop too
     if trainer.acc.is_main_process: print(result_line(s, out))

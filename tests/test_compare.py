@@ -71,7 +71,7 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     assert again.findings == report.findings and again.tasks['geneval'].base == sec.base
 
 def test_base_eval_is_the_trainers_first_evaluation(task, tmp_path):
-    "The base point of a seed is what a run of that seed would have evaluated before its first step (eval_start=True)."
+    "The base point of a seed is what a run of that seed would have evaluated before its first step (`evaluate_base`)."
     cfg = CompareConfig(budget='smoke').train_config('flow_grpo', 3)
     tr = GRPOTrainer(GRPOConfig.from_dict(cfg.to_dict() | dict(log_with='none')), tmp_path/'run', policy=load_policy('tiny'), task=task, progress=False)
     assert base_eval(load_policy('tiny'), task, cfg).overall == pytest.approx(tr.evaluate().overall, abs=1e-6)

@@ -193,7 +193,7 @@ def test_reward_that_returns_the_wrong_thing_exits_2_with_one_line(user, capsys,
 def test_nan_in_an_evaluation_stops_the_run_and_records_no_nan(user, capsys):
     out = user/'r'
     status, line = train_here(capsys, out, '--reward', 'py:user_rewards:nan_on_eval', '--prompts', user/'prompts.txt', '--set',
-                              'log_with=none', 'eval_images=6', 'eval_start=false', 'save_every=1', 'steps=3')
+                              'log_with=none', 'eval_images=6', 'save_every=1', 'steps=3', '--no-base-eval')
     assert status == 2 and line.startswith("flowgrpo train: evaluation at step 3: the evaluation reward 'py:user_rewards:nan_on_eval' "
                                            "is nan for sample 0 (prompt 'a red circle')"), line
     assert 'checkpoints up to ckpt-000002 are kept' in line

@@ -112,7 +112,9 @@ def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:b
             )
     if finished(d, cfg): return  # `compare` checked its base weights before any work (`_check_reused`)
     # holds d's lock
-    tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(run.checkpoints()), progress=progress)
+    # the base model is evaluated once per seed (`base_eval`), not by every run
+    tr = GRPOTrainer(cfg, d, policy=policy, task=task, resume=bool(run.checkpoints()), progress=progress,
+                     evaluate_base=False)
     tr.train()
     tr.acc.end_training()
 

@@ -204,7 +204,7 @@ def budget_fields(b:dict, seed:int, task:str, arm:str|None=None) -> dict:
     steps = (b.get('steps_of') or {}).get(task, {}).get(arm, b['steps'])
     return {
         **b['train'], 'steps': steps, 'eval_every': b['eval_every'], 'eval_images': b['eval_images'],
-        'eval_start': False, 'save_every': b.get('save_every', steps), 'seed': seed,
+        'save_every': b.get('save_every', steps), 'seed': seed,
         'reward': TASKS[task]['reward']
     }
 
