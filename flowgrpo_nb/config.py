@@ -251,7 +251,7 @@ def tracker_kwargs(name:str, run_dir:str|Path) -> dict:
 # %% ../nbs/05c_config.ipynb #9bf706b8
 _AT_LEAST = dict(K=2, prompts_per_step=1, group_size=2, minibatch=1, updates_per_rollout=1, steps=1, lora_rank=1,
                  keep_last=1, calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0,
-                 window_start=0, window_slide=0, diag_every=0, kl_every=0, lr_warmup=0, backward_pairs=0)
+                 window_start=0, window_slide=0, diag_every=0, kl_every=0, lr_warmup=0, backward_pairs=0, seed=0)
 _POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance', 'eps', 'calib_eps1', 'calib_eps2')
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 LR_SCHEDULES, PROMPT_MIXES = ('constant', 'cosine', 'linear'), ('category', 'prompt')

@@ -214,3 +214,10 @@ def test_prompt_files_are_checked_before_any_model_loads(user, capsys, monkeypat
     status, line = train_here(capsys, user/'r', '--reward', 'py:user_rewards:returns_str', '--prompts', words)
     assert status == 2 and line.endswith('words.txt, line 1: a prompt of 9 words; the model reads at most 8')
     assert not (user/'r').exists()  # nothing left that blocks the next try
+
+def test_a_negative_seed_is_refused_before_anything_loads(capsys, tmp_path):
+    "The seed is checked with the config, before the model loads or any folder is made: one sentence naming it."
+    out = tmp_path/'r'
+    status, line = train_here(capsys, out, '--set', 'seed=-1')
+    assert status == 2 and line == 'flowgrpo train: GRPOConfig.seed=-1: allowed an integer >= 0', line
+    assert not out.exists()

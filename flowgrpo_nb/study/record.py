@@ -8,7 +8,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/record.html.md"""
 __all__ = ['HEARTBEAT', 'code_version', 'prereg_record', 'command_line', 'log_invocation', 'read_invocations']
 
 # %% ../../nbs/study/07b_record.ipynb #d7ccdc96
-import hashlib, json, subprocess, threading
+import contextlib, hashlib, json, os, subprocess, threading
 from pathlib import Path
 import flowgrpo_nb
 from .design import budget_of, prereg_file, CompareConfig
@@ -78,8 +78,16 @@ def command_line(ccfg:CompareConfig, out) -> str:
 # %% ../../nbs/study/07b_record.ipynb #c41389a3
 def log_invocation(out:Path, **row) -> dict:
     """Append one line to `out`/invocations.jsonl (a start: `id` and what it runs; an end: the same `id` and what it
-    took)."""
-    with open(Path(out)/'invocations.jsonl', 'a') as f: f.write(json.dumps(row) + '\n')
+    took), whole or not at all: a line a full disk or a kill cut is cut back, never glued to the next one."""
+    p, line = Path(out)/'invocations.jsonl', (json.dumps(row) + '\n').encode()
+    data = p.read_bytes() if p.exists() else b''
+    whole = data[:data.rfind(b'\n') + 1]
+    try:
+        with open(p, 'r+b' if p.exists() else 'wb') as f:
+            f.truncate(len(whole)); f.seek(len(whole)); f.write(line); f.flush(); os.fsync(f.fileno())
+    except OSError as e:
+        with contextlib.suppress(OSError): os.truncate(p, len(whole))
+        raise OSError(e.errno, f"cannot append to the invocation log {p}: {e.strerror or e}") from None
     return row
 
 HEARTBEAT = 60.0  # s between the lines a running invocation adds to invocations.jsonl (besides one per finished job)
