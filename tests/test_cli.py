@@ -137,13 +137,13 @@ def test_compare_starts_the_fork_server_of_its_workers_first(monkeypatch):
     "flowgrpo compare starts the server its workers fork from before its own imports; other commands, --help and --estimate do not."
     import multiprocessing.forkserver as fs
     from flowgrpo_nb import cli
-    from flowgrpo_nb.study.pool import WORKER_PRELOAD
+    from flowgrpo_nb.study.pool import WORKER_PRELOAD, start_fork_server
     started = []
     monkeypatch.setattr(fs, 'ensure_running', lambda: started.append(list(fs._forkserver._preload_modules)))
     for name, argv in (('train', []), ('compare', ['--help']), ('compare', ['--estimate'])): cli._start_fork_server(name, argv)
     assert started == []
     cli._start_fork_server('compare', ['--seeds', '0'])
-    assert started == [WORKER_PRELOAD] == [cli.FORK_SERVER['compare']]
+    assert started == [WORKER_PRELOAD] and cli.FORK_SERVER['compare'] == start_fork_server.__module__
 
 
 def test_a_stop_closes_open_progress_bars_first(monkeypatch, capsys):

@@ -91,7 +91,7 @@ def _deps(module:str) -> set[str]:
         for dep in GRAPH[todo.pop()] - out: out.add(dep); todo.append(dep)
     return out
 
-RENDERING = ('study.figures', 'study.report', 'study.page')  # a report's figures and words: they read a `Report`, nothing that runs
+RENDERING = ('study.figures', 'study.report', 'study.page', 'study.document')  # a report's figures and words: they read a `Report`, nothing that runs
 TRAINING_OR_RUNNING = {'train', 'study.compare', 'study.fidelity', 'study.fidelity_report', 'study.pool', 'app', 'cli'}
 
 @pytest.mark.parametrize('module', RENDERING)

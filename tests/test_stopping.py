@@ -179,7 +179,8 @@ def test_app_stopped_closes_the_server_and_says_so(tmp_path):
 
 # flowgrpo fidelity measures in its own process (its one child, the PNG export, is killed whole by `write_pngs`): in-process
 def test_fidelity_stopped_says_what_it_kept(tmp_path, monkeypatch, capsys):
-    from flowgrpo_nb import cli, fidelity_report as fr
+    from flowgrpo_nb import cli
+    from flowgrpo_nb.study import fidelity_report as fr
     def stop(*a, **k): os.kill(os.getpid(), signal.SIGTERM); time.sleep(10)
     monkeypatch.setattr(fr, 'fidelity_report', stop)
     t0 = time.monotonic()

@@ -36,7 +36,7 @@ from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STE
 from .summary import task_section, correct, judge, add_fidelity, FAMILIES
 from .figures import report_figures
 from .report import findings
-from .page import report_html
+from .document import report_html
 
 # %% ../../nbs/study/08_compare.ipynb #b60a4e6e
 def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, progress:bool=True) -> EvalReport:

@@ -9,15 +9,14 @@ from __future__ import annotations
 import html, re
 from .results import FIDELITY_MEASURES, Report
 from .summary import REACH_BY, WINDOW_MATCH, with_power, verdict_sentence
-from .design import contrast_label, AT_UNITS
+from .design import contrast_label
 from .report import _loss_steps, _x
 
 # %% auto #0
-__all__ = ['RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD', 'CSS', 'DECIDED',
-           'PREREG_NOTE', 'HEADLINE_HEAD', 'results_rows', 'markdown_table', 'html_table', 'arms_rows',
-           'study_arms_rows', 'verdict_text', 'claims_rows', 'study_caption', 'study_rows', 'task_seeds', 'setup_html',
-           'answer_lines', 'headline_html', 'report_html', 'results_markdown', 'claims_summary', 'prereg_text',
-           'prereg_html', 'claims_markdown']
+__all__ = ['RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD', 'DECIDED', 'PREREG_NOTE',
+           'HEADLINE_HEAD', 'results_rows', 'markdown_table', 'html_table', 'arms_rows', 'study_arms_rows',
+           'verdict_text', 'claims_rows', 'study_caption', 'study_rows', 'results_markdown', 'claims_summary',
+           'task_seeds', 'prereg_text', 'prereg_html', 'claims_markdown']
 
 # %% ../../nbs/study/06b_page.ipynb #ea8a1d98
 def _diff_cell(c) -> str:
@@ -253,216 +252,6 @@ def study_rows(report:Report, task:str) -> tuple[list, list]:
                      ('—' if r.se_ratio is None else f"{r.se_ratio:.2f}", None), (_fidelity_cell(r.fidelity), None)])
     return STUDY_HEAD, rows
 
-# %% ../../nbs/study/06b_page.ipynb #ee6bc571
-CSS = (
-    "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em} "
-    "table{border-collapse:collapse;margin:1em 0;font-size:.9em}"
-    "th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top} th{background:#f3f3f3}"
-    "td.higher,td.holds{background:#e3f4e3} td.lower,td.does-not-hold{background:#f8e0e0} "
-    "td.equivalent{background:#e3ecf8}"
-    "td.not-distinguishable,td.undecided-at-this-power,td.not-run{color:#555}"
-)
-
-def task_seeds(s:dict) -> dict:
-    "{task: its seeds} of a report's setup (a report that ran the same seeds everywhere: the setup's)."
-    return {t: tuple(d.get('seeds', s['seeds'])) for t, d in s['tasks'].items()}
-
-def _precision_items(s:dict) -> list[str]:
-    "The precision path of the runs (a report before it was recorded: none)."
-    p = s.get('precision')
-    if not p: return []
-    n = sum(map(len, p.values()))
-    if len(p) == 1: return [f"precision: the {next(iter(p))} path for all {n} runs (GRPOConfig.fast; 02b_precision)"]
-    return [
-        "precision: "
-        + '; '.join(
-            f"the {k} path for {len(v)} runs ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})" for k, v in p.items()
-        )
-    ]
-
-
-def _setup_items(s:dict) -> list[str]:
-    ev, base, per = s['evaluation'], s['base'], task_seeds(s)
-    return [
-        f"base model: {base['model']}{f' version {v}' if (v := base.get('version')) else ''} "
-        f"({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
-        f"budget {s['budget']}: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × {s['group_size']} "
-        f"samples, lr {s['lr']}, "
-        f"LoRA rank {s['lora_rank']}" + (f", overrides {s['overrides']}" if s['overrides'] else ''),
-        "seeds: "
-        + (
-            '; '.join(f"{', '.join(map(str, v))} ({t})" for t, v in per.items())
-            if len(set(per.values())) > 1
-            else ', '.join(map(str, s['seeds']))
-        ),
-        f"evaluation: {ev['images']} held-out images every {ev['every'] or s['steps']} steps and at the end, "
-        f"{ev['sampler']} K = {ev['K']}, "
-        f"guidance {ev['guidance']}, noise {ev['noise']}",
-        *[
-            f"task {t}: trained on {d['about']} ({d['name']}; {d['train_prompts']} train prompts), judged by "
-            f"{d['evaluation']} on "
-            f"{d['eval_prompts']} held-out prompts; arms {', '.join(d['arms'])}"
-            for t, d in s['tasks'].items()
-        ],
-        *_precision_items(s),
-        f"statistics: {s['statistics']}",
-        f"costs: {s['step_time_ratio']}; calibration counted into a run's NFE and CPU seconds",
-    ]
-
-def setup_html(report:Report) -> str:
-    "The opening of report.html: base model, budget, seeds, tasks, evaluation, statistics, and the arms' settings."
-    tables = html_table(*arms_rows(report)) + (html_table(*study_arms_rows(report)) if report.contrasts else '')
-    return (
-        '<h2>Setup</h2><ul>'
-        + ''.join(f'<li>{html.escape(i)}</li>' for i in _setup_items(report.setup))
-        + '</ul><h3>Arms</h3>'
-        + tables
-    )
-
-# %% ../../nbs/study/06b_page.ipynb #11581868
-def _code(c:dict|None) -> str:
-    if not c: return 'code not recorded'
-    return f"flowgrpo_nb {c['version']}" + (
-        f" at commit {c['commit'][:10]}" + (' with changes' if c.get('changes') else '') if c.get('commit') else ''
-    )
-
-
-def _invocation(i:dict) -> str:
-    took = (
-        'stopped before its report'
-        if i.get('wall_seconds') is None
-        else f"{i['wall_seconds']:.0f} s wall, trained {i['runs_trained']} runs"
-    )
-    return (
-        f"{i.get('started', 'at an earlier version')}: {i.get('command', 'command not recorded')} "
-        f"({_code(i.get('code'))}; "
-        + (f"{i['runs_to_train']} of {i['runs']} runs to train; " if 'runs' in i else '')
-        + took
-        + ')'
-    )
-
-def _machine(m:dict|None) -> str:
-    return f" on {m['cpu']} ({m['capability']}), where fast=auto takes the {m['path']} path" if m else ''
-
-def _timing_html(report:Report) -> str:
-    """The timing block: this invocation's command and code, wall and CPU seconds against the estimate, and every
-    invocation of the job."""
-    tm = report.timing or {}
-    if report.wall_seconds is None or not tm.get('estimate'): return ''
-    inv = tm.get('invocations') or []
-    head = (
-        f"<h2>Timing</h2><p>report written by <code>{html.escape(tm['command'])}</code> "
-        f"({html.escape(_code(tm.get('code')))})</p>"
-        if tm.get('command')
-        else ''
-    )
-    runs = (
-        (
-            '<p>invocations of the job:</p><ul>'
-            + ''.join(f'<li>{html.escape(_invocation(i))}</li>' for i in inv)
-            + '</ul>'
-        )
-        if len(inv) > 1
-        else ''
-    )
-    return (
-        head
-        + (
-            f"<p>{report.wall_seconds:.0f} s wall"
-            + (
-                f" ({tm['runs_reused']} of {tm['runs']} runs reused from an earlier invocation, not counted)"
-                if tm.get('runs_reused')
-                else ''
-            )
-            + f", {tm.get('workers')} worker(s) × {tm.get('threads_per_worker')} thread(s), "
-            f"{tm['cpu_seconds']['total']:.0f} CPU seconds measured by the jobs; estimated "
-            f"{tm['estimate']['wall_seconds']:.0f} s wall, "
-            f"{tm['estimate']['core_seconds']:.0f} core-seconds in all" + _machine(tm.get('machine')) + ".</p>"
-        )
-        + runs
-    )
-
-def _seeds(s:dict) -> str:
-    "'5 seeds', or per task when the tasks ran different seeds: '8 seeds (geneval), 5 (score)'."
-    n = {t: len(v) for t, v in task_seeds(s).items()}
-    if len(set(n.values())) == 1: k = next(iter(n.values())); return f"{k} seed{'s' * (k > 1)}"
-    return ', '.join(f"{k}{' seeds' * (i == 0)} ({t})" for i, (t, k) in enumerate(n.items()))
-
-def _md(s:str) -> str: return re.sub(r'\*\*(.+?)\*\*', r'<b>\1</b>', html.escape(s))  # the summary's bold, in HTML
-
-def _reading(c) -> str:
-    "A claim's effect, interval and verdict in a few words."
-    v = dict(holds='holds', equivalent=f'equivalent within ±{c.margin:g}', **{'does not hold': 'does not hold'})
-    return f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}], " + (
-        f"**{v[c.verdict]}**" if c.verdict in v else c.verdict.replace('undecided at this power', 'not decided')
-    )
-
-
-def answer_lines(report:Report, most:int=8) -> list[str]:
-    """The report's answer in plain words, one line per claim (the primary family's, or the study's table): its verdict
-    at equal steps, then what the same runs say at equal CPU seconds and at equal NFE (the post hoc rows)."""
-    cs = with_power(report.contrasts)
-    main = [c for c in cs if c.n and c.family in ('primary', None)]
-    if len(main) > most: main = [c for c in main if c.verdict in DECIDED + ('higher', 'lower')][:most]
-    post = {c.id: c for c in cs if c.family == 'post hoc' and c.n}
-    out = []
-    for c in main:
-        at = [
-            f"at {r.read.removeprefix('at ')}: {_reading(r)}" for k in ('cpu', 'nfe') if (r := post.get(f'{c.id}@{k}'))
-        ]
-        where = (c.read or (f"{c.arm} at {c.at[1]:.2g} × {c.other}'s {AT_UNITS[c.at[0]]}" if c.at else None)
-                 or 'at equal optimizer steps')
-        out.append(
-            f"{c.id} — {c.claim.rstrip('?.')}: {where}, {_reading(c)}" + ('; ' + '; '.join(at) if at else '') + '.'
-        )
-    return out
-
-def headline_html(report:Report, figures:dict) -> str:
-    "The first screen of report.html: the answer in plain words, then every arm's held-out score against CPU seconds."
-    lines = answer_lines(report)
-    t = next(iter(figures), None)
-    fig = figures[t].get('curve_seconds') if t else None
-    said = f"<ul class='answer'>{''.join(f'<li>{_md(s)}</li>' for s in lines)}</ul>" if lines else ''
-    return (
-        "<h2>The answer</h2>"
-        + said
-        + (fig.to_html(full_html=False, include_plotlyjs=True, div_id='headline') if fig is not None else '')
-        + "<p class='note'>Each claim is the paired difference arm − reference over seeds; <i>at equal optimizer "
-        "steps</i> unless said; the readings at equal CPU seconds and equal NFE interpolate each run's held-out curve "
-        "at what the cheaper run of the seed spent in all (process CPU seconds and network evaluations, calibration "
-        "included) and are post hoc, Holm within their own family. Definitions, tables and method notes follow.</p>"
-    )
-
-def report_html(report:Report, figures:dict) -> str:
-    """report.html: setup, claims, findings, then per task its table, its study measures and its figures ({task: {name:
-    figure}})."""
-    parts, first = [], False  # the headline carries plotly.js
-    for t, figs in figures.items():
-        parts.append(
-            f"<h2>Task {html.escape(t)}: {html.escape(report.setup['tasks'][t]['about'])}</h2>"
-            + html_table(*results_rows(report, t))
-        )
-        if study_rows(report, t)[1]:
-            parts.append(html_table(*study_rows(report, t)) + f"<p>{html.escape(study_caption(report, t))}</p>")
-        for f in figs.values():
-            parts.append(f.to_html(full_html=False, include_plotlyjs=first)); first = False
-    claims = (f"<h2>The claims</h2>{html_table(*claims_rows(report))}<p>{html.escape(CLAIMS_NOTE)}</p>"
-              if any(c.n for c in report.contrasts) else '')
-    # a pre-registered study: its claims before everything
-    pre = prereg_html(report) if report.setup.get('prereg') else ''
-    return (
-        f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title><style>{CSS}</style></head><body>"
-        f"<h1>Flow-GRPO, its windows and dense credit: {_seeds(report.setup)}</h1>"
-        + headline_html(report, figures)
-        + (pre or '')
-        + setup_html(report)
-        + ('' if pre else claims)
-        + f"<h2>Findings</h2><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in report.findings)}</ul>"
-        + ''.join(parts)
-        + _timing_html(report)
-        + '</body></html>'
-    )
-
 # %% ../../nbs/study/06b_page.ipynb #300f75fc
 def _bold_rule(report:Report) -> str:
     """What a bold verdict means in the markdown tables: after Holm's correction (a report without it: the CI excludes
@@ -545,6 +334,12 @@ def _verdicts(ran:list) -> str:
 
 
 # %% ../../nbs/study/06b_page.ipynb #766b1a50
+def _md(s:str) -> str: return re.sub(r'\*\*(.+?)\*\*', r'<b>\1</b>', html.escape(s))  # the summary's bold, in HTML
+
+def task_seeds(s:dict) -> dict:
+    "{task: its seeds} of a report's setup (a report that ran the same seeds everywhere: the setup's)."
+    return {t: tuple(d.get('seeds', s['seeds'])) for t, d in s['tasks'].items()}
+
 PREREG_NOTE = (
     "Each claim is the paired difference arm − reference over seeds on the metric the pre-registration names for it, "
     "tested one-sided against 0 (superiority) with Holm's correction over its family: the primary family together, the "
