@@ -52,7 +52,7 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     calib_stop:str='rounds'
     # -- TempFlow-GRPO (method='tempflow', 05e_tempflow): at each loss step, SDE branches off a deterministic trunk;
     # group_size is N, the trunks (seeds) per prompt
-    tempflow_branches:int=6     # B, SDE branches per seed and branch step (released: 6)
+    tempflow_branches:int=6     # B, SDE branches per seed (group_size seeds a prompt) and branch step (released: 6)
     # advantage group: seed (the B branches of one seed at one step, released) or prompt (all N x B, paper v1)
     tempflow_group:str='seed'
     # noise-aware weight of a branch step, its std omega_k: norm (omega_k / their mean, the paper's; on SD3.5's

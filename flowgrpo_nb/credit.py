@@ -41,7 +41,7 @@ class CreditConfig:
     "Every open choice of the credit rules."
     # credit rule: flow_grpo, stepwise, dense or turning_point (`METHODS`); tempflow or flash (`ROLLOUT_METHODS`)
     method:str='flow_grpo'
-    # flow_grpo: normalise by the batch's std of R instead of the group's (Flow-GRPO's default)
+    # flow_grpo, flash: normalise by the batch's std of R instead of the group's (both papers' released default)
     global_std:bool=True
     eps:float=1e-4              # added to the std before dividing
     adv_clip:float=5.0          # advantages clipped to +-adv_clip

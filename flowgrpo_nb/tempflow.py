@@ -207,6 +207,6 @@ def branch_pairs_logprob(policy:Policy, bp:BranchPairs,
     ro, ii, kk = bp.ro, ii.cpu(), kk.cpu()
     key = ii // ro.B * ro.S + torch.searchsorted(ro.steps.cpu(), kk)  # trunk row · S + branch-step index
     u, inv = torch.unique(key, return_inverse=True)
-    out = branch_logprob(policy, ro, u // ro.S, u % ro.S)               # [m, B, ...]
+    out = branch_logprob(policy, ro, (u // ro.S).to(ro.steps.device), (u % ro.S).to(ro.steps.device))  # [m, B, ...]
     inv, b = inv.to(out.log_prob.device), (ii % ro.B).to(out.log_prob.device)
     return StepOutput(**{f.name: getattr(out, f.name)[inv, b] for f in fields(out)})
