@@ -17,8 +17,10 @@ from fastcore.docments import docments
 import torch
 from .flow import SAMPLERS, DDIM_SCHEDULES, flow_sigmas, step_coefficients
 from .policy import LORA_TARGETS
-from .rollout import RolloutConfig, bad_field, field_types, check_fields, check_window, parse_lookahead
-from .credit import METHODS, CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL, CALIB_STOP
+from .rollout import (RolloutConfig, bad_field, field_types, check_fields, check_window, check_steps,
+                                 parse_lookahead)
+from .credit import (METHODS, ROLLOUT_METHODS, CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL,
+                                CALIB_STOP, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS, FLASH_SAMPLERS, TGR_NORMS)
 from .task import check_task_names, DTYPES
 from .checkpoint import RunFolder
 from .precision import FAST_CHOICES
@@ -48,6 +50,21 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     # rounds: calib_iters rounds of +-calib_eps2; stable: halve a step's increment when it reverses, until psi stops
     # moving
     calib_stop:str='rounds'
+    # -- TempFlow-GRPO (method='tempflow', 05e_tempflow): at each loss step, SDE branches off a deterministic trunk;
+    # group_size is N, the trunks (seeds) per prompt
+    tempflow_branches:int=6     # B, SDE branches per seed (group_size seeds a prompt) and branch step (released: 6)
+    # advantage group: seed (the B branches of one seed at one step, released) or prompt (all N x B, paper v1)
+    tempflow_group:str='seed'
+    # noise-aware weight of a branch step, its std omega_k: norm (omega_k / their mean, the paper's; on SD3.5's
+    # schedule the released weights to 0.1%) or const (tempflow_weight_const x omega_k, the released code's)
+    tempflow_weight:str='norm'
+    tempflow_weight_const:float=2.25  # c of tempflow_weight=const (released: 2.25 SD3.5-M, 1.73 FLUX, 1.53 Qwen-Image)
+    # -- Flash-GRPO (method='flash', 05f_flash): one SDE step per sample, at its prompt's k* drawn from a pool
+    flash_pool:tuple|None=None  # steps k* is drawn from (comma-separated); None: the first half, 0..K//2-1 (released)
+    flash_sampler:str='flash'   # the one SDE step: flash (s_k = flash_eta t_1 t_k, released) or flow_sde (at `level`)
+    flash_eta:float=1.0         # eta of the flash sampler (released: 1)
+    # gradient rectification rho = c_k* / mean c, the mean over the batch's rows (released) or the pool's steps (UniRL)
+    flash_tgr_norm:str='batch'
     # -- batch and loss
     prompts_per_step:int=4      # prompts per rollout batch
     # how a step draws its prompts: category (each of the task's categories equally likely, then a prompt) or prompt
@@ -189,6 +206,9 @@ _DENSE = dict(method='dense', sampler='flow_sde', level=0.7, lookahead=LOOKAHEAD
 _TP = dict(method='turning_point', sampler='flow_sde', level=0.7, lookahead=LOOKAHEAD['turning_point'])
 # the first 3 steps (Flow-GRPO-Fast-like; where dense credit lies is measured by the comparison)
 EARLY = dict(window_start=0, window_size=3)
+# N = 4 seeds per prompt, 6 branches each (released); a minibatch of 4 seeds is 4 x 6 branches x the loss steps
+_TEMPFLOW = dict(method='tempflow', sampler='flow_sde', level=0.7, group_size=4, minibatch=4)
+_FLASH = dict(method='flash', sampler='flow_sde', level=0.7, clip_range=1e-3)  # the released clip range
 
 PRESETS = {
     'flow_grpo':           _FLOW,
@@ -202,6 +222,8 @@ PRESETS = {
     'dense_early':         _DENSE | EARLY,
     'turning_point':       _TP,
     'turning_point_early': _TP | EARLY,
+    'tempflow':            _TEMPFLOW,
+    'flash':               _FLASH,
     # a few seconds on a CPU: for tests and smoke runs
     'smoke':         dict(K=4, prompts_per_step=2, group_size=4, minibatch=4, steps=4, eval_every=0, eval_images=16,
                           save_every=2, calib_iters=2, calib_samples=4, lora_rank=4, kl_every=1),
@@ -251,18 +273,23 @@ def tracker_kwargs(name:str, run_dir:str|Path) -> dict:
 # %% ../nbs/05c_config.ipynb #9bf706b8
 _AT_LEAST = dict(K=2, prompts_per_step=1, group_size=2, minibatch=1, updates_per_rollout=1, steps=1, lora_rank=1,
                  keep_last=1, calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0,
-                 window_start=0, window_slide=0, diag_every=0, kl_every=0, lr_warmup=0, backward_pairs=0, seed=0)
-_POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance', 'eps', 'calib_eps1', 'calib_eps2')
+                 window_start=0, window_slide=0, diag_every=0, kl_every=0, lr_warmup=0, backward_pairs=0, seed=0,
+                 tempflow_branches=2)
+_POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance', 'eps', 'calib_eps1', 'calib_eps2',
+             'tempflow_weight_const', 'flash_eta')
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 LR_SCHEDULES, PROMPT_MIXES = ('constant', 'cosine', 'linear'), ('category', 'prompt')
-_CHOICES = dict(method=METHODS, sampler=tuple(s for s in SAMPLERS if s != 'ode'), untrained=UNTRAINED,
+_CHOICES = dict(method=METHODS + ROLLOUT_METHODS, sampler=tuple(s for s in SAMPLERS if s != 'ode'), untrained=UNTRAINED,
                 group_size_one=GROUP_SIZE_ONE, dtype=DTYPES,
                 ddim_schedule=tuple(DDIM_SCHEDULES), calib_no_signal=NO_SIGNAL, calib_stop=CALIB_STOP,
-                lr_schedule=LR_SCHEDULES, prompt_mix=PROMPT_MIXES)
+                lr_schedule=LR_SCHEDULES, prompt_mix=PROMPT_MIXES, tempflow_group=TEMPFLOW_GROUPS,
+                tempflow_weight=TEMPFLOW_WEIGHTS, flash_sampler=FLASH_SAMPLERS, flash_tgr_norm=TGR_NORMS)
 
 def validate_config(c:GRPOConfig):
     "Raise a ValueError naming the first field of `c` that cannot run; fills the method's default lookahead."
     if isinstance(c.lora_targets, list): c.lora_targets = tuple(c.lora_targets)
+    if isinstance(c.flash_pool, (list, tuple)):  # from JSON (a list) or the command line (strings)
+        c.flash_pool = tuple(int(k) if isinstance(k, str) and k.strip().isdigit() else k for k in c.flash_pool)
     if c.log_with is None: c.log_with = 'none'
     check_fields(c, _AT_LEAST, _POSITIVE, _NON_NEGATIVE, _CHOICES)
     if c.log_with not in trackers():
@@ -275,7 +302,9 @@ def validate_config(c:GRPOConfig):
     if c.fast not in FAST_CHOICES or not isinstance(c.fast, (bool, str)): _fail('fast', c.fast, "true, false or 'auto'")
     if not 0 <= c.min_std_ratio < 1: _fail('min_std_ratio', c.min_std_ratio, 'a number in [0, 1)')
     check_window(c)
+    if c.flash_pool is not None: check_steps(c, 'flash_pool', c.flash_pool, c.K)
     _check_combinations(c)
+    _check_own_rollouts(c)
     _check_noise(c)
 
 # %% ../nbs/05c_config.ipynb #933d608b
@@ -296,9 +325,10 @@ def _check_train_steps(c:GRPOConfig, rc):
               f"1..{e - a}: the loss steps [{a}, {a}+train_size) must lie in the SDE window [{s}, {e})")
 
 def _check_combinations(c:GRPOConfig):
-    if c.method == 'flow_grpo' and c.lookahead is not None:
-        _fail('lookahead', c.lookahead, "None for method='flow_grpo' (it uses the final reward only)")
-    if c.method != 'flow_grpo': c.lookahead = c.lookahead or LOOKAHEAD[c.method]
+    if LOOKAHEAD.get(c.method) is None and c.lookahead is not None:
+        why = 'it uses the final reward only' if c.method == 'flow_grpo' else 'its credit comes with its own rollout'
+        _fail('lookahead', c.lookahead, f"None for method={c.method!r} ({why})")
+    if c.method in METHODS: c.lookahead = c.lookahead or LOOKAHEAD[c.method]
     if c.lookahead is not None: _check_lookahead(c.lookahead)
     if c.calibrate and c.sampler != 'flow_sde':
         _fail('sampler', c.sampler, "'flow_sde' when calibrate=True (psi replaces its s_k)")
@@ -339,13 +369,28 @@ def _check_noise(c:GRPOConfig):
             stacklevel=3,
         )
 
+_WINDOW = dict(window_start=0, window_size=None, window_slide=0, train_start=None, train_size=None,
+               trim_degenerate=False)
+
+def _check_own_rollouts(c:GRPOConfig):
+    "TempFlow and Flash sample their own rollouts: no calibration; Flash's pool, not a window, sets its steps."
+    if c.method not in ROLLOUT_METHODS: return
+    if c.calibrate: _fail('calibrate', True, f"False for method={c.method!r} (psi calibrates a trajectory's window)")
+    if c.method != 'flash': return
+    if c.sampler != 'flow_sde':
+        _fail('sampler', c.sampler, "'flow_sde' for method='flash' (flash_sampler picks its SDE)")
+    for k, v in _WINDOW.items():
+        if getattr(c, k) != v:
+            _fail(k, getattr(c, k), f"{v!r} for method='flash' (flash_pool sets the steps it trains)")
+
 # %% ../nbs/05c_config.ipynb #71ef0ac1
 # written by older versions, read by nothing (eval_start: a run's own choice, `GRPOTrainer(evaluate_base=...)`)
 REMOVED_FIELDS = ('log_images', 'eval_start')
 ADDED_FIELDS = dict(
     fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0,
-    backward_pairs=0
-)  # a config written before these fields existed ran with these values
+    backward_pairs=0, tempflow_branches=6, tempflow_group='seed', tempflow_weight='norm', tempflow_weight_const=2.25,
+    flash_pool=None, flash_sampler='flash', flash_eta=1.0, flash_tgr_norm='batch'
+)  # a config written before these fields existed ran with these values (the methods' fields: their defaults, unread)
 # the same experiment
 RESUMABLE_CHANGES = ('steps', 'eval_every', 'save_every', 'keep_last', 'log_with', 'gradient_checkpointing', 'kl_every')
 

@@ -18,23 +18,30 @@ from .rollout import check_fields
 from .display import MAX_WIDTH
 
 # %% auto #0
-__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig',
-           'step_spans', 'check_credit_inputs', 'group_stats', 'Credit', 'normalize_rewards', 'final_rewards',
-           'credit_flow_grpo', 'step_gains', 'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points',
+__all__ = ['METHODS', 'ROLLOUT_METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'TEMPFLOW_GROUPS', 'TEMPFLOW_WEIGHTS', 'FLASH_SAMPLERS',
+           'TGR_NORMS', 'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig', 'step_spans',
+           'check_credit_inputs', 'group_stats', 'Credit', 'normalize_rewards', 'final_rewards', 'credit_flow_grpo',
+           'step_gains', 'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points',
            'turning_point_rewards', 'credit_turning_point', 'compute_credit', 'synthetic_values', 'plot_credit',
            'MethodCredit', 'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration', 'credit_stats']
 
 # %% ../nbs/05_credit.ipynb #ae0cbcf1
-METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
+METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')  # the rules on step values (`compute_credit`)
+ROLLOUT_METHODS = ('tempflow', 'flash')  # methods whose credit comes with their own rollout (05e_tempflow, 05f_flash)
 UNTRAINED = ('fold', 'drop')  # what happens to the gain of an untrained step
 GROUP_SIZE_ONE = ('error', 'warn_zero')  # what happens to a group with a single sample
+TEMPFLOW_GROUPS = ('seed', 'prompt')  # TempFlow's advantage group: the B branches of one seed, or all N·B of the prompt
+TEMPFLOW_WEIGHTS = ('norm', 'const')  # TempFlow's noise-aware weight: ω_k / mean_S ω, or a constant c · ω_k
+FLASH_SAMPLERS = ('flash', 'flow_sde')  # Flash's one SDE step: s_k = η t_1 t_k, or Flow-GRPO's a √(t_k / (1 - t_k))
+TGR_NORMS = ('batch', 'pool')  # Flash's gradient rectification: c_k over its mean on the batch's rows, or on the pool
 
 # %% ../nbs/05_credit.ipynb #9326cb1a
 @dataclass
 class CreditConfig:
     "Every open choice of the credit rules."
-    method:str='flow_grpo'      # credit rule: flow_grpo, stepwise, dense or turning_point (`METHODS`)
-    # flow_grpo: normalise by the batch's std of R instead of the group's (Flow-GRPO's default)
+    # credit rule: flow_grpo, stepwise, dense or turning_point (`METHODS`); tempflow or flash (`ROLLOUT_METHODS`)
+    method:str='flow_grpo'
+    # flow_grpo, flash: normalise by the batch's std of R instead of the group's (both papers' released default)
     global_std:bool=True
     eps:float=1e-4              # added to the std before dividing
     adv_clip:float=5.0          # advantages clipped to +-adv_clip
@@ -47,7 +54,7 @@ class CreditConfig:
     def __post_init__(self):
         check_fields(
             self, positive=('eps', 'adv_clip'),
-            choices=dict(method=METHODS, untrained=UNTRAINED, group_size_one=GROUP_SIZE_ONE)
+            choices=dict(method=METHODS + ROLLOUT_METHODS, untrained=UNTRAINED, group_size_one=GROUP_SIZE_ONE)
         )
 
 # %% ../nbs/05_credit.ipynb #d323c534
@@ -321,6 +328,9 @@ def compute_credit(V:Tensor,       # [B, K+1] step values, V[:, K] = final rewar
                   ) -> Credit:
     "Advantages and step rewards of the rule `cfg.method`."
     cfg = cfg or CreditConfig()
+    if cfg.method in ROLLOUT_METHODS:
+        raise ValueError(f"CreditConfig.method={cfg.method!r}: its credit comes with its own rollout "
+                         f"({cfg.method}_advantages), not from step values; allowed {', '.join(METHODS)}")
     return RULES[cfg.method](V, group, trained, cfg)
 
 # %% ../nbs/05_credit.ipynb #f712717d
@@ -471,10 +481,12 @@ def calibrate_exploration(dense_rewards_fn:Callable[[Tensor], Tensor],  # psi [K
     return Calibration(psi, history)
 
 # %% ../nbs/05_credit.ipynb #bf424992
-def credit_stats(V:torch.Tensor, credit, trained:torch.Tensor, group:torch.Tensor|None=None) -> dict:
+def credit_stats(V:torch.Tensor, credit,
+                 trained:torch.Tensor,  # [K] bool: the trained steps, or [B, K] bool: the trained pairs
+                 group:torch.Tensor|None=None) -> dict:
     """What the logs keep of a batch's credit: reward mean/std, |A|, std of A, the share of exact zeros, groups without
     spread, turning points."""
-    A = credit.advantages[:, trained]
+    A = credit.advantages[trained] if trained.ndim == 2 else credit.advantages[:, trained]
     s = dict(reward=float(V[:, -1].mean()), reward_std=float(V[:, -1].std()), adv_abs=float(A.abs().mean()),
              adv_std=float(A.std()), adv_zero=float((A == 0).float().mean()))
     if group is not None:  # a group whose samples all got the same final reward teaches Flow-GRPO nothing

@@ -13,18 +13,14 @@ import torch
 from torch import Tensor
 from .flow import flow_sde_scale, sampler_step
 from .policy import Policy
-from .rollout import Rollout, RolloutConfig, bad_field, check_fields, reward_states
-from .credit import CreditConfig
+from .rollout import Rollout, RolloutConfig, bad_field, check_fields, check_steps, reward_states
+from .credit import CreditConfig, FLASH_SAMPLERS, TGR_NORMS
 from .tempflow import group_advantages
 
 # %% auto #0
-__all__ = ['FLASH_SAMPLERS', 'TGR_NORMS', 'FlashConfig', 'sde_scale', 'tgr_lambda', 'tgr_weights', 'draw_k_star', 'flash_rollout',
-           'flash_advantages']
+__all__ = ['FlashConfig', 'sde_scale', 'tgr_lambda', 'tgr_weights', 'draw_k_star', 'flash_rollout', 'flash_advantages']
 
 # %% ../nbs/05f_flash.ipynb #5396889d
-FLASH_SAMPLERS = ('flash', 'flow_sde')  # the one SDE step: s_k = η t_1 t_k, or Flow-GRPO's a √(t_k / (1 - t_k))
-TGR_NORMS = ('batch', 'pool')           # TGR's normaliser: mean of c over the batch's rows, or over the pool's steps
-
 @dataclass
 class FlashConfig:
     "Flash-GRPO's own choices; the schedule, group size and flow_sde's level a come from a `RolloutConfig`."
@@ -42,11 +38,7 @@ class FlashConfig:
         if self.pool is None:
             if K < 2: bad_field(self, 'pool', None, f"explicit steps: K={K} has no step before the last")
             return torch.arange(K // 2)
-        ok = all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= K - 2 for k in self.pool)
-        if not self.pool or not ok or len(set(self.pool)) != len(self.pool):
-            bad_field(self, 'pool', self.pool, f"distinct steps in 0..{K - 2}, at least one (the last step, to "
-                                               "t_K = 0, has no noise)")
-        return torch.tensor(sorted(self.pool))
+        return check_steps(self, 'pool', self.pool, K)
 
 # %% ../nbs/05f_flash.ipynb #c7699eea
 def sde_scale(t:Tensor,            # [K+1] times, t_0 = 1 > ... > t_K = 0
@@ -121,7 +113,8 @@ def flash_rollout(policy:Policy, prompts:list[str],    # P prompts
     stack = lambda name: torch.stack([getattr(o, name) for o in outs], 1)
     return Rollout(prompts=names, group=torch.arange(P, device=dev).repeat_interleave(G), t=t,
                    x=torch.stack(xs + [x], 1), v=torch.stack(vs, 1), mean=stack('mean'), std=stack('std'),
-                   log_prob=stack('log_prob'), trained=rc.trained.to(dev), reward=reward, images=images, cfg=rc, psi=s)
+                   log_prob=stack('log_prob'), trained=rc.trained.to(dev), reward=reward, images=images, cfg=rc, psi=s,
+                   sde=k_rows[:, None] == torch.arange(K, device=dev))
 
 # %% ../nbs/05f_flash.ipynb #6d1184af
 def flash_advantages(reward:Tensor,              # [B] final rewards

@@ -15,9 +15,9 @@ from .flow import SAMPLERS, DDIM_SCHEDULES, StepOutput, sampler_step, x0_hat
 from .policy import Cond, Policy
 
 # %% auto #0
-__all__ = ['bad_field', 'field_types', 'check_fields', 'check_window', 'RolloutConfig', 'Rollout', 'reward_states', 'rollout',
-           'logprob_of', 'logprob_pairs', 'parse_lookahead', 'complete', 'value_plan', 'StepValues', 'step_values',
-           'lookahead_nfe']
+__all__ = ['bad_field', 'field_types', 'check_fields', 'check_window', 'check_steps', 'RolloutConfig', 'Rollout', 'reward_states',
+           'rollout', 'logprob_of', 'logprob_pairs', 'parse_lookahead', 'complete', 'value_plan', 'StepValues',
+           'step_values', 'lookahead_nfe']
 
 # %% ../nbs/04_rollout.ipynb #2aaac976
 def bad_field(owner, name:str, value, allowed:str):
@@ -62,6 +62,14 @@ def check_window(c):
     if n is not None and not 0 <= n <= K - 1 - s:
         bad_field(c, 'window_size', n, f"0..{K - 1 - s}: the SDE window [{s}, {s}+{n}) must end by step {K - 1} "
                                         "(the last step, to t_K = 0, is never trained)")
+
+def check_steps(owner, name:str, steps, K:int) -> torch.Tensor:  # [n] long, increasing
+    "The explicit steps `steps` of field `name`: distinct steps before the last of a K-step schedule, at least one."
+    ok = all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= K - 2 for k in steps or ())
+    if not steps or not ok or len(set(steps)) != len(steps):
+        bad_field(owner, name, steps, f"distinct steps in 0..{K - 2}, at least one (the last step of the K={K} "
+                                      "schedule, to t_K = 0, has no noise)")
+    return torch.tensor(sorted(steps))
 
 # %% ../nbs/04_rollout.ipynb #9f0bced1
 @dataclass
@@ -117,6 +125,7 @@ class Rollout:
     images:torch.Tensor      # [B, 3, H, W] decoded x_K in [0, 1]
     cfg:RolloutConfig        # how the batch was sampled
     psi:torch.Tensor|None=None  # [K] noise-scale override on the window (DenseGRPO), None: the sampler's own
+    sde:torch.Tensor|None=None  # [B, K] bool: each sample's stochastic steps, when they differ by sample (Flash-GRPO)
 
     @property
     def B(self) -> int: return self.x.shape[0]
@@ -126,6 +135,10 @@ class Rollout:
     def G(self) -> int: return self.cfg.group_size
     @property
     def P(self) -> int: return len(self.group.unique())  # prompts (groups) present
+    @property
+    def pairs(self) -> torch.Tensor:  # [B, K] bool
+        "The stochastic (sample, step) transitions: `sde`, or the SDE window of every sample."
+        return self.trained[None].expand(self.B, -1) if self.sde is None else self.sde
     def __repr__(self):
         s, e = self.cfg.window
         return (

@@ -13,17 +13,14 @@ import torch
 from torch import Tensor
 from .flow import StepOutput, sampler_step
 from .policy import Policy
-from .rollout import RolloutConfig, bad_field, check_fields, complete, reward_states, _grids
-from .credit import CreditConfig, normalize_rewards
+from .rollout import RolloutConfig, bad_field, check_fields, check_steps, complete, reward_states, _grids
+from .credit import CreditConfig, normalize_rewards, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS
 
 # %% auto #0
-__all__ = ['GROUPS', 'WEIGHTS', 'TempFlowConfig', 'tempflow_nfe', 'TempFlowRollout', 'tempflow_rollout', 'branch_logprob',
-           'group_advantages', 'tempflow_advantages', 'tempflow_weight', 'weighted_surrogate']
+__all__ = ['TempFlowConfig', 'tempflow_nfe', 'TempFlowRollout', 'tempflow_rollout', 'branch_logprob', 'group_advantages',
+           'tempflow_advantages', 'tempflow_weight', 'BranchPairs', 'branch_pairs_logprob']
 
 # %% ../nbs/05e_tempflow.ipynb #91dbdfaa
-GROUPS = ('seed', 'prompt')  # advantage group: the B branches of one seed at one step, or all N·B of the prompt
-WEIGHTS = ('norm', 'const')  # noise-aware weight: ω_k / mean_S ω, or weight_const · ω_k
-
 @dataclass
 class TempFlowConfig:
     "TempFlow-GRPO's own choices; the schedule, SDE and seeds per prompt (`group_size`) come from a `RolloutConfig`."
@@ -35,7 +32,7 @@ class TempFlowConfig:
 
     def __post_init__(self):
         check_fields(self, at_least=dict(branches=2), positive=('weight_const',),
-                     choices=dict(group=GROUPS, weight=WEIGHTS))
+                     choices=dict(group=TEMPFLOW_GROUPS, weight=TEMPFLOW_WEIGHTS))
 
     def steps(self, rc:RolloutConfig) -> Tensor:  # [S] long, increasing
         "The branch steps on `rc`'s K-step schedule."
@@ -45,11 +42,7 @@ class TempFlowConfig:
             if s == e: bad_field(self, 'branch_steps', S, f"explicit steps: the RolloutConfig's SDE window [{s}, {e}) "
                                                            "is empty")
             return torch.arange(s, e)
-        ok = all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= K - 2 for k in S)
-        if not S or not ok or len(set(S)) != len(S):
-            bad_field(self, 'branch_steps', S, f"distinct steps in 0..{K - 2}, at least one (the last step, to "
-                                               "t_K = 0, has no noise to branch with)")
-        return torch.tensor(sorted(S))
+        return check_steps(self, 'branch_steps', S, K)
 
 # %% ../nbs/05e_tempflow.ipynb #444d4b07
 def tempflow_nfe(K:int, N:int, B:int, steps=None) -> int:  # steps: the branch steps (default 0..K-2)
@@ -163,11 +156,11 @@ def group_advantages(r:Tensor,                    # [n, S] rewards, one column p
 
 # %% ../nbs/05e_tempflow.ipynb #04a828e6
 def tempflow_advantages(reward:Tensor,             # [P, N, B, S] branch rewards
-                        group:str='seed',          # seed or prompt (`GROUPS`)
+                        group:str='seed',          # seed or prompt (`TEMPFLOW_GROUPS`)
                         cfg:CreditConfig|None=None # eps, adv_clip, unbiased_std
                        ) -> Tensor:                # [P, N, B, S]
     "TempFlow's per-step advantages: each branch's reward normalised within its seed's (or prompt's) branches."
-    if group not in GROUPS: bad_field('TempFlowConfig', 'group', group, ', '.join(GROUPS))
+    if group not in TEMPFLOW_GROUPS: bad_field('TempFlowConfig', 'group', group, ', '.join(TEMPFLOW_GROUPS))
     if reward.ndim != 4: raise ValueError(f"reward has shape {tuple(reward.shape)}: must be [P, N, B, S]")
     P, N, B, S = reward.shape
     ids = torch.arange(P * N).repeat_interleave(B) if group == 'seed' else torch.arange(P).repeat_interleave(N * B)
@@ -175,20 +168,45 @@ def tempflow_advantages(reward:Tensor,             # [P, N, B, S] branch rewards
 
 # %% ../nbs/05e_tempflow.ipynb #96d83760
 def tempflow_weight(std:Tensor,          # [S] the SDE std ω_k of each branch step (`TempFlowRollout.std`)
-                    weight:str='norm',   # norm or const (`WEIGHTS`)
+                    weight:str='norm',   # norm or const (`TEMPFLOW_WEIGHTS`)
                     const:float=2.25     # c of weight='const'
                    ) -> Tensor:          # [S]
     "TempFlow's noise-aware weight of each branch step: ω_k / mean_S ω (norm) or c · ω_k (const)."
-    if weight not in WEIGHTS: bad_field('TempFlowConfig', 'weight', weight, ', '.join(WEIGHTS))
+    if weight not in TEMPFLOW_WEIGHTS: bad_field('TempFlowConfig', 'weight', weight, ', '.join(TEMPFLOW_WEIGHTS))
     return std / std.mean() if weight == 'norm' else const * std
 
-# %% ../nbs/05e_tempflow.ipynb #d6a2591e
-def weighted_surrogate(log_prob:Tensor,     # [...] current policy
-                       old_log_prob:Tensor, # [...] rollout
-                       adv:Tensor,          # [...] advantages
-                       weight:Tensor,       # [...] (broadcast) per-pair weight w >= 0
-                       clip_range:float
-                      ) -> Tensor:          # [...] per-pair loss; its mean is `ppo_loss` at advantages w·A
-    "The clipped surrogate of each pair with a weight: max(-w A r, -w A clip(r, 1 - ε, 1 + ε))."
-    ratio, wa = torch.exp(log_prob - old_log_prob), weight * adv
-    return torch.maximum(-wa * ratio, -wa * ratio.clamp(1 - clip_range, 1 + clip_range))
+# %% ../nbs/05e_tempflow.ipynb #2edeb2ea
+@dataclass(frozen=True, repr=False)
+class BranchPairs:
+    "A `TempFlowRollout` as the update reads a batch: a row per branch (p, n, b), its branch steps as trained columns."
+    ro:TempFlowRollout
+
+    @property
+    def B(self) -> int: return self.ro.P * self.ro.N * self.ro.B  # rows
+    @property
+    def K(self) -> int: return self.ro.K
+    @property
+    def trained(self) -> Tensor:  # [K] bool: the branch steps
+        return torch.isin(torch.arange(self.K, device=self.ro.steps.device), self.ro.steps)
+    @property
+    def pairs(self) -> Tensor: return self.trained[None].expand(self.B, -1)  # [rows, K] bool: every branch's steps
+    @property
+    def log_prob(self) -> Tensor: return self.table(self.ro.log_prob)  # [rows, K] the old log-probs
+    def table(self, a:Tensor) -> Tensor:  # [P, N, B, S] per branch, or [S] per step -> [rows, K], 0 off the steps
+        "Per-branch (or per-step) values as the update's `[rows, K]` table."
+        out = a.new_zeros(self.B, self.K)
+        out[:, self.ro.steps] = a.reshape(self.B, self.ro.S) if a.ndim == 4 else a
+        return out
+    def __repr__(self): return f"BranchPairs({self.B} rows × {self.ro.S} steps of {self.ro!r})"
+
+def branch_pairs_logprob(policy:Policy, bp:BranchPairs,
+                         ii:Tensor,      # [n] long: rows p·N·B + n·B + b
+                         kk:Tensor       # [n] long: their branch steps k
+                        ) -> StepOutput: # fields [n, ...]
+    "`logprob_pairs` of branched pairs: one NFE per distinct trunk state among them, shared by its branches."
+    ro, ii, kk = bp.ro, ii.cpu(), kk.cpu()
+    key = ii // ro.B * ro.S + torch.searchsorted(ro.steps.cpu(), kk)  # trunk row · S + branch-step index
+    u, inv = torch.unique(key, return_inverse=True)
+    out = branch_logprob(policy, ro, (u // ro.S).to(ro.steps.device), (u % ro.S).to(ro.steps.device))  # [m, B, ...]
+    inv, b = inv.to(out.log_prob.device), (ii % ro.B).to(out.log_prob.device)
+    return StepOutput(**{f.name: getattr(out, f.name)[inv, b] for f in fields(out)})

@@ -21,7 +21,9 @@ from .flow import flow_sde_scale
 from .policy import Policy, PHASES, ema_of, ema_weights, seeded_generator, timed
 from .rollout import rollout, step_values, logprob_pairs
 from .update import pair_loss, step_grad_norms
-from .credit import METHODS, compute_credit, calibrate_exploration, Calibration, credit_stats
+from .credit import METHODS, ROLLOUT_METHODS, calibrate_exploration, Calibration
+from .tempflow import branch_pairs_logprob
+from .collect import collect_values, collect_tempflow, collect_flash
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
 from flowgrpo_nb.config import (
     GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker,
@@ -110,28 +112,14 @@ def _init_state(self:GRPOTrainer, resume:bool):
 # %% ../nbs/06_train.ipynb #e726a700
 @patch
 def collect(self:GRPOTrainer, step:int) -> dict:
-    "Roll out, value and credit the batch of `step`; returns the local rollout, advantages and statistics."
-    cfg, pol, times = self.cfg, self.policy, {}
-    with pol.count_nfe('rollout') as n_ro, timed(times, 'rollout'):
-        ro = rollout(
-            pol, step_prompts(cfg, step, self.task.train_prompts, self.task.category), cfg.rollout_config(step),
-            self.task.reward, step_generator(cfg, step), psi=self.psi, rows=self.rows()
-        )
-    with timed(times, 'values'):
-        if cfg.lookahead is None: V = torch.cat([torch.zeros(ro.B, ro.K), ro.reward[:, None].cpu()], 1)
-        else:
-            with pol.count_nfe('lookahead') as n_la: V = step_values(pol, ro, cfg.lookahead, self.task.reward).V.cpu()
-    with timed(times, 'credit'):
-        V_all, group_all = (
-            self.acc.gather(V.to(self.acc.device)).cpu(),
-            self.acc.gather(ro.group.to(self.acc.device)).cpu(),
-        )
-        credit = compute_credit(V_all, group_all, ro.trained.cpu(), cfg.credit_config())
-        loss = cfg.loss_steps(step)
-        A = torch.where(loss, credit.advantages, 0.)  # steps outside train_start/train_size explore but get no loss
-    stats = credit_stats(V_all, replace(credit, advantages=A), loss, group_all) | dict(
-        nfe_rollout=n_ro['nfe'] / ro.B, nfe_lookahead=(n_la['nfe'] / ro.B if cfg.lookahead else 0.0))
-    return dict(rollout=ro, advantages=A[self.rows()], credit=credit, V=V_all, times=times, stats=stats)
+    "Roll out and credit the batch of `step` with the method's collector; returns the local batch and its statistics."
+    cfg, pol = self.cfg, self.policy
+    prompts, gen = step_prompts(cfg, step, self.task.train_prompts, self.task.category), step_generator(cfg, step)
+    if cfg.method == 'tempflow': return collect_tempflow(pol, cfg, step, prompts, self.task.reward, gen)
+    if cfg.method == 'flash':
+        return collect_flash(pol, cfg, step, prompts, self.task.reward, gen, step_generator(cfg, step, 1))
+    gather = lambda t: self.acc.gather(t.to(self.acc.device)).cpu()
+    return collect_values(pol, cfg, step, prompts, self.task.reward, gen, self.psi, self.rows(), gather)
 
 # %% ../nbs/06_train.ipynb #d84e0055
 @patch
@@ -140,22 +128,33 @@ def rows(self:GRPOTrainer) -> slice:
     n = self.cfg.batch_size // self.acc.num_processes
     return slice(self.acc.process_index * n, (self.acc.process_index + 1) * n)
 
+@patch(as_prop=True)
+def rows_per_sample(self:GRPOTrainer) -> int:
+    "Rows of the update's table per sample: TempFlow's B branches of a seed (a minibatch counts seeds), else 1."
+    return self.cfg.tempflow_branches if self.cfg.method == 'tempflow' else 1
+
+@patch(as_prop=True)
+def pair_logprob(self:GRPOTrainer):
+    "The function recomputing a batch's pairs' log-probs: TempFlow's (an NFE per trunk state), or `logprob_pairs`."
+    return branch_pairs_logprob if self.cfg.method == 'tempflow' else logprob_pairs
+
 # %% ../nbs/06_train.ipynb #74f92cb4
 @patch
-def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
-    "`updates_per_rollout` optimizer steps on this process's rollout `ro` with advantages `A` [B, K]."
+def update(self:GRPOTrainer, ro, A:torch.Tensor,  # this process's batch (`06_collect`), its advantages [rows, K]
+           weight:torch.Tensor|None=None) -> dict:  # [rows, K] each pair's weight on its surrogate (None: 1)
+    "`updates_per_rollout` optimizer steps on this process's batch `ro` with advantages `A` and per-pair weights."
     cfg, pol = self.cfg, self.policy
     ks = ro.trained.nonzero().flatten().cpu().tolist()
     stats = dict(
         loss=[], clipfrac=[], approx_kl=[], kl=[], grad_norm=[], skipped=[], ratio_mean=[], ratio_std=[], lr=[]
     )
-    before = [p.detach().clone() for p in self.params]
+    before, nfe0 = [p.detach().clone() for p in self.params], pol.nfe.nfe['train']
     chunks = torch.arange(ro.B).chunk(cfg.updates_per_rollout)
     old = self._current_logprobs(ro, A, ks, torch.cat(chunks[1:])) if pol.fast and len(chunks) > 1 else ro.log_prob
     for u, rows in enumerate(chunks):
         self.opt.zero_grad(set_to_none=True)
-        mbs = rows.split(cfg.minibatch)
-        for mb in mbs: self._backward(ro, A, ks, mb, len(mbs), stats, None if pol.fast and u == 0 else old)
+        mbs = rows.split(cfg.minibatch * self.rows_per_sample)
+        for mb in mbs: self._backward(ro, A, ks, mb, len(mbs), stats, None if pol.fast and u == 0 else old, weight)
         for p in self.params:
             if p.grad is None: p.grad = torch.zeros_like(p)  # every pair skipped: a zero gradient, as without the skip
         self._average_gradients()
@@ -172,48 +171,53 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
         if self.ema is not None: self.ema.step(self.params)
     norm = lambda ts: float(torch.stack([t.detach().float().norm() for t in ts]).norm())
     return {k: float(np.mean(v)) for k, v in stats.items() if v} | dict(
-        adapter_norm=norm(self.params), update_norm=norm([p.detach() - b for p, b in zip(self.params, before)]))
+        adapter_norm=norm(self.params), update_norm=norm([p.detach() - b for p, b in zip(self.params, before)]),
+        nfe_train=(pol.nfe.nfe['train'] - nfe0) / (ro.B // self.rows_per_sample))
 
 # %% ../nbs/06_train.ipynb #7af88699
 @patch
-def _pairs(self:GRPOTrainer, A, ks, mb) -> tuple:
-    "The (sample, step) pairs of minibatch `mb` the update evaluates: keep [b, k] and its sample/step indices."
+def _pairs(self:GRPOTrainer, A, ks, mb,
+           pairs:torch.Tensor|None=None) -> tuple:  # [rows, K] bool: the batch's pairs (None: every trained step)
+    "The (row, step) pairs of minibatch `mb` the update evaluates: keep [b, k] and its row/step indices."
     adv = A[mb][:, ks]                                  # [b, k]
-    keep = adv != 0 if self.cfg.skip_zero_adv and self.cfg.beta == 0 else torch.ones_like(adv, dtype=torch.bool)
+    real = torch.ones_like(adv, dtype=torch.bool) if pairs is None else pairs[mb][:, ks].cpu()
+    keep = real & (adv != 0) if self.cfg.skip_zero_adv and self.cfg.beta == 0 else real
     bi, ki = keep.nonzero(as_tuple=True)                # row-major: all pairs = logprob_of's order
     return keep, bi, ki, mb[bi], torch.as_tensor(ks)[ki]
 
 @patch
 def _current_logprobs(self:GRPOTrainer, ro, A, ks, rows) -> torch.Tensor:
-    """[B, K] log-probs of the pairs of `rows` the update evaluates, under the current weights and the update's own
+    """[rows, K] log-probs of the pairs of `rows` the update evaluates, under the current weights and the update's own
     network path."""
     old = torch.zeros_like(ro.log_prob)
-    for mb in rows.split(self.cfg.minibatch):
-        _, _, _, ii, kk = self._pairs(A, ks, mb)
-        if len(ii): old[ii, kk] = logprob_pairs(self.policy, ro, ii, kk).log_prob.detach().to(old)
+    for mb in rows.split(self.cfg.minibatch * self.rows_per_sample):
+        _, _, _, ii, kk = self._pairs(A, ks, mb, ro.pairs)
+        if len(ii): old[ii, kk] = self.pair_logprob(self.policy, ro, ii, kk).log_prob.detach().to(old)
     return old
 
 @patch
-def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|None):
+def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|None, weight=None):
     """`pair_loss` of minibatch `mb` (rows) on trained steps `ks`, back-propagated, its statistics appended to `stats`;
-    old log-probs `old_lp` [B, K] (None: this pass's own)."""
+    old log-probs `old_lp` [rows, K] (None: this pass's own), per-pair weights `weight` [rows, K] (None: 1)."""
     cfg = self.cfg
-    keep, bi, ki, ii, kk = self._pairs(A, ks, mb)
-    stats['skipped'].append(1 - keep.float().mean().item())
+    keep, bi, ki, ii, kk = self._pairs(A, ks, mb, ro.pairs)
+    n_pairs = max(int(ro.pairs[mb][:, ks].sum()), 1)  # the loss is the mean over the minibatch's pairs
+    stats['skipped'].append(1 - keep.sum().item() / n_pairs)
     if not keep.any(): return
-    r = pair_loss(self.policy, ro, ii, kk, A[mb][:, ks][bi, ki], old_lp, cfg.clip_range, cfg.beta, n_all=keep.numel(),
-                  chunk=cfg.backward_pairs, backward=lambda loss: self.acc.backward(loss / n_mb))
+    r = pair_loss(self.policy, ro, ii, kk, A[mb][:, ks][bi, ki], old_lp, cfg.clip_range, cfg.beta,
+                  weight=None if weight is None else weight[ii, kk], n_all=n_pairs, chunk=cfg.backward_pairs,
+                  backward=lambda loss: self.acc.backward(loss / n_mb), logprob=self.pair_logprob)
     for k, v in asdict(r).items():
         if v is not None: stats.setdefault(k, []).append(v)
 
 
 # %% ../nbs/06_train.ipynb #a908fa16
 @patch
-def grad_shares(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
+def grad_shares(self:GRPOTrainer, ro, A:torch.Tensor, weight:torch.Tensor|None=None) -> dict:
     "{grad_share_<k>: share of step k's gradient norm in the sum over trained steps}, on the first minibatch."
     norms = step_grad_norms(
-        self.policy, ro, A, torch.arange(ro.B)[: self.cfg.minibatch], self.cfg.clip_range, self.cfg.backward_pairs,
-        self.params, lambda: self.opt.zero_grad(set_to_none=True)
+        self.policy, ro, A, torch.arange(ro.B)[: self.cfg.minibatch * self.rows_per_sample], self.cfg.clip_range,
+        self.cfg.backward_pairs, self.params, lambda: self.opt.zero_grad(set_to_none=True), self.pair_logprob, weight
     )
     total = sum(norms.values()) or 1.0
     return {f'grad_share_{k}': n / total for k, n in norms.items()}
@@ -221,11 +225,12 @@ def grad_shares(self:GRPOTrainer, ro, A:torch.Tensor) -> dict:
 # %% ../nbs/06_train.ipynb #ccc7b614
 @patch
 def kl_to_base(self:GRPOTrainer, ro) -> float:
-    """Mean KL of the trained steps' Gaussians to the adapter-free reference's, on the first minibatch, current weights,
-    no gradient."""
-    mb, ks = torch.arange(ro.B)[:self.cfg.minibatch], ro.trained.nonzero().flatten().cpu()
-    ii, kk = mb.repeat_interleave(len(ks)), ks.repeat(len(mb))
-    return pair_loss(self.policy, ro, ii, kk, torch.zeros(len(ii)), measure_kl=True).kl
+    """Mean KL of the trained pairs' Gaussians to the adapter-free reference's, on the first minibatch, current
+    weights, no gradient."""
+    mb, ks = torch.arange(ro.B)[:self.cfg.minibatch * self.rows_per_sample], ro.trained.nonzero().flatten().cpu()
+    bi, ki = ro.pairs[mb][:, ks].cpu().nonzero(as_tuple=True)
+    return pair_loss(self.policy, ro, mb[bi], ks[ki], torch.zeros(len(bi)), measure_kl=True,
+                     logprob=self.pair_logprob).kl
 
 # %% ../nbs/06_train.ipynb #f2d86f17
 @patch
@@ -245,10 +250,10 @@ def train_step(self:GRPOTrainer) -> dict:
         with timed(times, 'step'):
             c = self.collect(self.step)
             if cfg.diag_every and self.step % cfg.diag_every == 0:
-                with timed(diag, 'diag'): diag |= self.grad_shares(c['rollout'], c['advantages'])
+                with timed(diag, 'diag'): diag |= self.grad_shares(c['rollout'], c['advantages'], c['weight'])
             if cfg.beta == 0 and cfg.kl_every and self.step % cfg.kl_every == 0:
                 with timed(diag, 'diag'): diag['kl'] = self.kl_to_base(c['rollout'])
-            with timed(times, 'update'): up = self.update(c['rollout'], c['advantages'])
+            with timed(times, 'update'): up = self.update(c['rollout'], c['advantages'], c['weight'])
     except ValueError as e:
         saved = self.save() if self.step > 0 else None  # the state before this step, so nothing is lost
         raise ValueError(
@@ -332,6 +337,9 @@ def calibrate(self:GRPOTrainer) -> Calibration:
 def _check_sizes(self:GRPOTrainer):
     "The batch must split evenly over processes, updates and minibatches."
     cfg, n = self.cfg, self.acc.num_processes
+    if cfg.method in ROLLOUT_METHODS and n > 1:
+        raise ValueError(f"method={cfg.method!r} trains in one process (its rollouts are not split over processes "
+                         f"yet); run it without accelerate's --num_processes {n}")
     if cfg.batch_size % n:
         raise ValueError(
             f"prompts_per_step x group_size = {cfg.prompts_per_step} x {cfg.group_size} = {cfg.batch_size} "
@@ -546,7 +554,7 @@ def _cli_config(preset, set, **names) -> GRPOConfig:
 
 @call_parse
 # preset(s) joined by '+' (`flowgrpo_nb.config.PRESETS`): flow_grpo, flow_grpo_early, mix_grpo, stepwise, stepwise_ode,
-# dense, dense_early, turning_point, turning_point_early, smoke
+# dense, dense_early, turning_point, turning_point_early, tempflow, flash, smoke
 def train_cli(
     preset: str = 'flow_grpo',
     out: str = 'runs/train',  # run folder

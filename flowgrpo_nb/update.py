@@ -13,9 +13,20 @@ from .policy import Policy
 from .rollout import Rollout, logprob_pairs
 
 # %% auto #0
-__all__ = ['ppo_loss', 'kl_to_reference', 'PairLoss', 'pair_loss', 'step_grad_norms']
+__all__ = ['ppo_surrogate', 'ppo_loss', 'kl_to_reference', 'PairLoss', 'pair_loss', 'step_grad_norms']
 
 # %% ../nbs/05d_update.ipynb #ba60063d
+def ppo_surrogate(log_prob:torch.Tensor,           # [...] the pairs' log-probs under the current policy
+                  old_log_prob:torch.Tensor,       # [...] under the policy that sampled them
+                  adv:torch.Tensor,                # [...] their advantages
+                  clip_range:float,
+                  weight:torch.Tensor|None=None,   # [...] (broadcast) each pair's weight w >= 0 on its term (None: 1)
+                 ) -> torch.Tensor:                # [...] each pair's term
+    "Each pair's clipped surrogate times its weight: max(-w A r, -w A clip(r, 1 - ε, 1 + ε)), r the likelihood ratio."
+    ratio = torch.exp(log_prob - old_log_prob)
+    surrogate = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_range, 1 + clip_range))
+    return surrogate if weight is None else surrogate * weight
+
 def ppo_loss(log_prob:torch.Tensor,           # [n] the pairs' log-probs under the current policy
              old_log_prob:torch.Tensor,       # [n] under the policy that sampled them
              adv:torch.Tensor,                # [n] their advantages
@@ -23,9 +34,7 @@ def ppo_loss(log_prob:torch.Tensor,           # [n] the pairs' log-probs under t
              weight:torch.Tensor|None=None,   # [n] each pair's weight on its term (None: 1)
             ) -> tuple[torch.Tensor, torch.Tensor]:  # loss (scalar), ratio [n]
     "Flow-GRPO's clipped surrogate, each pair's term times its weight, averaged over the pairs."
-    ratio = torch.exp(log_prob - old_log_prob)
-    surrogate = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_range, 1 + clip_range))
-    return (surrogate if weight is None else surrogate * weight).mean(), ratio
+    return ppo_surrogate(log_prob, old_log_prob, adv, clip_range, weight).mean(), torch.exp(log_prob - old_log_prob)
 
 # %% ../nbs/05d_update.ipynb #1983f47d
 def kl_to_reference(mean:torch.Tensor, ref_mean:torch.Tensor, std:torch.Tensor) -> torch.Tensor:
@@ -56,7 +65,9 @@ def pair_loss(policy:Policy, rollout:Rollout,
               n_all:int|None=None,                # the loss is a mean over this many pairs, n or more (None: n)
               chunk:int=0,                        # at most this many pairs per graph (0: all in one)
               backward:Callable|None=None,        # called with each chunk's loss; None: no graph, statistics only
-              measure_kl:bool=False) -> PairLoss: # measure the KL also when beta = 0
+              measure_kl:bool=False,              # measure the KL also when beta = 0
+              logprob:Callable=logprob_pairs      # (policy, rollout, ii, kk) -> the pairs' StepOutput [n], with grad
+             ) -> PairLoss:
     "The update's loss over (sample, step) pairs, back-propagated `chunk` pairs at a time, and its statistics."
     n = len(ii)
     n_all, chunk, measure_kl = n_all or n, chunk or n, measure_kl or beta > 0
@@ -64,13 +75,13 @@ def pair_loss(policy:Policy, rollout:Rollout,
     with torch.set_grad_enabled(backward is not None and torch.is_grad_enabled()):
         for s in range(0, n, chunk):
             c = slice(s, s + chunk)
-            out = logprob_pairs(policy, rollout, ii[c], kk[c])
+            out = logprob(policy, rollout, ii[c], kk[c])
             old = out.log_prob.detach() if old_lp is None else old_lp[ii[c], kk[c]]
             w = None if weight is None else weight[c].to(out.log_prob.device)
             loss, ratio = ppo_loss(out.log_prob, old, adv[c].to(out.log_prob.device), clip_range, w)
             loss = loss * (len(ratio) / n_all)  # this chunk's share of the mean over all pairs
             if measure_kl:
-                with torch.no_grad(), policy.disable_adapter(): ref = logprob_pairs(policy, rollout, ii[c], kk[c])
+                with torch.no_grad(), policy.disable_adapter(): ref = logprob(policy, rollout, ii[c], kk[c])
                 kl = kl_to_reference(out.mean.unsqueeze(1), ref.mean.unsqueeze(1), out.std.unsqueeze(1)).squeeze(1)
                 # one graph: beta x the mean, as the trainer always took it; chunks: each its share of the sum
                 # (the two round differently)
@@ -90,17 +101,21 @@ def pair_loss(policy:Policy, rollout:Rollout,
 def step_grad_norms(policy:Policy, rollout:Rollout, A:torch.Tensor,  # [B, K] advantages
                     rows:torch.Tensor,                                # [b] the samples
                     clip_range:float, chunk:int,                      # chunk: at most this many rows per graph (0: all)
-                    params:list, zero_grad:Callable) -> dict:
+                    params:list, zero_grad:Callable,
+                    logprob:Callable=logprob_pairs,                   # the pairs' log-probs (`pair_loss`)
+                    weight:torch.Tensor|None=None) -> dict:           # [B, K] each pair's weight (None: 1)
     "{trained step k: the norm of the gradient of its surrogate alone over `rows`}; leaves no gradient behind."
     norms = {}
     for k in rollout.trained.nonzero().flatten().cpu().tolist():
-        adv = A[rows, k]
+        rk = rows[rollout.pairs[rows, k].cpu()]
+        adv = A[rk, k]
         if not adv.any(): norms[k] = 0.0; continue  # zero credit: exactly zero gradient
         zero_grad()
         # the weights of the rollout (on the fast path, this pass's own: `06_train`)
         old = None if policy.fast else rollout.log_prob
-        pair_loss(policy, rollout, rows, torch.full_like(rows, k), adv, old, clip_range, chunk=chunk,
-                  backward=lambda loss: loss.backward())
+        pair_loss(policy, rollout, rk, torch.full_like(rk, k), adv, old, clip_range, chunk=chunk,
+                  weight=None if weight is None else weight[rk, k], backward=lambda loss: loss.backward(),
+                  logprob=logprob)
         norms[k] = float(torch.stack([p.grad.float().norm() for p in params if p.grad is not None]).norm())
     zero_grad()
     return norms

@@ -58,7 +58,7 @@ def test_the_library_reads_no_file_of_the_repository():
         src = MODULES[m].read_text()
         assert not re.search(r"parent\.parent|['\"](results|design|benchmarks)/", src), m
 
-METHOD_SIDE = ('rollout', 'credit', 'config', 'train', 'update', 'app', *STUDY)
+METHOD_SIDE = ('rollout', 'credit', 'config', 'tempflow', 'flash', 'collect', 'train', 'update', 'app', *STUDY)
 
 @pytest.mark.parametrize('module', METHOD_SIDE)
 def test_method_side_does_not_import_the_grid_world(module):

@@ -30,8 +30,8 @@ def test_second_update_of_a_batch_leaves_ratio_one_and_clips(base, tmp_path):
     assert s1['ratio_std'] == 0.0 and s1['clipfrac'] == 0.0 and s1['approx_kl'] == 0.0
     per = []
     orig = two._backward
-    def spy(ro, A, ks, mb, n_mb, stats, old_lp):
-        n = len(stats['clipfrac']); orig(ro, A, ks, mb, n_mb, stats, old_lp)
+    def spy(ro, A, ks, mb, n_mb, stats, old_lp, weight=None):
+        n = len(stats['clipfrac']); orig(ro, A, ks, mb, n_mb, stats, old_lp, weight)
         per.append((int(mb[0]), stats['clipfrac'][n:], stats['ratio_std'][n:]))
     two._backward = spy
     s2 = two.update(c['rollout'], c['advantages'])

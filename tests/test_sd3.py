@@ -192,7 +192,7 @@ def test_rollout_values_and_credit_on_sd3(policy, clip):
 
 # ---- one full GRPO step per method
 
-@pytest.mark.parametrize('method', ['flow_grpo', 'stepwise', 'dense', 'turning_point'])
+@pytest.mark.parametrize('method', ['flow_grpo', 'stepwise', 'dense', 'turning_point', 'tempflow', 'flash'])
 def test_grpo_step_on_sd3(method, clip, tmp_path, make_sd3):
     from flowgrpo_nb.train import GRPOConfig, GRPOTrainer
     from flowgrpo_nb.task import Task
@@ -202,7 +202,8 @@ def test_grpo_step_on_sd3(method, clip, tmp_path, make_sd3):
     trainer = GRPOTrainer(cfg, tmp_path / method, policy=pol, task=Task('clip', PROMPTS, PROMPTS, clip), progress=False)
     before = [p.detach().clone() for p in pol.trainable_parameters()]
     m = trainer.train_step()
-    assert math.isfinite(m['loss']) and m['nfe_rollout'] == 3
+    # NFE per sample: K; TempFlow's per seed, its trunk and 6 branches at steps 0, 1: (2 + 6 x (2 + 1)) = 20
+    assert math.isfinite(m['loss']) and m['nfe_rollout'] == (20 if method == 'tempflow' else 3)
     assert (m['nfe_lookahead'] > 0) == (method in ('dense', 'turning_point'))  # stepwise: Tweedie, 0 NFE
     assert any(not torch.equal(a, b) for a, b in zip(before, pol.trainable_parameters()))
 

@@ -1,5 +1,7 @@
 """SPEC 5b's hand examples for TempFlow-GRPO (flowgrpo_nb.tempflow) and Flash-GRPO (flowgrpo_nb.flash),
-their NFE counts on the tiny model and their bad settings."""
+their NFE counts on the tiny model and their bad settings; then both in the trainer: their presets end to end, the
+NFE of the trainer's own run, the pairs and weights its update takes."""
+import math
 import pytest
 import torch
 
@@ -8,9 +10,9 @@ from flowgrpo_nb.flash import (FlashConfig, draw_k_star, flash_advantages, flash
                                tgr_weights)
 from flowgrpo_nb.flow import flow_sigmas, step_coefficients
 from flowgrpo_nb.rollout import RolloutConfig, logprob_pairs, rollout
-from flowgrpo_nb.update import ppo_loss
+from flowgrpo_nb.update import ppo_loss, ppo_surrogate
 from flowgrpo_nb.tempflow import (TempFlowConfig, branch_logprob, group_advantages, tempflow_advantages, tempflow_nfe,
-                                  tempflow_rollout, tempflow_weight, weighted_surrogate)
+                                  tempflow_rollout, tempflow_weight)
 
 torch.set_num_threads(1)
 close = lambda a, b, eps=1e-4: torch.testing.assert_close(torch.as_tensor(a).float(), torch.as_tensor(b).float(),
@@ -53,7 +55,7 @@ def test_tempflow_weights_and_loss():
     close(tempflow_weight(omega, 'const'), [1.575, 1.955, 1.492], 1e-3)
     close(tempflow_weight(omega, 'const').mean(), 1.674, 1e-3)
     zero = torch.zeros_like(R56)
-    L = weighted_surrogate(zero, zero, tempflow_advantages(R56, 'seed'), tempflow_weight(omega), 1e-4)
+    L = ppo_surrogate(zero, zero, tempflow_advantages(R56, 'seed'), 1e-4, tempflow_weight(omega))
     close(L[0, 0, 2], [-1.1518, -1.6501, 0.])
 
 
@@ -71,11 +73,14 @@ def test_tempflow_nfe_formula():
     assert tempflow_nfe(10, 4, 6, steps=[0, 3, 6]) == 4 * 7 + 24 * (9 + 6 + 3)
 
 
-def test_weighted_surrogate_is_ppo_loss_with_folded_weight():
+def test_a_weighted_pair_is_the_one_surrogate_at_advantage_w_a():
+    "The methods' weights go through the package's one clipped surrogate (update.ppo_surrogate / ppo_loss)."
     g = torch.Generator().manual_seed(0)
     lp, old, adv = (torch.randn(5, 4, generator=g) * s for s in (0.3, 0.3, 1.0))
     w = torch.rand(4, generator=g) * 2
-    close(weighted_surrogate(lp, old, adv, w, 0.2).mean(), ppo_loss(lp, old, w * adv, 0.2)[0], 1e-6)
+    close(ppo_surrogate(lp, old, adv, 0.2, w), ppo_surrogate(lp, old, w * adv, 0.2), 1e-6)
+    close(ppo_surrogate(lp, old, adv, 0.2, w).mean(), ppo_loss(lp.flatten(), old.flatten(), adv.flatten(), 0.2,
+                                                              w.expand(5, 4).flatten())[0], 1e-6)
 
 
 @pytest.mark.parametrize('value,G', [(0.7776615023612976, 7), (0.55, 3), (0.1, 6)])
@@ -160,7 +165,7 @@ def test_flash_advantages_and_loss():
     close(flash_advantages(R, g, global_std=False), [-1.2242, 0, 1.2242, -0.7069, -0.7069, 1.4137])
     rho = tgr_weights(torch.tensor([0, 1])[g], 1 / tgr_lambda(T4, sde_scale(T4)), POOL, 'pool')
     zero = torch.zeros(6)
-    close(weighted_surrogate(zero, zero, A, rho, 1e-3), [1.4058, 0, -1.4058, 0.5741, 0.5741, -1.1482])
+    close(ppo_surrogate(zero, zero, A, 1e-3, rho), [1.4058, 0, -1.4058, 0.5741, 0.5741, -1.1482])
 
 
 def test_flash_wan_c_table():
@@ -214,3 +219,106 @@ def test_flash_bad_settings(tiny_policy):
     with pytest.raises(ValueError, match=r"k_star=\[2\]: allowed one step of the pool \[0, 1\]"):
         flash_rollout(tiny_policy, ['a circle'], RolloutConfig(K=4, group_size=2), FlashConfig(), brightness,
                       torch.tensor([2]))
+
+
+# ---------------------------------------------------------------- in the trainer (06_collect, 06_train)
+
+import copy, json, os, subprocess, sys, types
+from pathlib import Path
+from flowgrpo_nb.config import GRPOConfig, preset_config
+from flowgrpo_nb.tempflow import BranchPairs, branch_pairs_logprob
+from flowgrpo_nb.update import pair_loss
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+QUIET = dict(log_with='none', eval_images=0, diag_every=0, kl_every=0, save_every=0)
+
+
+def trainer(base, tmp_path, preset, **kw):
+    from flowgrpo_nb.train import GRPOTrainer
+    policy, task = base
+    return GRPOTrainer(preset_config(preset, **QUIET | kw), tmp_path, policy=copy.deepcopy(policy), task=task,
+                       progress=False)
+
+
+@pytest.mark.parametrize('method', ['tempflow', 'flash'])
+def test_flowgrpo_train_preset_runs_on_the_embedded_default(tmp_path, method):
+    "`flowgrpo train --preset tempflow|flash+smoke` as a user runs it: evaluation, checkpoints, its NFE per prompt."
+    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', f'{method}+smoke', '--out',
+                        str(tmp_path), '--quiet', '--set', 'steps=2', 'log_with=none', 'eval_images=8'],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith(f'{method}: 2 steps; geneval-partial: ')
+    s = json.loads((tmp_path/'summary.json').read_text())
+    per_prompt = s['nfe_per_sample']['rollout'] * 4  # group_size 4 of the smoke preset
+    assert per_prompt == (tempflow_nfe(4, 4, 6) if method == 'tempflow' else 4 * 4)
+    assert (tmp_path/'checkpoints'/'ckpt-000002'/'pytorch_lora_weights.safetensors').exists()
+
+
+def test_tempflow_nfe_per_prompt_of_the_trainers_own_run_is_the_formula(base, tmp_path):
+    "SPEC 5b's released setting (K = 10, N = 4, B = 6) on one prompt: the trainer's rollout costs 1116 NFE."
+    tr = trainer(base, tmp_path, 'tempflow', prompts_per_step=1, updates_per_rollout=1)
+    m = tr.train_step()
+    assert m['nfe_rollout'] * tr.cfg.group_size == tempflow_nfe(10, 4, 6) == 1116
+    assert m['nfe_train'] <= 9  # at most one NFE per trunk state (seed, step) a seed, whatever its 6 branches
+    assert math.isfinite(m['loss']) and m['grad_norm'] > 0
+
+
+def test_flash_trains_only_its_one_sde_step_per_sample(base, tmp_path, monkeypatch):
+    "With beta > 0 and no skipping (every pair kept), the update still scores only each sample's k*, never an Euler step."
+    import flowgrpo_nb.train as train_mod
+    seen = []
+    def spy(policy, ro, ii, kk):
+        seen.append((ro, ii.clone(), kk.clone()))
+        return logprob_pairs(policy, ro, ii, kk)
+    monkeypatch.setattr(train_mod, 'logprob_pairs', spy)
+    tr = trainer(base, tmp_path, 'flash+smoke', beta=0.01, skip_zero_adv=False, kl_every=1, diag_every=1)
+    m = tr.train_step()
+    assert seen and math.isfinite(m['loss']) and m['kl'] >= 0
+    for ro, ii, kk in seen: assert (ro.std[ii, kk] > 0).all() and ro.pairs[ii, kk].all()  # only stochastic pairs
+    assert set(torch.cat([ii for _, ii, _ in seen]).tolist()) == set(range(ro.B))       # every sample's one pair
+
+
+def test_flash_weight_is_the_tgr_rho_of_each_samples_step(base, tmp_path):
+    tr = trainer(base, tmp_path, 'flash', prompts_per_step=4, group_size=4, minibatch=4)
+    c = tr.collect(0)
+    ro, w, A = c['rollout'], c['weight'], c['advantages']
+    k = ro.pairs.int().argmax(1).cpu()
+    assert torch.equal(ro.pairs.cpu(), w > 0) and torch.equal(A != 0, (A != 0) & ro.pairs.cpu())
+    c_k = 1 / tgr_lambda(ro.t.cpu(), ro.psi.cpu())
+    close(w[torch.arange(ro.B), k], c_k[k] / c_k[k].mean(), 1e-6)  # the batch normaliser (released)
+    assert set(k.tolist()) <= set(range(5))                          # the pool: the first half of K = 10
+
+
+def test_tempflow_weight_leaves_the_kl_alone(base):
+    "At ratio 1 with zero advantages the loss is beta x KL whatever the weights: the weight is the surrogate's only."
+    policy, task = base
+    pol = copy.deepcopy(policy).add_lora(4, 8.0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in pol.trainable_parameters(): p.add_(0.02 * torch.randn_like(p))
+    ro = tempflow_rollout(pol, ['a red circle'], RolloutConfig(K=4, group_size=2), TempFlowConfig(branches=3),
+                          task.reward, torch.Generator().manual_seed(0))
+    bp = BranchPairs(ro)
+    ii, kk = bp.pairs.nonzero(as_tuple=True)
+    z = torch.zeros(len(ii))
+    a, b = (pair_loss(pol, bp, ii, kk, z, beta=0.1, weight=w, logprob=branch_pairs_logprob) for w in (None, 5 + z))
+    assert a.kl > 0 and a.loss == pytest.approx(0.1 * a.kl, rel=1e-5) and b.loss == pytest.approx(a.loss, rel=1e-6)
+
+
+def test_the_methods_bad_settings_are_one_sentence(base, tmp_path):
+    with pytest.raises(ValueError, match=r"^GRPOConfig.tempflow_branches=1: allowed an integer >= 2$"):
+        preset_config('tempflow', tempflow_branches=1)
+    with pytest.raises(ValueError, match=r"^GRPOConfig.flash_pool=\(4, 5\): allowed distinct steps in 0..2, at least"):
+        preset_config('flash+smoke', flash_pool=(4, 5))
+    with pytest.raises(ValueError, match=r"GRPOConfig.train_start=0: allowed None for method='flash'"):
+        preset_config('flash', train_start=0)
+    from flowgrpo_nb.train import GRPOTrainer
+    two = types.SimpleNamespace(num_processes=2)
+    with pytest.raises(ValueError, match=r"method='tempflow' trains in one process"):
+        GRPOTrainer(preset_config('tempflow+smoke', log_with='none'), tmp_path, accelerator=two)
+
+
+def test_a_config_written_before_the_methods_still_loads():
+    old = {k: v for k, v in GRPOConfig().to_dict().items() if not k.startswith(('tempflow_', 'flash_'))}
+    assert GRPOConfig.from_dict(old) == GRPOConfig()

@@ -1,4 +1,4 @@
-"The real path on the CPU: `flowgrpo train --model sd3|flux --model-path DIR --prompts FILE --reward clip:DIR` for every method, with evaluation and resume."
+"The real path on the CPU: `flowgrpo train --model sd3|flux --model-path DIR --prompts FILE --reward clip:DIR` for every method, with evaluation, resume and the run's LoRA in a diffusers pipeline."
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
+METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point', 'tempflow', 'flash')
 
 @pytest.fixture(scope='module')
 def folders(tmp_path_factory):
@@ -28,6 +28,17 @@ def train(folders, model, method, out, *extra, steps=2):
                            '--set', f'steps={steps}', 'save_every=1', 'resolution=16', 't5=false', 'eval_images=4',
                            'log_with=none', 'calib_iters=1', *extra], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
 
+def assert_loads_into_the_pipeline(folders, model, ckpt, lora):
+    "As a user loads it: the base folder's diffusers pipeline takes the run's LoRA with `load_lora_weights`, trained weights and all."
+    from diffusers import FluxPipeline, StableDiffusion3Pipeline
+    pipe = (StableDiffusion3Pipeline.from_pretrained(folders/'sd3', text_encoder_3=None, tokenizer_3=None) if model == 'sd3'
+            else FluxPipeline.from_pretrained(folders/'flux'))
+    pipe.load_lora_weights(ckpt)
+    (name,) = pipe.get_list_adapters()['transformer']
+    loaded = {k: v for k, v in pipe.transformer.state_dict().items() if f'.{name}.' in k}
+    assert len(loaded) == len(lora) and sum(v.abs().sum() for k, v in loaded.items() if 'lora_B' in k) > 0
+    assert sorted(v.abs().sum().item() for v in loaded.values()) == pytest.approx(sorted(v.abs().sum().item() for v in lora.values()))
+
 @pytest.mark.parametrize('model', ['sd3', 'flux'])
 @pytest.mark.parametrize('method', METHODS)
 def test_train_eval_resume(folders, tmp_path, model, method):
@@ -39,6 +50,7 @@ def test_train_eval_resume(folders, tmp_path, model, method):
     assert [h['step'] for h in evals] == [0, 2]  # evaluated on the task's own reward (the CLIP score of the test prompts)
     lora = load_file(tmp_path/'checkpoints'/'ckpt-000002'/'pytorch_lora_weights.safetensors')
     assert all(k.startswith('transformer.') for k in lora)  # diffusers' LoRA naming
+    assert_loads_into_the_pipeline(folders, model, tmp_path/'checkpoints'/'ckpt-000002', lora)
     r = train(folders, model, method, tmp_path, '--resume', steps=3)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [json.loads(l)['step'] for l in (tmp_path/'metrics.jsonl').read_text().splitlines()][-1] == 3

@@ -72,6 +72,19 @@ ARMS = {
     'flow_grpo_nfe': Arm(
         'flow_grpo', nfe_of='dense', why="Flow-GRPO spending DenseGRPO's network evaluations per step on more prompts"
     ),
+    # TempFlow-GRPO estimates DenseGRPO's per-step quantity from scored branches: under a reward with few levels its
+    # later steps' branches score alike (A = 0), so its control is DenseGRPO's; N = 4 seeds per prompt, as released
+    'tempflow': Arm(
+        'tempflow', _EFFECTIVE, fields=dict(group_size=4, minibatch=4), also=('dense',),
+        why="TempFlow-GRPO: per-step credit from 6 scored SDE branches of each of 4 ODE trunks per prompt"
+    ),
+    # Flash-GRPO's credit is Flow-GRPO's final-reward advantage on the schedule's first half only: Flow-GRPO with its
+    # loss on the early steps isolates what Flash changes (one SDE step per sample, Euler elsewhere, a step shared by
+    # the prompt's samples, the TGR weight) from training the early steps at all
+    'flash': Arm(
+        'flash', 'flow_grpo_train4', also=('flow_grpo_first4',),
+        why="Flash-GRPO: one SDE step per sample at its prompt's step drawn from steps 0-4, TGR-weighted"
+    ),
 }
 
 # %% ../../nbs/study/01_design.ipynb #b68852a0
@@ -136,7 +149,8 @@ EXPLORATORY = dict(prompts_per_step=2, group_size=8, minibatch=16, calib_iters=4
                    lr=2e-3, weight_decay=0.0, updates_per_rollout=1, ema=False)                # none of the safeguards
 DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'flow_grpo_train4', 'dense', 'turning_point'),
                     score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'turning_point'))
-STUDY_ARMS = dict(geneval=tuple(ARMS),
+# the exploratory study's arms: every arm but the two added after it ran (in the menu: `flowgrpo compare --arms`)
+STUDY_ARMS = dict(geneval=tuple(a for a in ARMS if a not in ('tempflow', 'flash')),
                   score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'dense_nocal', 'turning_point'))
 BUDGETS = {
     'smoke': dict(
