@@ -553,10 +553,8 @@ def _cli_config(preset, set, **names) -> GRPOConfig:
     return preset_config(preset, **over)
 
 @call_parse
-# preset(s) joined by '+' (`flowgrpo_nb.config.PRESETS`): flow_grpo, flow_grpo_early, mix_grpo, stepwise, stepwise_ode,
-# dense, dense_early, turning_point, turning_point_early, tempflow, flash, smoke
 def train_cli(
-    preset: str = 'flow_grpo',
+    preset: Annotated[str, f"preset(s) joined by '+': {', '.join(PRESETS)}"] = 'flow_grpo',
     out: str = 'runs/train',  # run folder
     resume: bool = False,  # continue from the newest checkpoint in `out`
     model: str = None,  # backend: tiny (default), sd3 or flux

@@ -156,3 +156,11 @@ def test_a_stop_closes_open_progress_bars_first(monkeypatch, capsys):
     assert cli.main(['fake']) == 130
     err = capsys.readouterr().err
     assert err.endswith('\nflowgrpo fake: stopped by Ctrl-C (SIGINT); continue with: flowgrpo fake\n') and 'training' in err, repr(err)  # the sentence on a line of its own
+
+def test_train_help_lists_every_preset(capsys):
+    "`flowgrpo train --help` names every key of `PRESETS` (flow_grpo_ddim, tempflow and flash included): the list is PRESETS'."
+    from flowgrpo_nb.config import PRESETS
+    with pytest.raises(SystemExit): cli.main(['train', '--help'])
+    text = ' '.join(capsys.readouterr().out.split())
+    missing = [p for p in PRESETS if p not in text.replace(',', ' ').split()]
+    assert not missing, f'presets missing from train --help: {missing}'
