@@ -466,7 +466,7 @@ def _acquire(self:FolderLock) -> dict:
     if last.get('pid'):
         warnings.warn(
             f"{self.folder}: its last writer ({last.get('what', 'a writer')}, PID {last['pid']}) ended without "
-            "letting go of it (killed?); taking it over"
+            "letting go of it (killed, or stopped by an error such as a full disk); taking it over"
         )
     return dict(fd=fd, holders=1, pid=os.getpid(), made=made)
 

@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/policy.html.md"""
 
 # %% ../nbs/00b_policy.ipynb #360a44ce
 from __future__ import annotations
-import hashlib, json, time
+import hashlib, json, os, time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -260,6 +260,11 @@ def save_lora(self:Policy, path:str|Path):  # a folder (created if needed)
             for k, v in self.transformer.peft_config['default'].to_dict().items()}
     self.lora_pipeline_cls.save_lora_weights(path, transformer_lora_layers=sd, transformer_lora_adapter_metadata=meta)
     _sort_metadata(path/LORA_FILE)
+    (path/LORA_FILE).chmod(0o666 & ~_umask())  # diffusers writes it 0600 (through a temporary file): as its siblings
+
+def _umask() -> int:
+    "The process's file-creation mask (read by setting it, then set back)."
+    m = os.umask(0o022); os.umask(m); return m
 
 def _sort_metadata(f:Path):
     """Rewrite a safetensors file's header with its metadata keys in order (safetensors writes them in a random order

@@ -150,6 +150,9 @@ def test_lora_save_load_roundtrip(policy, small_config, tmp_path):
     moved(policy, rank=3, alpha=5, targets=('to_q', 'to_v'))
     policy.save_lora(tmp_path)
     assert [f.name for f in tmp_path.iterdir()] == [LORA_FILE]
+    (tmp_path/'sibling').write_text('')  # the LoRA file is readable as any file the process writes (diffusers: 0600)
+    assert (tmp_path/LORA_FILE).stat().st_mode & 0o777 == (tmp_path/'sibling').stat().st_mode & 0o777
+    (tmp_path/'sibling').unlink()
     with safe_open(str(tmp_path / LORA_FILE), 'pt') as fh:
         assert set(fh.keys()) == {f'transformer.{k}' for k in policy.lora_state_dict()}
         meta = json.loads(fh.metadata()['lora_adapter_metadata'])

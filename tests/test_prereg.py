@@ -113,3 +113,33 @@ def test_equal_compute_reads_both_runs_at_what_the_cheaper_spent(tmp_path):
     t = min(flow.total_cpu_seconds, dense.total_cpu_seconds)
     assert t == flow.total_cpu_seconds and 0 < t < dense.total_cpu_seconds
     assert claim_diffs(sec, d1) == [pytest.approx(curve_at(dense.curve, t, 'seconds') - flow.curve[-1].eval)]
+
+def test_confirm_equal_compute_equals_a_hand_recomputation():
+    """D1@cpu and D1@nfe in results/confirm/report.json, recomputed by hand from two seeds' run files with numpy alone:
+    each run's cumulative process CPU seconds (calibration + the sum of `cpu_step`) and NFE (calibration + (rollout +
+    lookahead NFE per sample) x the batch) at every evaluation, both runs read, linearly interpolated, at the smaller of
+    their two totals; the seed's difference is DenseGRPO's score there minus Flow-GRPO's."""
+    import json, numpy as np
+    R = Path(__file__).resolve().parent.parent/'results'/'confirm'
+    rep = json.loads((R/'report.json').read_text())
+    seeds = rep['setup']['tasks']['geneval'].get('seeds', rep['setup']['seeds'])
+
+    def curve(seed, arm):
+        run = R/'runs'/'geneval'/f'seed{seed}'/arm
+        rows = [json.loads(l) for l in (run/'metrics.jsonl').read_text().splitlines() if l.strip()]
+        cfg, summ = (json.loads((run/f).read_text()) for f in ('config.json', 'summary.json'))
+        cal = summ.get('calibration_cost') or dict(cpu_seconds=0.0, nfe=0)
+        base = json.loads((R/'runs'/'base'/'mini-geneval'/f'seed{seed}.json').read_text())['overall']
+        cpu = cal['cpu_seconds'] + np.cumsum([r['cpu_step'] for r in rows])
+        nfe = cal['nfe'] + np.cumsum([(r['nfe_rollout'] + r['nfe_lookahead']) * cfg['prompts_per_step'] * cfg['group_size']
+                                      for r in rows])
+        ev = [i for i, r in enumerate(rows) if 'eval_overall' in r]
+        pts = dict(cpu=[cal['cpu_seconds'], *cpu[ev]], nfe=[cal['nfe'], *nfe[ev]])
+        return pts, [base, *(rows[i]['eval_overall'] for i in ev)], dict(cpu=cpu[-1], nfe=nfe[-1])
+
+    for unit in ('cpu', 'nfe'):
+        c = next(c for c in rep['contrasts'] if c['id'] == f'D1@{unit}')
+        for i, s in enumerate(seeds[:2]):
+            (xd, yd, td), (xf, yf, tf) = curve(s, 'dense'), curve(s, 'flow_grpo')
+            t = min(td[unit], tf[unit])
+            assert c['diffs'][i] == pytest.approx(np.interp(t, xd[unit], yd) - np.interp(t, xf[unit], yf), abs=1e-9), (unit, s)

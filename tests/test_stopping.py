@@ -75,8 +75,9 @@ def test_a_stopped_comparison_leaves_nothing_and_resumes_to_the_same_results(tmp
         if sig != signal.SIGKILL:
             how = 'Ctrl-C (SIGINT)' if sig == signal.SIGINT else 'SIGTERM'
             assert re.fullmatch(rf"flowgrpo compare: stopped by {re.escape(how)}: \d of 2 runs finished, kept in {re.escape(str(b))} "
-                                rf"\(a stopped run resumes from its last checkpoint\); continue with: flowgrpo compare --budget smoke --out {re.escape(str(b))} "
-                                r"--tasks geneval --arms flow_grpo dense --set steps=8 save_every=2", r['last']), r['last']
+                                rf"\(a stopped run resumes from its last checkpoint\); continue with: flowgrpo compare --budget smoke "
+                                rf"--tasks geneval --arms flow_grpo dense --set steps=8 save_every=2 --no-png --out {re.escape(str(b))}",
+                                r['last']), r['last']  # the command as typed: every flag (--no-png too)
         locks_free(b)
     print({k: round(v['left_s'], 1) for k, v in seen.items()})
     rest = launch(b, log)

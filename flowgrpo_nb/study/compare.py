@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 import torch
 from tqdm.auto import tqdm
-from ..processes import write_pngs, Stopped, stopped
+from ..processes import write_pngs, Stopped, stopped, invoked
 from .pool import worker_context, init_worker, stop_pool
 from ..policy import Policy
 from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy
@@ -349,7 +349,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
                 e,
                 f"{n + len(reused)} of {len(runs)} runs finished, kept in {out} (a stopped run resumes from its last "
                 "checkpoint)",
-                command_line(ccfg, out)
+                invoked() or command_line(ccfg, out)  # the command as typed, every flag; from Python: its equivalent
             ) from None
         finally: beat.set()
         bases = {k: v for k, v in done.items() if k[0] == 'base'}
