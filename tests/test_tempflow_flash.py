@@ -322,3 +322,19 @@ def test_the_methods_bad_settings_are_one_sentence(base, tmp_path):
 def test_a_config_written_before_the_methods_still_loads():
     old = {k: v for k, v in GRPOConfig().to_dict().items() if not k.startswith(('tempflow_', 'flash_'))}
     assert GRPOConfig.from_dict(old) == GRPOConfig()
+
+def test_fidelity_of_a_comparison_says_which_runs_it_leaves_out(tmp_path):
+    "TempFlow-GRPO's and Flash-GRPO's runs are named and left out of `flowgrpo fidelity --compare`; none left: one sentence."
+    import json, warnings
+    from dataclasses import asdict
+    from flowgrpo_nb.config import preset_config
+    from flowgrpo_nb.study.fidelity_report import compare_fidelity
+    for arm in ('tempflow', 'flash'):
+        d = tmp_path/'geneval'/'seed0'/arm; d.mkdir(parents=True)
+        (d/'config.json').write_text(json.dumps(asdict(preset_config(arm))))
+        (d/'summary.json').write_text('{}')
+    with warnings.catch_warnings(record=True) as w, pytest.raises(ValueError, match='no run there of a method fidelity measures'):
+        warnings.simplefilter('always')
+        compare_fidelity(tmp_path, seeds=(0,), progress=False)
+    said = ' '.join(str(x.message) for x in w)
+    assert '2 runs left out' in said and 'geneval/seed0/flash' in said and 'geneval/seed0/tempflow' in said, said

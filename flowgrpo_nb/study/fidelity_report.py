@@ -289,6 +289,14 @@ def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowg
             f"compare={str(compare)!r}: no finished run of seeds {list(seeds)} there (a folder of flowgrpo compare "
             "--out)"
         )
+    # TempFlow-GRPO's branch advantages and Flash-GRPO's one step are not a rule of the state that fidelity compares
+    other = [f'{t}/seed{s}/{a}' for t, s, a, d in runs if run_config(RunFolder(d)).method not in METHODS]
+    runs = [r for r in runs if f'{r[0]}/seed{r[1]}/{r[2]}' not in other]
+    if other:
+        warnings.warn(f"{len(other)} runs left out, of methods whose credit this does not measure yet (it measures "
+                      f"{', '.join(METHODS)}): {', '.join(other)}")
+    if not runs:
+        raise ValueError(f"compare={str(compare)!r}: no run there of a method fidelity measures ({', '.join(METHODS)})")
     rows, left = [], []
     with FolderLock(out, 'a fidelity measurement'):
         try:
