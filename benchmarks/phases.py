@@ -24,6 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import flowgrpo_nb.rollout as rollout_mod
 import flowgrpo_nb.train as train_mod
+import flowgrpo_nb.collect as collect_mod  # each method's collection times its rollout, values and credit
 from flowgrpo_nb.study.design import ARMS, BUDGETS, CompareConfig
 
 DEFAULT = ('flow_grpo', 'flow_grpo_train4', 'stepwise', 'dense', 'turning_point')
@@ -85,9 +86,9 @@ def instrumented(prof:Profile):
         with timed0(times, name), prof.phase(TRAINER_PHASES.get(name, name)): yield
     def reward_states(*a, **kw):
         with prof.phase('decoding + reward'): return reward_states0(*a, **kw)
-    train_mod.timed, rollout_mod.reward_states = timed, reward_states
+    train_mod.timed = collect_mod.timed = timed; rollout_mod.reward_states = reward_states
     try: yield
-    finally: train_mod.timed, rollout_mod.reward_states = timed0, reward_states0
+    finally: train_mod.timed = collect_mod.timed = timed0; rollout_mod.reward_states = reward_states0
 
 
 def profile_method(method:str, budget:str, steps:int, out:Path, task:str='geneval') -> tuple[dict, tuple[int, int], dict]:

@@ -182,6 +182,8 @@ def test_app_stopped_closes_the_server_and_says_so(tmp_path):
 def test_fidelity_stopped_says_what_it_kept(tmp_path, monkeypatch, capsys):
     from flowgrpo_nb import cli
     from flowgrpo_nb.study import fidelity_report as fr
+    from flowgrpo_nb.config import preset_config
+    from dataclasses import asdict
     def stop(*a, **k): os.kill(os.getpid(), signal.SIGTERM); time.sleep(10)
     monkeypatch.setattr(fr, 'fidelity_report', stop)
     t0 = time.monotonic()
@@ -191,6 +193,7 @@ def test_fidelity_stopped_says_what_it_kept(tmp_path, monkeypatch, capsys):
     comp, out = tmp_path/'c', tmp_path/'c'/'fidelity'
     for arm in ('flow_grpo', 'dense'):  # two finished runs with a checkpoint each
         (comp/'geneval'/'seed0'/arm/'checkpoints'/'ckpt-000002').mkdir(parents=True)
+        (comp/'geneval'/'seed0'/arm/'config.json').write_text(json.dumps(asdict(preset_config(arm))))
         (comp/'geneval'/'seed0'/arm/'checkpoints'/'ckpt-000002'/'state.json').write_text('{}')
         (comp/'geneval'/'seed0'/arm/'summary.json').write_text('{}')
     def one_then_stop(f, d, a, cfg):  # the first run measured (its file written whole), Ctrl-C in the second
