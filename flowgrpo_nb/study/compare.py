@@ -316,7 +316,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         costs = job_costs(ccfg, given is not None)
         workers, threads = _workers(ccfg, given, policy, len(costs), workers, threads)
         out.mkdir(parents=True, exist_ok=True)
-        (out/'compare.json').write_text(json.dumps(asdict(ccfg), indent=1))
+        write_text(out/'compare.json', json.dumps(asdict(ccfg), indent=1), 'the comparison settings')
         t0, c0 = time.perf_counter(), time.process_time()
         jobs = schedule(costs, workers, BUDGETS[ccfg.budget].get('by_seed', False))[0]
         runs = [k for k in jobs if k[0] != 'base']
