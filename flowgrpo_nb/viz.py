@@ -27,7 +27,7 @@ from .credit import (METHODS, CreditConfig, Credit, compute_credit, Calibration,
                                 MethodCredit, method_credits)
 
 # %% auto #0
-__all__ = ['group_rows', 'image_strip', 'preview_figure', 'turning_point_table', 'gain_figure', 'load_calibration',
+__all__ = ['group_rows', 'image_strip', 'preview_figure', 'step_figure', 'turning_point_table', 'gain_figure', 'load_calibration',
            'calibration_figure', 'read_metrics', 'training_figure', 'grad_share_figure', 'FigureView',
            'preview_dashboard', 'gain_dashboard', 'find_runs', 'run_dashboard', 'dashboard']
 
@@ -61,6 +61,15 @@ def image_strip(images:Tensor,  # [n, 3, H, W] in [0, 1]
     a = torch.nn.functional.pad(a, (0, pad), value=255).permute(2, 0, 3, 1).flatten(1, 2)  # [H, n (W + pad), 3]
     return a[:, :a.shape[1] - pad].numpy()
 
+def _colour(j:int) -> str: return qualitative.D3[j % len(qualitative.D3)]
+
+def _int_ticks(n:int, most:int=12) -> dict:
+    """Axis settings for integer positions 0..n (steps, rounds): whole-number ticks at a round spacing (1, 2, 5, 10, 20,
+    25, 50, ...), `most` at most."""
+    dtick = next(d * 10**e for e in range(12) for d in (1, 2, 2.5, 5) if d * 10**e >= n / most and (d * 10**e) % 1 == 0)
+    return dict(tick0=0, dtick=int(dtick), tickformat='d')
+
+
 # %% ../nbs/07_viz.ipynb #99244e34
 def preview_figure(ro:Rollout, values:dict[str, StepValues],  # lookahead op -> its values, with images
                    prompt:int|str=0,       # group id or prompt text
@@ -89,6 +98,50 @@ def preview_figure(ro:Rollout, values:dict[str, StepValues],  # lookahead op -> 
         width=min(80 * (K + 1) + 60, MAX_WIDTH), height=140 * len(ops) + 110, margin=dict(l=20, r=20, t=70, b=20)
     )
 
+# %% ../nbs/07_viz.ipynb #76f2fd0f
+def step_figure(ro:Rollout, values:dict[str, StepValues],  # lookahead op -> its values, with images
+                prompt:int|str=0,       # group id or prompt text
+                sample:int=0,           # the sample's place in its group
+                ops:list[str]|None=None # operators to show (default: every op of `values`)
+               ) -> go.Figure:
+    """`preview_figure` one step at a time, with a slider over `k` that runs in the browser (plotly frames): each
+    operator's completion of `x_k`, large, and the value curves `V_0..V_K` with `k` marked. No kernel needed."""
+    ops = list(values) if ops is None else list(ops)
+    for op in ops:
+        if op not in values: raise ValueError(f"ops: {op!r} is not in values; allowed {list(values)}")
+        if values[op].images is None:
+            raise ValueError(f"values[{op!r}] has no images: compute it with step_values(..., keep_images=True)")
+    i, K, n = _sample_row(ro, prompt, sample), ro.K, len(ops)
+    img = {op: [image_strip(values[op].images[i][k:k + 1]) for k in range(K + 1)] for op in ops}
+    V = {op: values[op].V[i].tolist() for op in ops}
+    fig = make_subplots(1, n + 1, column_widths=[1] * n + [1.6], horizontal_spacing=0.06,
+                        subplot_titles=[f"{op} completion of x_k" for op in ops] + [''])
+    for c, op in enumerate(ops, 1):
+        fig.add_trace(go.Image(z=img[op][0], name=op, hovertemplate=f"{op}<extra></extra>"), 1, c)
+    for j, op in enumerate(ops):
+        fig.add_trace(go.Scatter(x=list(range(K + 1)), y=V[op], mode='lines', name=op,
+                                 line=dict(color=_colour(j))), 1, n + 1)
+    marks = [go.Scatter(x=[0], y=[V[op][0]], mode='markers', marker=dict(size=12, color=_colour(j)),
+                        showlegend=False, name=f"{op} at k") for j, op in enumerate(ops)]
+    for m in marks: fig.add_trace(m, 1, n + 1)
+    moving = list(range(n)) + list(range(2 * n, 3 * n))  # the images and the markers change with k
+    def title(k): return (f"{ro.prompts[i]!r}, sample {sample}, step k = {k} of {K}: "
+                          + ', '.join(f"{op} V_k = {V[op][k]:.2f}" for op in ops))
+    fig.frames = [go.Frame(name=str(k), traces=moving, layout=dict(title_text=title(k)),
+                           data=[go.Image(z=img[op][k]) for op in ops]
+                                + [go.Scatter(x=[k], y=[V[op][k]]) for op in ops]) for k in range(K + 1)]
+    step = lambda k: dict(method='animate', label=str(k), args=[[str(k)], dict(mode='immediate', frame=dict(
+        duration=0, redraw=True), transition=dict(duration=0))])
+    fig.update_xaxes(showticklabels=False, row=1)
+    fig.update_yaxes(showticklabels=False)
+    fig.update_xaxes(_int_ticks(K), showticklabels=True, title_text='step k', row=1, col=n + 1)
+    fig.update_yaxes(showticklabels=True, title_text='V_k', col=n + 1)
+    return fig.update_layout(
+        title=title(0), width=min(260 * (n + 1.6) + 60, MAX_WIDTH), height=360, margin=dict(l=20, r=20, t=70, b=20),
+        legend=dict(orientation='h', x=1, xanchor='right', y=1.02, yanchor='bottom'),
+        sliders=[dict(active=0, currentvalue=dict(prefix='step k = ', xanchor='right'), pad=dict(t=40),
+                      steps=[step(k) for k in range(K + 1)])])
+
 # %% ../nbs/07_viz.ipynb #0f93e127
 def turning_point_table(ro:Rollout, mc:MethodCredit,  # the turning_point rule's result
                         prompt:int|str|None=None      # only this group (default: all)
@@ -104,14 +157,6 @@ def turning_point_table(ro:Rollout, mc:MethodCredit,  # the turning_point rule's
             for i, k in tp.found.nonzero().tolist() if i in rows]
 
 # %% ../nbs/07_viz.ipynb #976f4f2a
-def _colour(j:int) -> str: return qualitative.D3[j % len(qualitative.D3)]
-
-def _int_ticks(n:int, most:int=12) -> dict:
-    """Axis settings for integer positions 0..n (steps, rounds): whole-number ticks at a round spacing (1, 2, 5, 10, 20,
-    25, 50, ...), `most` at most."""
-    dtick = next(d * 10**e for e in range(12) for d in (1, 2, 2.5, 5) if d * 10**e >= n / most and (d * 10**e) % 1 == 0)
-    return dict(tick0=0, dtick=int(dtick), tickformat='d')
-
 _LEGEND_BELOW = dict(orientation='h', x=0, xanchor='left', y=-0.12, yanchor='top')
 
 def _tp_markers(fig, mc:MethodCredit, rows:list[int], y:Tensor, row:int, col:int, legend:bool):

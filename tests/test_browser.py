@@ -63,6 +63,32 @@ def test_figures_draw_offline_within_the_output_area(site):
     assert not errors, errors
     assert not other_hosts, other_hosts
 
+@pytest.mark.chrome
+def test_the_step_slider_works_in_the_built_page(site):
+    "The quickstart's step_figure, in the docs read offline with no kernel: moving its slider shows another step."
+    if not CHROMIUM.exists(): pytest.skip('needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)')
+    pw = pytest.importorskip('playwright.sync_api', reason='needs the playwright python package')
+    out, _ = site
+    with pw.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        page = browser.new_page(viewport=dict(width=1280, height=900))
+        page.goto((out/'tutorials'/'quickstart.html').as_uri(), wait_until='load')
+        page.wait_for_function('[...document.querySelectorAll(".plotly-graph-div")].some(g => g.layout && g.layout.sliders)',
+                               timeout=60_000)
+        state = ("() => { const g = [...document.querySelectorAll('.plotly-graph-div')].find(g => g.layout.sliders);"
+                 " return [g.layout.title.text, g.layout.sliders[0].active, g.data.filter(d => d.mode === 'markers').map(d => d.x[0])] }")
+        title0, active0, marks0 = page.evaluate(state)
+        assert active0 == 0 and set(marks0) == {0} and 'step k = 0 of' in title0, 'it opens on k = 0, not playing'
+        g = page.locator('.plotly-graph-div:has(.slider-rail-rect)').first
+        g.scroll_into_view_if_needed()
+        box = g.locator('.slider-rail-rect').first.bounding_box()
+        page.mouse.click(box['x'] + box['width'] * 0.7, box['y'] + box['height'] / 2)  # k = 7 of 10
+        page.wait_for_function("() => [...document.querySelectorAll('.plotly-graph-div')].find(g => g.layout.sliders)"
+                               ".layout.sliders[0].active === 7", timeout=10_000)
+        title, _, marks = page.evaluate(state)
+        browser.close()
+    assert 'step k = 7 of 10' in title and set(marks) == {7}, (title, marks)
+
 def test_widgets_drawn_from_their_state():
     "A dashboard as nbclient stores it (a Tab of an Output with a figure and a hidden slider, a Dropdown) drawn as static HTML."
     docs = _docs()

@@ -155,7 +155,7 @@ def figure_html(fig:dict) -> str:
     "A plotly figure's JSON as HTML drawn with the page's plotly.js, as wide as its container unless the figure fixes a width."
     import plotly.io as pio
     return pio.to_html(fig, include_plotlyjs=False, include_mathjax=False, full_html=False, default_width='100%',
-                       config={'responsive': True, 'displaylogo': False}, validate=False)
+                       config={'responsive': True, 'displaylogo': False}, validate=False, auto_play=False)
 
 def output_html(o:dict, state:dict) -> str:
     "One output (of a cell or of an Output widget) as HTML."
