@@ -9,7 +9,7 @@ __all__ = ['EVAL_SEED', 'step_prompts', 'step_generator', 'GRPOTrainer', 'check_
            'train_cli', 'result_line']
 
 # %% ../nbs/06_train.ipynb #7c75e6cd
-import json, math, warnings
+import json, math, os, warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 import numpy as np, torch
@@ -27,7 +27,7 @@ from .collect import collect_values, collect_tempflow, collect_flash
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
 from flowgrpo_nb.config import (
     GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker,
-    tracker_kwargs
+    tracker_kwargs, recipe_line, recipes_help
 )
 from .precision import resolve_fast, path_name
 from flowgrpo_nb.checkpoint import (
@@ -574,6 +574,8 @@ def train_cli(
     cfg = _cli_config(
         preset, set, model=model, model_path=model_path, prompts=prompts, eval_prompts=eval_prompts, reward=reward
     )
+    # the first line: the recipe in force (the model's published one for sd3/flux), from one process
+    if os.environ.get('RANK', '0') == '0': print(recipe_line(cfg), flush=True)
     # Ctrl-C, SIGTERM: one sentence naming the checkpoint kept and the command that resumes from it
     with resumable(out, ['--resume']):
         trainer = GRPOTrainer(cfg, out, resume=resume, progress=not quiet, evaluate_base=not no_base_eval)
@@ -581,7 +583,10 @@ def train_cli(
         finally: trainer.acc.end_training()  # the trackers flushed and closed, after a stop too
     if trainer.acc.is_main_process: print(result_line(s, out))
 
-train_cli.epilog = train_cli.__wrapped__.epilog = 'GRPOConfig fields (--set FIELD=VALUE):\n' + config_help()
+train_cli.epilog = train_cli.__wrapped__.epilog = (
+    recipes_help() + '\n\nGRPOConfig fields (--set FIELD=VALUE):\n' + config_help()
+)
+
 
 # %% ../nbs/06_train.ipynb #3995b665
 def result_line(s:dict, out) -> str:

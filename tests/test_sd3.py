@@ -235,3 +235,23 @@ def test_gpu_bench_sd35_sized_pipeline_on_meta():
         v = pol.velocity(torch.empty(2, 16, 64, 64, device='meta'), torch.tensor([1.0, 0.5]), cond, 4.5)
     assert v.shape == (2, 16, 64, 64) and v.dtype == torch.float32
     assert 4.8e12 < fc.get_total_flops() / 2 < 5.0e12  # FLOPs of one guided NFE at 512 px
+
+
+@pytest.mark.parametrize('model, reward, name, beta', [('sd3', 'clip:/c', 'sd35m_geneval', 0.04),
+                                                       ('sd3', 'pickscore:/p', 'sd35m_pickscore', 0.01),
+                                                       ('flux', 'clip:/c', 'flux_pickscore', 0.0)])
+def test_diffusers_backends_default_to_the_published_recipe(model, reward, name, beta):
+    "A config for SD3/FLUX starts from Flow-GRPO's released recipe; presets then --set replace it; the tiny model's is as it was."
+    from flowgrpo_nb.config import GRPOConfig, PRESETS, preset_config
+    task = dict(model=model, model_path='/m', reward=reward, prompts='/p.txt')
+    cfg = preset_config('flow_grpo', **task)
+    K, rank, alpha, guidance, level = (10, 32, 64.0, 4.5, 0.7) if model == 'sd3' else (6, 64, 128.0, 3.5, 0.9)
+    assert (cfg.recipe, cfg.lr, cfg.beta, cfg.group_size, cfg.prompts_per_step, cfg.K, cfg.lora_rank, cfg.lora_alpha) == (
+        name, 3e-4, beta, 24, 48, K, rank, alpha)
+    assert (cfg.guidance, cfg.level, cfg.resolution, cfg.ema, cfg.updates_per_rollout, cfg.clip_range) == (
+        guidance, level, 512, True, 2, 1e-4)
+    assert preset_config('flow_grpo+smoke', **task, lr=5e-5).lr == 5e-5 and preset_config('flow_grpo+smoke', **task).K == 4
+    assert preset_config('flow_grpo', **task, recipe='tiny') == GRPOConfig(**PRESETS['flow_grpo'], **task)
+    tiny = preset_config('flow_grpo')
+    assert (tiny.recipe, tiny.lr, tiny.beta, tiny.prompts_per_step, tiny.group_size, tiny.lora_rank, tiny.level) == (
+        'tiny', 1e-3, 0.0, 4, 8, 16, 0.7)

@@ -77,3 +77,25 @@ def test_gradient_checkpointing(folders, tmp_path):
     assert any(a[k].abs().sum() > 0 for k in a if 'lora_B' in k), 'the adapter was trained'
     r = train(folders, 'sd3', 'flow_grpo', tmp_path/'ckpt', 'gradient_checkpointing=false', '--resume', steps=3)
     assert r.returncode == 0, r.stderr[-3000:]
+
+@pytest.mark.parametrize('model', ['sd3', 'flux'])
+def test_published_recipe_by_default(folders, tmp_path, model):
+    "`--model sd3|flux` trains with Flow-GRPO's released recipe: named on the first line, recorded in config.json; --set wins."
+    from flowgrpo_nb.config import RECIPES
+    small = ['prompts_per_step=1', 'group_size=2', 'minibatch=1', 'K=2', 'max_batch=2']  # sizes only, for a CPU
+    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(tmp_path), '--model', model,
+                        '--model-path', str(folders/model), '--prompts', str(folders/'prompts'), '--reward', f'clip:{folders/"clip"}',
+                        '--quiet', '--set', 'steps=1', 'resolution=16', 't5=false', 'eval_images=0', 'log_with=none',
+                        'lr=2e-4', *small], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    name = {'sd3': 'sd35m_geneval', 'flux': 'flux_pickscore'}[model]
+    first = r.stdout.splitlines()[0]
+    assert first.startswith(f'recipe {name} (Flow-GRPO config/grpo.py ') and '--set: lr=0.0002, ' in first, first
+    cfg = json.loads((tmp_path/'config.json').read_text())
+    rec = RECIPES[name]
+    assert cfg['recipe'] == name and cfg['lr'] == 2e-4  # --set wins over the recipe
+    kept = ('beta', 'lora_rank', 'lora_alpha', 'level', 'guidance', 'updates_per_rollout', 'ema', 'keep_last', 'shift')
+    assert {k: cfg[k] for k in kept} == {k: rec.get(k, 1.0) for k in kept}  # shift: FLUX's stays 1
+    lora = load_file(tmp_path/'checkpoints'/'ckpt-000001'/'pytorch_lora_weights.safetensors')
+    assert {v.shape[0] for k, v in lora.items() if 'lora_A' in k} == {rec['lora_rank']}
+    assert any('.ff.net.2.' in k for k in lora) == (model == 'flux')  # FLUX's released targets include the MLPs
