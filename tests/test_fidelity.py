@@ -16,7 +16,7 @@ from flowgrpo_nb.study.stats import STATS, cluster_draws, boot_stats, percentile
 from flowgrpo_nb.rollout import RolloutConfig, rollout
 from flowgrpo_nb.task import Task, load_policy, load_task, balanced_prompts
 from flowgrpo_nb.config import GRPOConfig, preset_config
-from flowgrpo_nb.checkpoint import RunFolder
+from flowgrpo_nb.checkpoint import RunFolder, CheckpointError
 from flowgrpo_nb.train import load_run_policy
 
 torch.set_num_threads(1)
@@ -466,3 +466,65 @@ def test_compare_fidelity(run_dir, tmp_path):
     fn = getattr(fidelity_cli, '__wrapped__', fidelity_cli)
     with pytest.raises(ValueError, match='not both'): fn(compare=str(cmp), run='r')
     with pytest.raises(ValueError, match="seeds='0,x'"): fn(compare=str(cmp), seeds='0,x')
+
+
+# -- TempFlow-GRPO: the branches it credits
+
+def test_branch_gains_hand_example():
+    "02_fidelity's hand example: gains V(y) - V(x_k), SEs in quadrature, tau = (13 - 2) / 15 with the seed group."
+    from flowgrpo_nb.study.fidelity import branch_gains
+    from flowgrpo_nb.tempflow import tempflow_advantages
+    Vx, Vy = torch.tensor([[[0.5], [0.4]]]), torch.tensor([[[[0.2], [0.5], [0.8]], [[0.3], [0.6], [0.45]]]])
+    g, se = branch_gains(Vx, Vy, torch.full((1, 2, 1), 0.03), torch.full((1, 2, 3, 1), 0.04))
+    torch.testing.assert_close(g.flatten(), torch.tensor([-0.3, 0.0, 0.3, -0.1, 0.2, 0.05]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(se, torch.full_like(se, 0.05), atol=1e-6, rtol=0)
+    A = tempflow_advantages(torch.tensor([[[[0.2], [0.5], [0.8]], [[0.3], [0.7], [0.4]]]]), 'seed')
+    tau = boot_stats(A.flatten(), g.flatten(), np.zeros(6, int), cluster_draws(1, 5))['kendall'][0]
+    assert tau == pytest.approx(11 / 15) == stats.kendalltau(A.flatten(), g.flatten()).statistic
+
+def test_branch_values_last_step_nfe_and_order(policy):
+    "The last branch state's value is its branch reward (one Euler step left); the NFE is the formula; rows in place."
+    from flowgrpo_nb.study.fidelity import branch_values
+    from flowgrpo_nb.tempflow import TempFlowConfig, tempflow_rollout
+    ro = tempflow_rollout(policy, ['a red circle', 'two squares'], RolloutConfig(K=5, group_size=2),
+                          TempFlowConfig(branches=3, branch_steps=(1, 3)), brightness, torch.Generator().manual_seed(0))
+    bv = branch_values(policy, ro, 3, brightness, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(bv.Vy[..., 1], ro.reward[..., 1], atol=1e-5, rtol=0)  # step 3: y is at K - 1
+    assert bv.se_y[..., 1].max() < 1e-6 and (bv.se_y[..., 0] > 0).all() and (bv.se_x > 0).all()
+    assert bv.nfe == 2 * 2 * sum(3 * (5 - 1 - k) + 1 + 3 * (3 * (5 - 2 - k) + 1) for k in (1, 3))
+    g, _ = bv.gains()
+    torch.testing.assert_close(g, bv.Vy - bv.Vx[:, :, None])
+    # without noise the continuations are the branches' own Euler paths: V(y) is the branch reward at every step
+    ro0 = tempflow_rollout(policy, ['a red circle'], RolloutConfig(K=5, group_size=2, level=0.0),
+                           TempFlowConfig(branches=2), brightness, torch.Generator().manual_seed(0))
+    bv0 = branch_values(policy, ro0, 2, brightness, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(bv0.Vy, ro0.reward, atol=1e-5, rtol=0)
+
+def test_arm_fidelity_tempflow_beside_flow_grpo(policy):
+    "A TempFlow arm: its own key, a row per branch, its branch steps compared, the cost `fidelity_nfe` predicts."
+    from flowgrpo_nb.study.fidelity import fidelity_nfe, fidelity_table
+    arms = {'flow_grpo': preset_config('flow_grpo', K=4),
+            'tempflow': preset_config('tempflow', K=4, tempflow_branches=2)}
+    checked = check_arms(arms, group=2)
+    assert checked['tempflow'].key != checked['flow_grpo'].key
+    res = arm_fidelity(policy, _task(), arms, FidelityConfig(prompts=2, batch_prompts=1, group=2, M=2, n_boot=20))
+    assert [(r['arm'], r['n']) for r in fidelity_table(res)] == [('flow_grpo', 2 * 2 * 3), ('tempflow', 2 * 2 * 2 * 3)]
+    assert fidelity_nfe(checked, 2, 2) == {k: res['cost'][k]['nfe'] for k in ('rollout', 'credit', 'mc')}
+    assert fidelity_nfe(checked, 2, 2, steps=[2])['mc'] < fidelity_nfe(checked, 2, 2)['mc']
+    one = arm_fidelity(policy, _task(), {'tempflow': arms['tempflow']},
+                       FidelityConfig(prompts=1, group=2, M=2, n_boot=10, steps=[2]))
+    assert one['settings']['arms']['tempflow']['steps'] == [2] and fidelity_table(one)[0]['n'] == 2 * 2
+
+def test_check_arms_flash_and_tempflow_sampler_of():
+    with pytest.raises(ValueError, match=re.escape("arms['flash']: flash's credit is not measured")):
+        check_arms({'flash': preset_config('flash', K=6)})
+    with pytest.raises(ValueError, match='without sampler_of'):
+        check_arms({'t': preset_config('tempflow', K=6)}, sampler_of=preset_config('flow_grpo', K=6))
+
+def test_fidelity_json_is_written_whole(tmp_path, policy):
+    "fidelity.json goes through checkpoint.write_text: a write that fails is one sentence naming it, no half file."
+    (tmp_path/'fidelity.json').mkdir()  # a directory where the file goes: the rename fails
+    with pytest.raises(CheckpointError, match='fidelity'):
+        fidelity_report(tmp_path, FidelityConfig(prompts=1, group=2, M=2, n_boot=10, K=3), policy=policy, task=_task(),
+                        arms='flow_grpo', png=False)
+    assert not [p for p in tmp_path.iterdir() if p.name != 'fidelity.json']

@@ -323,18 +323,35 @@ def test_a_config_written_before_the_methods_still_loads():
     old = {k: v for k, v in GRPOConfig().to_dict().items() if not k.startswith(('tempflow_', 'flash_'))}
     assert GRPOConfig.from_dict(old) == GRPOConfig()
 
-def test_fidelity_of_a_comparison_says_which_runs_it_leaves_out(tmp_path):
-    "TempFlow-GRPO's and Flash-GRPO's runs are named and left out of `flowgrpo fidelity --compare`; none left: one sentence."
+def test_fidelity_of_a_comparison_measures_tempflow_and_names_flash(tmp_path):
+    """`flowgrpo fidelity --compare` measures TempFlow-GRPO's runs on the branches they credit; Flash-GRPO's runs are
+    named and left out; a folder of Flash-GRPO runs alone is one sentence."""
     import json, warnings
-    from dataclasses import asdict
-    from flowgrpo_nb.config import preset_config
+    from flowgrpo_nb.checkpoint import RunFolder
+    from flowgrpo_nb.task import load_policy
+    from flowgrpo_nb.study.fidelity import FidelityConfig
     from flowgrpo_nb.study.fidelity_report import compare_fidelity
-    for arm in ('tempflow', 'flash'):
-        d = tmp_path/'geneval'/'seed0'/arm; d.mkdir(parents=True)
-        (d/'config.json').write_text(json.dumps(asdict(preset_config(arm))))
-        (d/'summary.json').write_text('{}')
-    with warnings.catch_warnings(record=True) as w, pytest.raises(ValueError, match='no run there of a method fidelity measures'):
+    tf = preset_config('tempflow+smoke', log_with='none')
+    p = load_policy('tiny').add_lora(tf.lora_rank, tf.lora_alpha, tf.lora_targets)
+    g = torch.Generator().manual_seed(0)
+    sd = {k: 0.1 * torch.randn(v.shape, generator=g) for k, v in p.lora_state_dict().items()}
+    for root, arms in ((tmp_path/'both', ('tempflow', 'flash')), (tmp_path/'flash', ('flash',))):
+        for arm in arms:
+            rf = RunFolder(root/'geneval'/'seed0'/arm)
+            rf.write('config', preset_config(f'{arm}+smoke', log_with='none').to_dict())
+            rf.write_checkpoint(2, {'lora.safetensors': sd, 'state.json': dict(step=2, psi=None)})
+            rf.write('summary', dict(steps=2))
+    cfg = FidelityConfig(prompts=2, batch_prompts=1, group=2, M=2, n_boot=20)
+    with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')
-        compare_fidelity(tmp_path, seeds=(0,), progress=False)
+        rows = compare_fidelity(tmp_path/'both', None, cfg, seeds=(0,), progress=False)
     said = ' '.join(str(x.message) for x in w)
-    assert '2 runs left out' in said and 'geneval/seed0/flash' in said and 'geneval/seed0/tempflow' in said, said
+    assert '1 run left out' in said and 'geneval/seed0/flash' in said and 'seed0/tempflow' not in said, said
+    assert [(r['seed'], r['arm'], r['n']) for r in rows] == [(0, 'tempflow', 2 * 2 * 6 * 3)]  # prompts x N x B x steps
+    assert -1 <= rows[0]['kendall'] <= 1 and rows[0]['kendall_window'] == rows[0]['kendall']  # it trains every branch
+    res = json.loads((tmp_path/'both'/'fidelity'/'geneval'/'seed0'/'tempflow.json').read_text())
+    assert res['settings']['arms']['tempflow']['steps'] == [0, 1, 2]
+    with warnings.catch_warnings(record=True), pytest.raises(ValueError, match='^compare=.*: no run there of a method '
+                                                                                'fidelity measures'):
+        warnings.simplefilter('always')
+        compare_fidelity(tmp_path/'flash', seeds=(0,), progress=False)

@@ -7,7 +7,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/fidelity.html.md"""
 # %% ../../nbs/study/02_fidelity.ipynb #3292c2e7
 from __future__ import annotations
 import json, math, warnings
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, replace
 from itertools import combinations
 from typing import Callable
 
@@ -19,17 +19,21 @@ from flowgrpo_nb.rollout import (
     check_fields, bad_field, RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, lookahead_nfe,
     _step
 )
-from ..credit import Credit, step_spans, method_credits
+from ..credit import Credit, step_spans, method_credits, METHODS
+from ..tempflow import TempFlowRollout, BranchPairs, tempflow_rollout, tempflow_advantages, tempflow_nfe
+from ..collect import tempflow_config
 from ..task import Task, balanced_prompts
 from ..config import GRPOConfig, preset_config
 from .stats import STATS, cluster_draws, boot_stats, percentile_ci
 
 # %% auto #0
-__all__ = ['QUANTITIES', 'TABLE', 'Arm', 'check_arms', 'arm_rollout', 'MCValues', 'mc_values', 'true_gains', 'needed_states',
-           'arm_credits', 'compare_arm', 'paired_differences', 'FidelityConfig', 'arm_fidelity', 'fidelity_table',
-           'fidelity_nfe']
+__all__ = ['FIDELITY_METHODS', 'QUANTITIES', 'TABLE', 'Arm', 'check_arms', 'arm_rollout', 'MCValues', 'mc_values', 'true_gains',
+           'needed_states', 'arm_credits', 'compare_arm', 'paired_differences', 'branch_gains', 'BranchValues',
+           'branch_values', 'FidelityConfig', 'arm_fidelity', 'fidelity_table', 'fidelity_nfe']
 
 # %% ../../nbs/study/02_fidelity.ipynb #b3b79d56
+FIDELITY_METHODS = (*METHODS, 'tempflow')  # methods whose credit is measured
+
 @dataclass(frozen=True)
 class Arm:
     "One method as a run explores and credits: its config, its rollout config and its noise scales."
@@ -37,10 +41,14 @@ class Arm:
     rollout:RolloutConfig  # sampler, level, window, shared noise, group size
     psi:Tensor|None=None   # [K] DenseGRPO's calibrated noise scales; None: the sampler's own
     @property
+    def credited(self) -> Tensor:  # [K] bool: the steps its credit falls on (TempFlow-GRPO: its branch steps)
+        return self.cfg.loss_steps() if self.cfg.method == 'tempflow' else self.rollout.trained
+    @property
     def key(self) -> str:  # arms with the same key share their rollouts and Monte-Carlo values
         # the trained steps however the window is written: window_size None or explicit
         rc = {**asdict(self.rollout), 'window_start': None, 'window_size': None, 'window': self.rollout.window}
-        return json.dumps([rc, None if self.psi is None else self.psi.tolist()])
+        branched = [self.cfg.tempflow_branches, self.credited.tolist()] if self.cfg.method == 'tempflow' else []
+        return json.dumps([rc, None if self.psi is None else self.psi.tolist(), *branched])
 
 # %% ../../nbs/study/02_fidelity.ipynb #203c6943
 def check_arms(arms:dict,                  # name -> GRPOConfig or (GRPOConfig, psi [K] or None)
@@ -58,6 +66,14 @@ def check_arms(arms:dict,                  # name -> GRPOConfig or (GRPOConfig, 
         cfg, psi = (a, None) if isinstance(a, GRPOConfig) else a if pair else (a, None)
         if not isinstance(cfg, GRPOConfig):
             raise ValueError(f"arms[{name!r}]: expected a GRPOConfig or (GRPOConfig, psi), got {type(a).__name__}")
+        if cfg.method not in FIDELITY_METHODS:
+            raise ValueError(f"arms[{name!r}]: {cfg.method}'s credit is not measured (it is Flow-GRPO's "
+                             "final-reward advantage at one step per sample: measure flow_grpo); allowed "
+                             f"{', '.join(FIDELITY_METHODS)}")
+        if sampler_of is not None and cfg.method == 'tempflow':
+            raise ValueError(
+                f"arms[{name!r}]: TempFlow-GRPO explores by its own branches; measure it without sampler_of"
+            )
         if sampler_of is not None and sampler_of.K != cfg.K:
             raise ValueError(f"arms[{name!r}]: K={cfg.K} differs from sampler_of's K={sampler_of.K}")
         if psi is not None: psi = _check_arm_psi(name, cfg, psi) if sampler_of is None else None
@@ -123,7 +139,9 @@ def mc_values(policy:Policy, ro:Rollout,
         raise ValueError(f"M={M!r}: must be an int >= 2 (a standard error needs two continuations)")
     max_batch, K, B = max_batch or ro.cfg.max_batch, ro.K, ro.B
     rows, ks, src = _mc_plan(ro, states)
-    R = _continue(policy, ro, rows, ks, M, reward_fn, generator, max_batch) if len(rows) else (torch.zeros(0, M), 0, 0)
+    R = (_continue(policy, ro.cfg, ro.t, ro.trained, ro.psi, ro.x[rows, ks], ro.v[rows, ks], ks,
+                   [ro.prompts[i] for i in rows.tolist()], M, reward_fn, generator, max_batch)
+         if len(rows) else (torch.zeros(0, M), 0, 0))
     samples = torch.full((B, K + 1, M), float('nan'))
     hit = src >= 0
     samples[:, :K][hit] = R[0][src[hit]]
@@ -133,24 +151,24 @@ def mc_values(policy:Policy, ro:Rollout,
     return MCValues(samples.mean(-1), se, samples, R[1], R[2])
 
 # %% ../../nbs/study/02_fidelity.ipynb #2f0f197e
-def _continue(policy, ro, rows, ks, M, reward_fn, generator, max_batch) -> tuple[Tensor, int, int]:
-    "Rewards [N, M] of M continuations of the states x[rows, ks] (sorted by ks), their NFE and calls."
-    start = ks.repeat_interleave(M).to(ro.x.device)                  # [N*M]
-    y = ro.x[rows, ks].repeat_interleave(M, 0)                       # [N*M, C, H, W]
-    v0 = ro.v[rows, ks].repeat_interleave(M, 0)
-    names = [ro.prompts[i] for i in rows.tolist() for _ in range(M)]
-    cond, trained = policy.encode(names), ro.trained.tolist()
+def _continue(policy, rc:RolloutConfig, t, trained, psi, y, v0, ks, names, M, reward_fn, generator, max_batch
+             ) -> tuple[Tensor, int, int]:
+    """Rewards [N, M] of M continuations of the states y [N, ...] at steps ks (sorted), whose velocities are v0, under
+    `rc`'s sampler on the SDE window `trained` [K] with noise scales `psi`; their NFE and calls."""
+    start, K = ks.repeat_interleave(M).to(y.device), len(t) - 1       # [N*M]
+    y, v0 = y.repeat_interleave(M, 0), v0.repeat_interleave(M, 0)     # [N*M, C, H, W]
+    names = [n for n in names for _ in range(M)]
+    cond, trained = policy.encode(names), trained.tolist()
     with policy.count_nfe('fidelity') as c:
-        for k in range(int(ks.min()), ro.K):
+        for k in range(int(ks.min()), K):
             n, n_old = int((start <= k).sum()), int((start < k).sum())  # running rows; those past their first step
             v = v0[:n].clone()
             if n_old:
-                v[:n_old] = policy.velocity(
-                    y[:n_old], ro.t[k].expand(n_old), cond.index(slice(0, n_old)), ro.cfg.guidance, max_batch
-                )
-            stochastic = trained[k] and ro.cfg.sampler != 'ode'
-            psi = None if ro.psi is None or not trained[k] else ro.psi[k].expand(n)
-            y[:n] = _step(ro.cfg, v, y[:n], ro.t[k].expand(n), ro.t[k + 1].expand(n), trained[k], psi,
+                v[:n_old] = policy.velocity(y[:n_old], t[k].expand(n_old), cond.index(slice(0, n_old)), rc.guidance,
+                                            max_batch)
+            stochastic = trained[k] and rc.sampler != 'ode'
+            p = None if psi is None or not trained[k] else psi[k].expand(n)
+            y[:n] = _step(rc, v, y[:n], t[k].expand(n), t[k + 1].expand(n), trained[k], p,
                           noise=policy.noise(n, generator) if stochastic else None).x_next
     R, _ = reward_states(policy, y, names, reward_fn, max_batch)
     return R.view(-1, M).cpu(), c['nfe'], c['calls']
@@ -272,6 +290,54 @@ def paired_differences(pooled:dict[str, dict],  # arm -> `compare_arm`'s pooled 
                 )
     return out
 
+# %% ../../nbs/study/02_fidelity.ipynb #4727c118
+def branch_gains(Vx:Tensor, Vy:Tensor,        # [P, N, S] V(x_{n,k}); [P, N, B, S] V(y_{n,b,k})
+                 se_x:Tensor, se_y:Tensor     # their standard errors, same shapes
+                ) -> tuple[Tensor, Tensor]:   # (gain, its SE): [P, N, B, S]
+    "The Monte-Carlo step advantage `V(y_{n,b,k}) - V(x_{n,k})` of every branch TempFlow-GRPO credits, and its SE."
+    return Vy - Vx[:, :, None], (se_y ** 2 + se_x[:, :, None] ** 2).sqrt()
+
+# %% ../../nbs/study/02_fidelity.ipynb #c90cc2b8
+@dataclass(frozen=True, repr=False)
+class BranchValues:
+    "Monte-Carlo values of a TempFlow rollout's trunk states and branch states under the rollout's sampler."
+    Vx:Tensor    # [P, N, S] V(x_{n,k}), the trunk state at each branch step
+    se_x:Tensor  # [P, N, S] its standard error
+    Vy:Tensor    # [P, N, B, S] V(y_{n,b,k}), the branch state one step later
+    se_y:Tensor  # [P, N, B, S]
+    nfe:int      # network evaluations, whole rollout
+
+    def gains(self) -> tuple[Tensor, Tensor]: return branch_gains(self.Vx, self.Vy, self.se_x, self.se_y)
+    def __repr__(self):
+        return (f"BranchValues({tuple(self.Vy.shape)} branches, mean SE {self.se_y.mean():.4f} (branch) "
+                f"{self.se_x.mean():.4f} (trunk), {self.nfe} NFE)")
+
+# %% ../../nbs/study/02_fidelity.ipynb #071f93b8
+@torch.no_grad()
+def branch_values(policy:Policy, ro:TempFlowRollout,
+                  M:int,                               # continuations per state (>= 2, for a standard error)
+                  reward_fn:Callable,                  # the rollout's reward
+                  generator:torch.Generator|None=None, # draws the continuations' noise
+                  max_batch:int|None=None              # samples per network / reward call (default: the rollout's)
+                 ) -> BranchValues:
+    "`V` of every trunk state `x_{n,k}` and branch state `y_{n,b,k}` by `M` continuations under the rollout's sampler."
+    if not isinstance(M, int) or isinstance(M, bool) or M < 2:
+        raise ValueError(f"M={M!r}: must be an int >= 2 (a standard error needs two continuations)")
+    (P, N, B, S), k, max_batch = ro.reward.shape, ro.steps, max_batch or ro.cfg.max_batch
+    y = torch.cat([ro.x[:, :, k].flatten(0, 2), ro.y.flatten(0, 3)])   # trunk rows (p, n, j), then (p, n, b, j)
+    ks = torch.cat([k.repeat(P * N), k.repeat(P * N * B) + 1])
+    names = [p for p in ro.prompts for _ in range(N * S)] + [p for p in ro.prompts for _ in range(N * B * S)]
+    order = torch.argsort(ks.cpu(), stable=True)                       # by start step, as `_continue` runs them
+    y, ks, names = y[order.to(y.device)], ks[order.to(ks.device)], [names[i] for i in order.tolist()]
+    with policy.count_nfe('fidelity') as c:
+        v0 = policy.velocity(y, ro.t[ks], policy.encode(names), ro.cfg.guidance, max_batch)
+    R, nfe, _ = _continue(policy, ro.cfg, ro.t, ro.cfg.trained, None, y, v0, ks, names, M, reward_fn, generator,
+                          max_batch)
+    R = R[torch.argsort(order)]                                          # back to trunk rows, then branch rows
+    V, se, n = R.mean(-1), R.std(-1) / math.sqrt(M), P * N * S
+    return BranchValues(V[:n].view(P, N, S), se[:n].view(P, N, S), V[n:].view(P, N, B, S), se[n:].view(P, N, B, S),
+                        c['nfe'] + nfe)
+
 # %% ../../nbs/study/02_fidelity.ipynb #9ff20c3b
 @dataclass
 class FidelityConfig:
@@ -279,7 +345,7 @@ class FidelityConfig:
     prompts:int|list=16        # prompts from the task, balanced over its categories (or a list of prompts)
     batch_prompts:int=4        # prompts per rollout batch
     split:str='train'          # the task's prompts: train or heldout
-    group:int=8                # samples per prompt of every arm's rollouts
+    group:int=8                # samples per prompt of every arm's rollouts (TempFlow-GRPO: seeds, B branches each)
     M:int=8                    # Monte-Carlo continuations per state
     steps:list|None=None       # steps to compare (default: each arm's trained steps); fewer cost less
     K:int|None=None            # steps of the preset arms (default: the run's, or 10)
@@ -308,7 +374,7 @@ def _check_fidelity(c:FidelityConfig):
 # %% ../../nbs/study/02_fidelity.ipynb #24a58fb9
 def _arm_steps(name:str, arm:Arm, steps) -> list[int]:
     "The arm's compared steps: its trained ones, those in `steps` if given."
-    tr = arm.rollout.trained.nonzero().flatten().tolist()
+    tr = arm.credited.nonzero().flatten().tolist()
     out = tr if steps is None else [k for k in tr if k in steps]
     if not out: raise ValueError(f"arms[{name!r}]: none of steps={steps!r} is trained (its window trains {tr})")
     return out
@@ -326,6 +392,11 @@ def _collect(policy, reward_fn, names, arms:dict[str, Arm], plan:dict, cfg:Fidel
     out = {n: dict(truth=[], truth_se=[], rewards=[], advantages=[], cluster=[]) for n in arms}
     for b, i in enumerate(range(0, len(names), bp)):
         for members in by_key.values():
+            if arms[members[0]].cfg.method == 'tempflow':
+                got = _tempflow_batch(policy, reward_fn, names[i:i + bp], arms, members, plan, cfg, b, book)
+                for n, d in got.items():
+                    for k, v in (d | dict(cluster=d['cluster'] + i)).items(): out[n][k].append(v.cpu())
+                continue
             with timed(book, 'rollout', policy.nfe):
                 ro = arm_rollout(policy, names[i:i + bp], arms[members[0]], reward_fn, cfg.seed, b)
             with timed(book, 'credit', policy.nfe):
@@ -339,6 +410,25 @@ def _collect(policy, reward_fn, names, arms:dict[str, Arm], plan:dict, cfg:Fidel
                            cluster=ro.group.cpu() + i)
                 for k, v in got.items(): out[n][k].append(v.cpu())
     return {n: {k: torch.cat(v) for k, v in d.items()} for n, d in out.items()}
+
+# %% ../../nbs/study/02_fidelity.ipynb #babe2eeb
+def _tempflow_batch(policy, reward_fn, prompts, arms:dict[str, Arm], members:list, plan:dict, cfg:FidelityConfig,
+                    b:int, book:dict) -> dict:
+    """TempFlow arms' truth, SE, credit and prompt ids on one batch of their branched rollouts: a row per branch
+    `(p, n, b)`, the compared steps (its branch steps here) as columns."""
+    a = arms[members[0]]
+    tcfg = replace(tempflow_config(a.cfg), branch_steps=tuple(plan[members[0]]))
+    with timed(book, 'rollout', policy.nfe):
+        ro = tempflow_rollout(policy, prompts, a.rollout, tcfg, reward_fn, seeded_generator(cfg.seed, b, 0))
+    with timed(book, 'mc', policy.nfe):
+        g, se = branch_values(policy, ro, cfg.M, reward_fn, seeded_generator(cfg.seed, b, 1)).gains()
+    bp, out = BranchPairs(ro), {}
+    for n in members:
+        with timed(book, 'credit', policy.nfe):
+            A = tempflow_advantages(ro.reward, arms[n].cfg.tempflow_group, arms[n].cfg.credit_config())
+        out[n] = dict(truth=bp.table(g), truth_se=bp.table(se), rewards=bp.table(ro.reward), advantages=bp.table(A),
+                      cluster=torch.arange(ro.P).repeat_interleave(ro.N * ro.B))
+    return out
 
 # %% ../../nbs/study/02_fidelity.ipynb #0e9bd814
 def _clean(o):
@@ -375,7 +465,7 @@ def arm_fidelity(policy:Policy, task:Task,
         arms={n: _arm_settings(a, plan[n]) for n, a in checked.items()}
     )
     out = dict(settings=settings, cost=_cost(book, checked), stats=rows, differences=diffs)
-    if cfg.keep_data: out['data'] = {n: {**d, 'trained': checked[n].rollout.trained} for n, d in data.items()}
+    if cfg.keep_data: out['data'] = {n: {**d, 'trained': checked[n].credited} for n, d in data.items()}
     return _clean(out)
 
 # %% ../../nbs/study/02_fidelity.ipynb #81a63e98
@@ -423,7 +513,12 @@ def fidelity_nfe(arms:dict[str, Arm], prompts:int, M:int, steps=None) -> dict[st
     out, seen = dict(rollout=0, credit=0, mc=0), {}
     for n, a in arms.items(): seen.setdefault(a.key, []).append(n)
     for members in seen.values():
-        rc, B = arms[members[0]].rollout, prompts * arms[members[0]].rollout.group_size
+        a = arms[members[0]]
+        rc, B = a.rollout, prompts * a.rollout.group_size
+        if a.cfg.method == 'tempflow':
+            for k, v in _tempflow_nfe(rc.K, rc.group_size, a.cfg.tempflow_branches, _arm_steps(members[0], a, steps),
+                                      M).items(): out[k] += prompts * v
+            continue
         s = rc.window[0]
         states = set().union(
             *(needed_states(rc.trained, arms[n].cfg.untrained, _arm_steps(n, arms[n], steps)) for n in members)
@@ -435,3 +530,8 @@ def fidelity_nfe(arms:dict[str, Arm], prompts:int, M:int, steps=None) -> dict[st
         )
         out['mc'] += sum(M * (rc.K - 1 - k) * (prompts if rc.shared_noise and k <= s else B) for k in states)
     return out
+
+def _tempflow_nfe(K:int, N:int, B:int, S:list[int], M:int) -> dict[str, int]:
+    "Per prompt: the branched rollout's NFE; the Monte-Carlo values' (one velocity, then M continuations, a state)."
+    return dict(rollout=tempflow_nfe(K, N, B, S), credit=0,
+                mc=N * sum(M * (K - 1 - k) + 1 + B * (M * (K - 2 - k) + 1) for k in S))

@@ -24,10 +24,10 @@ from ..policy import Policy
 from ..credit import METHODS
 from ..task import Task, load_task, load_policy
 from ..config import GRPOConfig, preset_config, run_config
-from ..checkpoint import read_checkpoint, RunFolder, FolderLock, read_json, write_json
+from ..checkpoint import read_checkpoint, RunFolder, FolderLock, read_json, write_json, write_text
 from ..train import load_run_policy
 from flowgrpo_nb.study.fidelity import (
-    FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
+    FIDELITY_METHODS, FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
 )
 
 # %% auto #0
@@ -176,9 +176,11 @@ def report_arms(names=None,                 # preset names (list or comma-separa
                 run:tuple|None=None,        # `run_arm` of the run, if any
                 base:GRPOConfig|None=None   # schedule (K, shift, guidance) of the presets without a run
                ) -> dict[str, tuple]:
-    "Arms by preset name; without names the four methods, the run's own method taken from the run."
+    """Arms by preset name; without names the four methods (and a TempFlow-GRPO run's own), the run's own method taken
+    from the run."""
     default = names is None
-    if default: names = list(METHODS)
+    own = [] if run is None or run[0].method in METHODS or run[0].method not in FIDELITY_METHODS else [run[0].method]
+    if default: names = [*METHODS, *own]
     elif isinstance(names, str): names = [n.strip() for n in names.split(',')]
     else: names = list(names)
     if 'run' in names and run is None: raise ValueError("arms: 'run' is the run's own arm: give a run folder (--run)")
@@ -237,7 +239,7 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
 # %% ../../nbs/study/09_fidelity_report.ipynb #0088a8db
 def _write_report(out:Path, results:dict, png:bool):
     out.mkdir(parents=True, exist_ok=True)
-    (out/'fidelity.json').write_text(json.dumps(results))
+    write_text(out/'fidelity.json', json.dumps(results), 'the fidelity result')  # whole or not at all
     figs = fidelity_figures(results)
     for n, fig in figs.items(): fig.write_html(out/f'{n}.html', include_plotlyjs='directory')
     # one browser; a hung export is killed, skipped with a warning
@@ -289,14 +291,16 @@ def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowg
             f"compare={str(compare)!r}: no finished run of seeds {list(seeds)} there (a folder of flowgrpo compare "
             "--out)"
         )
-    # TempFlow-GRPO's branch advantages and Flash-GRPO's one step are not a rule of the state that fidelity compares
-    other = [f'{t}/seed{s}/{a}' for t, s, a, d in runs if run_config(RunFolder(d)).method not in METHODS]
+    # Flash-GRPO's credit is Flow-GRPO's final-reward advantage at one step per sample (study/02_fidelity says why)
+    other = [f'{t}/seed{s}/{a}' for t, s, a, d in runs if run_config(RunFolder(d)).method not in FIDELITY_METHODS]
     runs = [r for r in runs if f'{r[0]}/seed{r[1]}/{r[2]}' not in other]
     if other:
-        warnings.warn(f"{len(other)} runs left out, of methods whose credit this does not measure yet (it measures "
-                      f"{', '.join(METHODS)}): {', '.join(other)}")
+        warnings.warn(f"{len(other)} {'run' if len(other) == 1 else 'runs'} left out, of methods whose credit this "
+                      f"does not measure (it measures {', '.join(FIDELITY_METHODS)}): {', '.join(other)}")
     if not runs:
-        raise ValueError(f"compare={str(compare)!r}: no run there of a method fidelity measures ({', '.join(METHODS)})")
+        raise ValueError(
+            f"compare={str(compare)!r}: no run there of a method fidelity measures ({', '.join(FIDELITY_METHODS)})"
+        )
     rows, left = [], []
     with FolderLock(out, 'a fidelity measurement'):
         try:
