@@ -25,22 +25,23 @@ from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 import plotly.io as pio
 from .bank import ModelBank, QUICK_STEPS
 from .processes import stop_on_signals, stopped
+from .door import clip, CheckCalls, RefuseUploads
 
 # %% auto #0
-__all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES', 'REBUILD', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT',
-           'GENERATE_AT_ONCE', 'PREVIEWS', 'GALLERY_COLUMNS', 'CSS', 'check_prompt', 'check_settings', 'Sample',
-           'generate_all', 'model_label', 'strip_figure', 'samples_view', 'find_report', 'report_view', 'credit_view',
-           'prune_files', 'make_app', 'RefuseUploads', 'serve', 'check_address', 'app_cli']
+__all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'MAX_PROMPTS', 'REPORT_FIGURES', 'REBUILD', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT',
+           'GENERATE_AT_ONCE', 'PREVIEWS', 'GALLERY_COLUMNS', 'MAX_MESSAGE', 'CSS', 'check_prompt', 'check_settings',
+           'forget_prompts', 'Sample', 'generate_all', 'model_label', 'strip_figure', 'samples_view', 'find_report',
+           'report_view', 'credit_view', 'prune_files', 'make_app', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #93ebcae0
 MAX_PROMPT_CHARS = 200
 MAX_STEPS = 100
-
 def check_prompt(prompt:str, task:Task|None=None) -> str:
     """The prompt in the task's canonical form (`task.normalise`; else whitespace collapsed), or ValueError saying what
     is wrong."""
     example = f", e.g. {task.eval_prompts[0]!r}" if task is not None else ''
-    if not isinstance(prompt, str) or not prompt.strip():
+    if not isinstance(prompt, str): raise ValueError(f"prompt={clip(prompt)}: allowed a string{example}")
+    if not prompt.strip():
         raise ValueError(f"prompt is empty: type a prompt{example}, or pick one of the examples")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ValueError(f"prompt has {len(prompt)} characters: allowed at most {MAX_PROMPT_CHARS}")
@@ -57,11 +58,21 @@ def check_settings(seed, steps, guidance, sampler:str, level=0.7) -> tuple[int, 
             and lo <= v <= hi
         )
         if not ok or (integer and v != int(v)):
-            raise ValueError(f"{name}={v!r}: allowed {'an integer' if integer else 'a number'} in [{lo}, {hi}]")
+            raise ValueError(f"{name}={clip(v)}: allowed {'an integer' if integer else 'a number'} in [{lo}, {hi}]")
         return int(v) if integer else float(v)
-    if sampler not in SAMPLERS: raise ValueError(f"sampler={sampler!r}: allowed one of {SAMPLERS}")
+    if sampler not in SAMPLERS: raise ValueError(f"sampler={clip(sampler)}: allowed one of {SAMPLERS}")
     return (num('seed', seed, 0, 2**31 - 1, True), num('steps', steps, 1, MAX_STEPS, True),
             num('guidance', guidance, 0, 30, False), sampler, num('level', level, 0, 2, False))
+
+# %% ../nbs/08_app.ipynb #889a3fbb
+MAX_PROMPTS = 64  # prompt encodings each network keeps (the newest)
+
+def forget_prompts(policy, keep:int|None=None) -> int:  # default: MAX_PROMPTS
+    "Drop the oldest prompt encodings `policy` keeps beyond the newest `keep` (the empty CFG prompt stays); how many."
+    keep = MAX_PROMPTS if keep is None else keep
+    old = [p for p in policy._cache if p][:max(0, len(policy._cache) - 1 - keep)]
+    for p in old: del policy._cache[p]
+    return len(old)
 
 # %% ../nbs/08_app.ipynb #40494484
 @dataclass
@@ -81,6 +92,7 @@ def _sample(bank:ModelBank, name:str, prompt:str, cfg:RolloutConfig, seed:int, c
     with bank.use(name, lane, cost) as policy, torch.no_grad():
         ro = rollout(policy, [prompt], cfg, task.reward, torch.Generator().manual_seed(seed))
         sv = step_values(policy, ro, 'tweedie', task.reward, keep_images=True)
+        forget_prompts(policy)
     return Sample(
         name, ro.images[0].cpu(), task.category(prompt) if task.category else None, task.evaluate(ro.images, [prompt]),
         describe(ro.images, [prompt])[0] if describe else None, sv.images[0].cpu(), sv.V[0].tolist()
@@ -220,6 +232,7 @@ def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:
     with bank.use(model, 'credit', steps * steps * group_size) as policy, torch.no_grad():
         ro = rollout(policy, [prompt], cfg, reward, torch.Generator().manual_seed(seed))
         values = {op: step_values(policy, ro, op, reward, keep_images=True) for op in ('tweedie', 'ode:rest')}
+        forget_prompts(policy)
     credits = method_credits(ro, values)
     tp = turning_point_table(ro, credits['turning_point'])
     return gain_figure(ro, credits), preview_figure(ro, values), tp
@@ -231,6 +244,7 @@ UPLOAD_LIMIT = 0       # bytes: the app has no upload control, so uploads are re
 GENERATE_AT_ONCE = 16  # Generate requests admitted at once; the lane's CheapestFirst lock runs the cheapest first
 PREVIEWS = 3           # models whose Tweedie previews the Generate tab draws until the user picks others
 GALLERY_COLUMNS = 6
+MAX_MESSAGE = 4000     # characters of an error shown (a grammar fits; an echoed paste does not)
 
 _PRUNING = threading.Lock()  # Generate requests run at once: one prunes at a time, so none sees a file vanish mid-sort
 
@@ -254,8 +268,9 @@ def prune_files(component, keep:int=MAX_FILES) -> int:
 def _error(e:Exception) -> str:
     """The message of a failed request in Markdown: a code block (a grammar keeps its columns) that `CSS` wraps at the
     page's edge."""
-    kind = 'Invalid input' if isinstance(e, ValueError) else f'Error ({type(e).__name__})'
-    return f"**{kind}:**\n\n```\n{e}\n```"
+    kind, text = 'Invalid input' if isinstance(e, ValueError) else f'Error ({type(e).__name__})', str(e)
+    text = text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f'... ({len(text)} characters)'
+    return f"**{kind}:**\n\n```\n{text}\n```"
 
 # %% ../nbs/08_app.ipynb #16d5d550
 def _groups(bank:ModelBank) -> dict:
@@ -276,8 +291,9 @@ def _settings(bank:ModelBank, groups:dict) -> list:
                             info=f'the task {bank.task.name!r}: e.g. ' + ', '.join(f'"{p}"' for p in examples[:3]))
         example = gr.Dropdown(examples, label='evaluation prompts', value=None, scale=2)
     with gr.Row():
-        seed = gr.Number(0, label='seed', precision=0)
-        steps = gr.Number(10, label=f'steps (1–{MAX_STEPS})', precision=0)
+        # no `precision`: Gradio would round 1.5 to 2 before `check_settings` could refuse it
+        seed = gr.Number(0, label='seed (an integer)')
+        steps = gr.Number(10, label=f'steps (1–{MAX_STEPS})')
         guidance = gr.Number(4.0, label='CFG')
         sampler = gr.Dropdown(list(SAMPLERS), value='ode', label='sampler')
     example.change(lambda p: p or gr.update(), example, prompt, api_name='example', **groups['light'])
@@ -408,21 +424,6 @@ def _visible(shown:bool):
     import gradio as gr
     return lambda: gr.update(visible=shown)
 
-class RefuseUploads:
-    """ASGI middleware: every upload is answered 413 before its body is read, an empty one too (the app has no upload
-    control)."""
-    def __init__(self, app): self.app = app
-    async def __call__(self, scope, receive, send):
-        if scope['type'] == 'http' and scope['method'] == 'POST' and scope['path'].rstrip('/').endswith('/upload'):
-            await send(
-                {
-                    'type': 'http.response.start', 'status': 413,
-                    'headers': [(b'content-type', b'text/plain; charset=utf-8')]
-                }
-            )
-            return await send({'type': 'http.response.body', 'body': b'uploads are refused: this app takes no files'})
-        await self.app(scope, receive, send)
-
 CSS = ('#images .caption-label {white-space: normal; max-width: 100%; height: 2.6em; overflow: hidden; display: '
        '-webkit-box;'
        # captions wrap, two lines for every image: the images keep one size
@@ -434,7 +435,8 @@ CSS = ('#images .caption-label {white-space: normal; max-width: 100%; height: 2.
 
 def serve(app, host:str='127.0.0.1', port:int=7860, share:bool=False,
           block:bool=True, quiet:bool=False):  # block=False: return once the server is up (tests, notebooks)
-    "Launch `app` with every upload refused (`RefuseUploads`, and `max_file_size=UPLOAD_LIMIT` behind it)."
+    """Launch `app` with every upload refused (`RefuseUploads`, and `max_file_size=UPLOAD_LIMIT` behind it), malformed
+    API calls refused in a sentence (`CheckCalls`)."""
     from starlette.middleware import Middleware
     return app.launch(
         server_name=host,
@@ -445,7 +447,7 @@ def serve(app, host:str='127.0.0.1', port:int=7860, share:bool=False,
         # an API call Gradio itself refuses (an argument missing, or of the wrong type) says why, not
         # {"error": null}
         show_error=True,
-        app_kwargs=dict(middleware=[Middleware(RefuseUploads)]),
+        app_kwargs=dict(middleware=[Middleware(RefuseUploads), Middleware(CheckCalls, blocks=app)]),
         prevent_thread_lock=not block,
         quiet=quiet,
     )
