@@ -205,6 +205,38 @@ def test_credit_handler(app):
     msg, gain, *_ = handler(app, 'credit')('a circle', 'base', 0, 1, 4.0, 'flow_sde')
     assert gain is None and 'at least 2 steps' in msg
 
+def test_credit_full_width_and_empty_turning_points_say_why(app):
+    "The credit figures take the page's width; a group without turning points says why its table is empty."
+    seen = []
+    for seed in range(8):
+        msg, gain, preview, rows = handler(app, 'credit')('a circle', 'base', seed, 3, 4.0, 'flow_sde')
+        assert gain.layout.width is None and preview.layout.width is None and gain.layout.autosize, msg
+        seen.append(bool(rows['value']))
+        if not rows['value']: assert 'no turning point' in msg and rows['label'].startswith('turning points: none ('), msg
+        else: assert rows['label'] == 'turning points' and 'no turning point' not in msg
+    assert not all(seen), 'some small group has no turning point'
+
+def test_first_screen_where_models_differ(bank, app):
+    "The prompt box starts on the evaluation prompt whose images differ most across the models, already drawn."
+    ranked = app_mod.rank_prompts(bank)
+    spreads = [r[1:] for r in ranked]  # (of the score shown, of the reward)
+    assert spreads == sorted(spreads, reverse=True) and spreads[0][1] > 0
+    prompt = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'prompt')
+    gallery = app.gallery
+    assert prompt.value == ranked[0][0] and len(gallery.value) == len(bank.names)
+    samples = generate_all(bank, ranked[0][0], 0, 10, 4.0, 'ode')
+    scores = [s.report.overall for s in samples]
+    assert max(scores) - min(scores) == pytest.approx(spreads[0][0]), 'the ranking scored the images as the tab shows them'
+
+def test_models_listed_compactly(runs, tmp_path):
+    "Many runs: one header line and a table by arm, each arm's runs in one cell."
+    many = tmp_path/'many'
+    for seed in ('seed0', 'seed1', 'seed2'): shutil.copytree(runs/'seed0', many/seed, ignore=shutil.ignore_patterns('stepwise'))
+    bank = ModelBank(many, lanes=1)
+    head, table = app_mod.models_view(bank)
+    assert head.startswith('**1 base and 9 fine-tuned models** (3 arms)') and '\n' not in head and 'seed1/dense' not in head
+    assert '| DenseGRPO (`dense`) | 3 | seed0, seed1, seed2 |' in table and len(table.splitlines()) == 5, table
+
 def test_report(app, runs, tmp_path):
     none = [None] * len(app_mod.REPORT_FIGURES)
     head, md, figs, tasks = report_view(runs)
@@ -434,7 +466,8 @@ def test_committed_study_opens_on_its_report(study_apps):
         assert head.startswith(f'Report: `{STUDY/"report.json"}`') and md.startswith('- ') and figs[0] is not None, head
         controls = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'controls')
         assert controls.visible is False, 'the prompt and sampling controls are hidden on the Report tab the app opens on'
-        assert handler(app, 'tab_generate')()['visible'] is True and handler(app, 'tab_report')()['visible'] is False
+        gen, rep = handler(app, 'tab_generate')(), handler(app, 'tab_report')()  # (controls, generate, report, credit)
+        assert gen[0]['visible'] is True and gen[1]['visible'] is True and rep[0]['visible'] is False and rep[2]['visible'] is True
 
 @pytest.mark.chrome
 def test_browser_committed_study_first_screen(study_apps, tmp_path):
