@@ -19,7 +19,31 @@ other (every model at `--steps`). It reports the median and worst answer time of
 that overlapped a long one, next to one short request on the idle server. `lanes=2` is the app's design (credit on
 its own copy of the networks, in its own Gradio concurrency group); `lanes=1` is the old one (one queue, one job at
 a time). Everything is bounded: the number of requests, `--deadline` seconds per app (an unanswered request counts
-as answered at the deadline and is reported), and the server process is stopped at the end."""
+as answered at the deadline and is reported), and the server process is stopped at the end.
+
+    # memory under repeated requests: the server's resident memory after each batch of requests (issue 52)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/app_bench.py --memory 8 --batch 40 --steps 1 --max-prompts 64 1000000
+
+With `--memory B`, one app per `--max-prompts` value (prompt encodings each network keeps; 1000000: unbounded, as
+before) answers B batches of `--batch` Generate requests, every model, each with a prompt it has not seen (the task's
+train and evaluation prompts, in turn), and the table shows the server's RSS after each batch and the gallery files
+on disk: a bounded app levels off. Measured (AMD EPYC, 2 logical CPUs shared with other jobs; base + 2 fake tiny
+models, 1 step; RSS of the server process in MB, gallery files on disk capped by MAX_FILES = 256 plus the last answer):
+
+| requests | RSS, max_prompts=64 | files | RSS, max_prompts=1000000 | files |
+|---|---|---|---|---|
+| 0 | 682 | 0 | 747 | 0 |
+| 40 | 737 | 120 | 753 | 123 |
+| 80 | 738 | 240 | 755 | 243 |
+| 120 | 739 | 259 | 757 | 259 |
+| 160 | 739 | 259 | 758 | 259 |
+| 200 | 742 | 259 | 759 | 259 |
+| 240 | 742 | 259 | 759 | 259 |
+| 280 | 742 | 259 | 759 | 259 |
+| 320 | 742 | 259 | 760 | 259 |
+
+The tiny model's prompt encodings are small, so both level off within ~5 MB after the first 120 requests; the bound
+matters for SD3.5, where one prompt's T5 encoding is ~5 MB."""
 import argparse, os, shutil, socket, statistics, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 os.environ.setdefault('GRADIO_ANALYTICS_ENABLED', 'False')
@@ -27,7 +51,7 @@ os.environ.setdefault('GRADIO_ANALYTICS_ENABLED', 'False')
 def free_port() -> int:
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-def server(out:str, n_runs:int, variants:list[tuple[int, int]], ports:list[int]):
+def server(out:str, n_runs:int, variants:list[tuple[int, int]], ports:list[int], max_prompts:int|None=None):
     "The server process: a fake runs folder, one app per (lanes, Generate requests at once), each on its port, until stdin closes."
     import torch
     torch.set_num_threads(1)
@@ -35,6 +59,7 @@ def server(out:str, n_runs:int, variants:list[tuple[int, int]], ports:list[int])
     from flowgrpo_nb.bank import fake_runs
     from flowgrpo_nb.app import make_app, serve
     runs = fake_runs(Path(out)/'compare', methods=('flow_grpo', 'dense', 'stepwise', 'turning_point')[:n_runs])
+    if max_prompts: app_mod.MAX_PROMPTS = max_prompts  # read by forget_prompts at each request
     apps = []
     for lanes, at_once in variants:
         app_mod.GENERATE_AT_ONCE = at_once  # read by make_app
@@ -44,9 +69,10 @@ def server(out:str, n_runs:int, variants:list[tuple[int, int]], ports:list[int])
     sys.stdin.read()
     for app in apps: app.close(verbose=False)
 
-def start_server(out:Path, n_runs:int, variants:list[tuple[int, int]], timeout:float) -> tuple[subprocess.Popen, dict]:
+def start_server(out:Path, n_runs:int, variants:list[tuple[int, int]], timeout:float,
+                 max_prompts:int=0) -> tuple[subprocess.Popen, dict]:
     ports = [free_port() for _ in variants]
-    proc = subprocess.Popen([sys.executable, __file__, '--serve', str(out), '--runs', str(n_runs),
+    proc = subprocess.Popen([sys.executable, __file__, '--serve', str(out), '--runs', str(n_runs), '--max-prompts', str(max_prompts),
                              '--lanes', *(str(l) for l, _ in variants), '--at-once', *(str(n) for _, n in variants),
                              '--ports', *map(str, ports)],
                             env=os.environ | dict(OMP_NUM_THREADS='1'), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -92,6 +118,46 @@ def load(url:str, a) -> dict:
                 long_median=statistics.median([e - s for s, e, _ in longs]), long_worst=max(e - s for s, e, _ in longs),
                 unanswered=sum(not ok for *_, ok in shorts + longs), wall=time.perf_counter() - t0, errors=sorted(set(errors)))
 
+def rss_mb(pid:int) -> float:
+    "Resident memory of process `pid` in MB (Linux)."
+    return next(int(l.split()[1]) for l in Path(f'/proc/{pid}/status').read_text().splitlines() if l.startswith('VmRSS')) / 1024
+
+def memory(a) -> None:
+    "The server's RSS after each of `a.memory` batches of `a.batch` Generate requests with new prompts, per --max-prompts."
+    from gradio_client import Client
+    from flowgrpo_nb.task import load_task
+    task = load_task('partial', None, None, 'tiny')
+    prompts = list(dict.fromkeys([*task.train_prompts, *task.eval_prompts]))
+    cols = {}
+    for keep in a.max_prompts:
+        tmp = Path(tempfile.mkdtemp(prefix='app-bench-'))
+        env = os.environ.get('GRADIO_TEMP_DIR')
+        os.environ['GRADIO_TEMP_DIR'] = str(tmp/'gradio')  # the server's gallery files, counted below
+        try:
+            proc, ports = start_server(tmp, a.runs, [(2, 16)], 180, keep)
+        finally:
+            if env is None: os.environ.pop('GRADIO_TEMP_DIR')
+            else: os.environ['GRADIO_TEMP_DIR'] = env
+        try:
+            c, rows, i = Client(f'http://127.0.0.1:{ports[2, 16]}/', verbose=False), [], 0
+            rows.append((0, rss_mb(proc.pid), 0))
+            for b in range(a.memory):
+                for _ in range(a.batch):
+                    c.predict(prompts[i % len(prompts)], i, a.steps, 4.0, 'ode', api_name='/generate'); i += 1
+                rows.append((i, rss_mb(proc.pid), sum(1 for f in (tmp/'gradio').rglob('*') if f.is_file())))
+                print(f'max_prompts={keep}: {i} requests, RSS {rows[-1][1]:.0f} MB, {rows[-1][2]} files', flush=True)
+            cols[keep] = rows
+        finally:
+            proc.stdin.close()
+            try: proc.wait(60)
+            except subprocess.TimeoutExpired: proc.kill()
+            shutil.rmtree(tmp, ignore_errors=True)
+    keeps = list(cols)
+    print('\n| requests | ' + ' | '.join(f'RSS (MB), max_prompts={k} | files on disk' for k in keeps) + ' |')
+    print('|---' * (1 + 2 * len(keeps)) + '|')
+    for r in range(a.memory + 1):
+        print(f'| {cols[keeps[0]][r][0]} | ' + ' | '.join(f'{cols[k][r][1]:.0f} | {cols[k][r][2]}' for k in keeps) + ' |')
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--clients', type=int, default=20)
@@ -106,10 +172,14 @@ def main():
     ap.add_argument('--at-once', type=int, nargs='+', default=None)  # Generate requests admitted at once (default: the app's)
     ap.add_argument('--spread', type=float, default=12.0)    # the short clients start evenly over this many seconds
     ap.add_argument('--deadline', type=float, default=25.0)  # seconds of load per app
+    ap.add_argument('--memory', type=int, default=0)        # batches of requests of the memory benchmark (0: the load one)
+    ap.add_argument('--batch', type=int, default=40)        # Generate requests per batch (--memory)
+    ap.add_argument('--max-prompts', type=int, nargs='+', default=[0])  # prompt encodings kept per network (0: the app's)
     ap.add_argument('--serve', help=argparse.SUPPRESS)       # internal: run as the server process on this runs folder
     ap.add_argument('--ports', type=int, nargs='+', help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.serve: return server(a.serve, a.runs, list(zip(a.lanes, a.at_once)), a.ports)
+    if a.serve: return server(a.serve, a.runs, list(zip(a.lanes, a.at_once)), a.ports, a.max_prompts[0])
+    if a.memory: return memory(a)
     from flowgrpo_nb.app import GENERATE_AT_ONCE
     variants = [(l, n) for l in a.lanes for n in (a.at_once or [GENERATE_AT_ONCE])]
     if not 0 < a.long < a.clients: raise SystemExit(f'--long {a.long}: allowed 1..{a.clients - 1} (some clients must be short)')

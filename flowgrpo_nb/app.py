@@ -23,24 +23,26 @@ from .task import Task, EvalReport
 from .credit import method_credits
 from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 import plotly.io as pio
-from .bank import ModelBank, QUICK_STEPS
+from .bank import ModelBank, QUICK_STEPS, KEPT
 from .processes import stop_on_signals, stopped
+from .door import clip, CheckCalls, RefuseUploads
 
 # %% auto #0
-__all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'REPORT_FIGURES', 'REBUILD', 'QUEUE_SIZE', 'MAX_FILES', 'UPLOAD_LIMIT',
-           'GENERATE_AT_ONCE', 'PREVIEWS', 'GALLERY_COLUMNS', 'CSS', 'check_prompt', 'check_settings', 'Sample',
-           'generate_all', 'model_label', 'strip_figure', 'samples_view', 'find_report', 'report_view', 'credit_view',
-           'prune_files', 'make_app', 'RefuseUploads', 'serve', 'check_address', 'app_cli']
+__all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'MAX_PROMPTS', 'RANK_PROMPTS', 'REPORT_FIGURES', 'REBUILD', 'QUEUE_SIZE', 'MAX_FILES',
+           'UPLOAD_LIMIT', 'GENERATE_AT_ONCE', 'PREVIEWS', 'GALLERY_COLUMNS', 'MAX_MESSAGE', 'PAGE_WIDTH',
+           'NO_TURNING_POINT', 'TABS', 'CSS', 'check_prompt', 'check_settings', 'forget_prompts', 'Sample',
+           'generate_all', 'model_label', 'strip_figure', 'samples_view', 'rank_prompts', 'models_view', 'find_report',
+           'report_view', 'credit_view', 'prune_files', 'make_app', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #93ebcae0
 MAX_PROMPT_CHARS = 200
 MAX_STEPS = 100
-
 def check_prompt(prompt:str, task:Task|None=None) -> str:
     """The prompt in the task's canonical form (`task.normalise`; else whitespace collapsed), or ValueError saying what
     is wrong."""
     example = f", e.g. {task.eval_prompts[0]!r}" if task is not None else ''
-    if not isinstance(prompt, str) or not prompt.strip():
+    if not isinstance(prompt, str): raise ValueError(f"prompt={clip(prompt)}: allowed a string{example}")
+    if not prompt.strip():
         raise ValueError(f"prompt is empty: type a prompt{example}, or pick one of the examples")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ValueError(f"prompt has {len(prompt)} characters: allowed at most {MAX_PROMPT_CHARS}")
@@ -57,11 +59,21 @@ def check_settings(seed, steps, guidance, sampler:str, level=0.7) -> tuple[int, 
             and lo <= v <= hi
         )
         if not ok or (integer and v != int(v)):
-            raise ValueError(f"{name}={v!r}: allowed {'an integer' if integer else 'a number'} in [{lo}, {hi}]")
+            raise ValueError(f"{name}={clip(v)}: allowed {'an integer' if integer else 'a number'} in [{lo}, {hi}]")
         return int(v) if integer else float(v)
-    if sampler not in SAMPLERS: raise ValueError(f"sampler={sampler!r}: allowed one of {SAMPLERS}")
+    if sampler not in SAMPLERS: raise ValueError(f"sampler={clip(sampler)}: allowed one of {SAMPLERS}")
     return (num('seed', seed, 0, 2**31 - 1, True), num('steps', steps, 1, MAX_STEPS, True),
             num('guidance', guidance, 0, 30, False), sampler, num('level', level, 0, 2, False))
+
+# %% ../nbs/08_app.ipynb #889a3fbb
+MAX_PROMPTS = 64  # prompt encodings each network keeps (the newest)
+
+def forget_prompts(policy, keep:int|None=None) -> int:  # default: MAX_PROMPTS
+    "Drop the oldest prompt encodings `policy` keeps beyond the newest `keep` (the empty CFG prompt stays); how many."
+    keep = MAX_PROMPTS if keep is None else keep
+    old = [p for p in policy._cache if p][:max(0, len(policy._cache) - 1 - keep)]
+    for p in old: del policy._cache[p]
+    return len(old)
 
 # %% ../nbs/08_app.ipynb #40494484
 @dataclass
@@ -81,6 +93,7 @@ def _sample(bank:ModelBank, name:str, prompt:str, cfg:RolloutConfig, seed:int, c
     with bank.use(name, lane, cost) as policy, torch.no_grad():
         ro = rollout(policy, [prompt], cfg, task.reward, torch.Generator().manual_seed(seed))
         sv = step_values(policy, ro, 'tweedie', task.reward, keep_images=True)
+        forget_prompts(policy)
     return Sample(
         name, ro.images[0].cpu(), task.category(prompt) if task.category else None, task.evaluate(ro.images, [prompt]),
         describe(ro.images, [prompt])[0] if describe else None, sv.images[0].cpu(), sv.V[0].tolist()
@@ -164,6 +177,38 @@ def samples_view(samples:list[Sample], size:int=192,
     shown = [s for s in samples if previews is None or s.model in previews]
     return [(_pixels(s.image, size), caption(s)) for s in samples], table, strip_figure(shown) if shown else None
 
+# %% ../nbs/08_app.ipynb #58af5322
+RANK_PROMPTS = 24  # evaluation prompts sampled at start to find where the models differ most
+
+def rank_prompts(bank:ModelBank, n:int=RANK_PROMPTS, seed:int=0, steps:int=10) -> list[tuple[str, float, float]]:
+    """The first `n` distinct evaluation prompts as (prompt, spread across the models of the score each image is shown
+    with, spread of the task's reward), largest first (in their order with one model)."""
+    prompts, task = list(dict.fromkeys(bank.task.eval_prompts))[:n], bank.task
+    if len(bank.names) < 2: return [(p, 0.0, 0.0) for p in prompts]
+    cfg, S = RolloutConfig(K=steps, sampler='ode', group_size=1), []
+    for name in bank.names:  # each prompt alone: the same noise as the Generate tab's image of it
+        with bank.use(name, 'generate', steps * len(prompts)) as policy, torch.no_grad():
+            ros = [rollout(policy, [p], cfg, task.reward, torch.Generator().manual_seed(seed)) for p in prompts]
+            S.append([(task.evaluate(ro.images, [p]).overall, float(ro.reward[0])) for ro, p in zip(ros, prompts)])
+            forget_prompts(policy)
+    spread = (lambda s: s.max(0).values - s.min(0).values)(torch.tensor(S, dtype=torch.float64))  # [n, 2]
+    order = sorted(range(len(prompts)), key=lambda i: (-spread[i, 0], -spread[i, 1]))
+    return [(prompts[i], *spread[i].tolist()) for i in order]
+
+def models_view(bank:ModelBank) -> tuple[str, str]:
+    "A one-paragraph header (how many models, which task scores them) and a Markdown table of the models by arm."
+    arms = {}
+    for m in bank.models: arms.setdefault(m.name.split('/')[-1], []).append('/'.join(m.name.split('/')[:-1]) or '.')
+    where = f" under `{bank.runs}`" if bank.runs is not None else ''
+    head = (f"**{len(bank.base_names)} base and {len(bank.models)} fine-tuned model{'s' * (len(bank.models) != 1)}**"
+            f" ({len(arms)} arm{'s' * (len(arms) != 1)}){where}, scored by the task `{bank.task.name}`.")
+    if not bank.models: head = f"**The base model only**: no fine-tuned checkpoint{where}; the task `{bank.task.name}`."
+    if kept := bank.kept: head += f" {len(kept)} runs kept without checkpoints: report and curves only."
+    rows = [f"| {model_label(a).split(' (')[0]} (`{a}`) | {len(w)} | {', '.join(w)} |" for a, w in arms.items()]
+    other = [k for k in bank.skipped if k not in [f'{n}: {KEPT}' for n in kept]]
+    table = '\n'.join(['| arm | runs | where |', '|---|---|---|', *rows]) if rows else ''
+    return head, table + ''.join(f"\n- skipped {clip(k, 200)}" for k in other)
+
 # %% ../nbs/08_app.ipynb #53a3bef6
 REPORT_FIGURES = ('curve_steps', 'curve_seconds', 'differences', 'categories', 'category_curves', 'costs', 'gradient')
 
@@ -220,6 +265,7 @@ def credit_view(bank:ModelBank, prompt:str, model:str='base', seed:int=0, steps:
     with bank.use(model, 'credit', steps * steps * group_size) as policy, torch.no_grad():
         ro = rollout(policy, [prompt], cfg, reward, torch.Generator().manual_seed(seed))
         values = {op: step_values(policy, ro, op, reward, keep_images=True) for op in ('tweedie', 'ode:rest')}
+        forget_prompts(policy)
     credits = method_credits(ro, values)
     tp = turning_point_table(ro, credits['turning_point'])
     return gain_figure(ro, credits), preview_figure(ro, values), tp
@@ -231,6 +277,7 @@ UPLOAD_LIMIT = 0       # bytes: the app has no upload control, so uploads are re
 GENERATE_AT_ONCE = 16  # Generate requests admitted at once; the lane's CheapestFirst lock runs the cheapest first
 PREVIEWS = 3           # models whose Tweedie previews the Generate tab draws until the user picks others
 GALLERY_COLUMNS = 6
+MAX_MESSAGE = 4000     # characters of an error shown (a grammar fits; an echoed paste does not)
 
 _PRUNING = threading.Lock()  # Generate requests run at once: one prunes at a time, so none sees a file vanish mid-sort
 
@@ -254,8 +301,9 @@ def prune_files(component, keep:int=MAX_FILES) -> int:
 def _error(e:Exception) -> str:
     """The message of a failed request in Markdown: a code block (a grammar keeps its columns) that `CSS` wraps at the
     page's edge."""
-    kind = 'Invalid input' if isinstance(e, ValueError) else f'Error ({type(e).__name__})'
-    return f"**{kind}:**\n\n```\n{e}\n```"
+    kind, text = 'Invalid input' if isinstance(e, ValueError) else f'Error ({type(e).__name__})', str(e)
+    text = text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f'... ({len(text)} characters)'
+    return f"**{kind}:**\n\n```\n{text}\n```"
 
 # %% ../nbs/08_app.ipynb #16d5d550
 def _groups(bank:ModelBank) -> dict:
@@ -267,29 +315,31 @@ def _groups(bank:ModelBank) -> dict:
         light=dict(concurrency_limit=4, concurrency_id='light')
     )
 
-def _settings(bank:ModelBank, groups:dict) -> list:
-    "The controls every tab reads: prompt (an evaluation prompt picked fills it), seed, steps, CFG, sampler."
+def _settings(bank:ModelBank, groups:dict, first:list[str]) -> list:
+    """The controls every tab reads: prompt (an evaluation prompt picked fills it; `first` ones listed first), seed,
+    steps, CFG, sampler."""
     import gradio as gr
-    examples = list(dict.fromkeys(bank.task.eval_prompts))[:200]
+    examples = list(dict.fromkeys([*first, *bank.task.eval_prompts]))[:200]
     with gr.Row():
         prompt = gr.Textbox(label='prompt', value=examples[0], scale=3, elem_id='prompt',
                             info=f'the task {bank.task.name!r}: e.g. ' + ', '.join(f'"{p}"' for p in examples[:3]))
-        example = gr.Dropdown(examples, label='evaluation prompts', value=None, scale=2)
+        example = gr.Dropdown(examples, label='evaluation prompts (where the models differ most first)', value=None,
+                              scale=2)
     with gr.Row():
-        seed = gr.Number(0, label='seed', precision=0)
-        steps = gr.Number(10, label=f'steps (1–{MAX_STEPS})', precision=0)
+        # no `precision`: Gradio would round 1.5 to 2 before `check_settings` could refuse it
+        seed = gr.Number(0, label='seed (an integer)')
+        steps = gr.Number(10, label=f'steps (1–{MAX_STEPS})')
         guidance = gr.Number(4.0, label='CFG')
         sampler = gr.Dropdown(list(SAMPLERS), value='ode', label='sampler')
     example.change(lambda p: p or gr.update(), example, prompt, api_name='example', **groups['light'])
     return [prompt, seed, steps, guidance, sampler]
 
 # %% ../nbs/08_app.ipynb #88329e68
-def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int):
-    "One image per model from the same noise, their scores, Tweedie previews of the models picked; returns the gallery."
+def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int, first:str|None=None):
+    """One image per model from the same noise, their scores, Tweedie previews of the models picked (drawn for the
+    prompt `first` when given); returns the gallery."""
     import gradio as gr
-    def generate(prompt, seed, steps, guidance, sampler, previews=None):
-        try: prune_files(gallery, max_files)
-        except OSError: pass  # housekeeping: an undeletable file never fails the request
+    def draw(prompt, seed, steps, guidance, sampler, previews=None):
         try:
             samples = generate_all(bank, prompt, seed, steps, guidance, sampler)
             images, table, strips = samples_view(
@@ -302,13 +352,19 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int):
             )
         except Exception as e:
             return _error(e), [], '', None
+    def generate(*args):
+        try: prune_files(gallery, max_files)
+        except OSError: pass  # housekeeping: an undeletable file never fails the request
+        return draw(*args)
     with gr.Row():
         gen = gr.Button('Generate', variant='primary', elem_id='generate', scale=1)
         previews = gr.Dropdown(bank.names, value=bank.names[:PREVIEWS], multiselect=True, scale=3, elem_id='previews',
                                label='Tweedie previews of (the strips below)')
-    status = gr.Markdown(elem_id='status', elem_classes='status')
+    drawn = draw(first, 0, 10, 4.0, 'ode') if first else ('', [], '', None)
+    status = gr.Markdown(drawn[0], elem_id='status', elem_classes='status')
     many = len(bank.names) > 2 * GALLERY_COLUMNS
     gallery = gr.Gallery(
+        drawn[1],
         label='one image per model (same initial noise)',
         columns=GALLERY_COLUMNS,
         height=440 if many else 'auto',
@@ -317,8 +373,9 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int):
         object_fit='contain',
         elem_id='images',
     )
-    with gr.Accordion('scores of every model', open=not many): table = gr.Markdown()
-    strip = gr.Plot(label="Tweedie previews x0_hat(x_k) per step, with the task's reward of each", elem_id='strips')
+    with gr.Accordion('scores of every model', open=not many): table = gr.Markdown(drawn[2])
+    strip = gr.Plot(drawn[3], label="Tweedie previews x0_hat(x_k) per step, with the task's reward of each",
+                    elem_id='strips')
     io = dict(fn=generate, inputs=[*settings, previews], outputs=[status, gallery, table, strip], **groups['generate'])
     gen.click(api_name='generate', **io)
     settings[0].submit(api_name='generate_submit', **io)
@@ -357,76 +414,93 @@ def _findings_label(md:str) -> str:
     return f"the task's {n} finding{'s' if n != 1 else ''} (each comparison, its interval and verdict)"
 
 # %% ../nbs/08_app.ipynb #0bf8264e
+PAGE_WIDTH = 1280  # px: the widest page the credit figures are drawn for
+NO_TURNING_POINT = ("no turning point in these samples: no trained step's gain turns against its sample's overall "
+                    "trend (R - V_0) while agreeing with the rest of its trajectory, so TP-GRPO credits them as "
+                    "Flow-GRPO does; another seed or more steps may show some")
+
 def _credit_tab(bank:ModelBank, settings:list, groups:dict):
-    "Credit of one small group of trajectories of the prompt: values, gains, every method's advantages, turning points."
+    """Credit of one small group of trajectories of the prompt: values, gains, every method's advantages (full width),
+    turning points (or why there are none)."""
     import gradio as gr
     def credit(prompt, model, seed, steps, guidance, sampler):
         try:
             gain, preview, tp = credit_view(bank, prompt, model, seed, steps, guidance, sampler)
+            # the page's width; the previews' rows grow with their images (up to a page of PAGE_WIDTH)
+            preview.update_layout(height=preview.layout.height * max(1, PAGE_WIDTH / preview.layout.width))
+            for f in (gain, preview): f.update_layout(width=None, autosize=True)
             rows = [[r['sample'], r['k'], r['rule'], r['kept'], r['trend']] for r in tp]
-            return f"{model}: 4 samples of {check_prompt(prompt, bank.task)!r}", gain, preview, rows
-        except Exception as e: return _error(e), None, None, []
+            said = f"{model}: 4 samples of {check_prompt(prompt, bank.task)!r}"
+            return said + ('' if rows else f"; {NO_TURNING_POINT}"), gain, preview, _tp_table(rows)
+        except Exception as e: return _error(e), None, None, _tp_table([])
     with gr.Row():
         cmodel = gr.Dropdown(bank.names, value=bank.names[0], label='model')
         csampler = gr.Dropdown(list(SAMPLERS[1:]), value='flow_sde', label='SDE sampler')
         cgo = gr.Button('Compute credit', variant='primary')
-    cstatus = gr.Markdown(elem_classes='status')
-    gplot, pplot = gr.Plot(label='values, gains, advantages'), gr.Plot(label='previews per step')
-    tps = gr.Dataframe(headers=['sample', 'k', 'rule', 'kept', 'trend'], label='turning points')
+    cstatus = gr.Markdown(elem_classes='status', elem_id='credit-status')
+    gplot = gr.Plot(label='values, gains, advantages', elem_id='credit-gains')
+    pplot = gr.Plot(label='previews per step', elem_id='credit-previews')
+    tps = gr.Dataframe(headers=['sample', 'k', 'rule', 'kept', 'trend'], label='turning points', elem_id='turning')
     cgo.click(
         credit, [settings[0], cmodel, *settings[1:4], csampler], [cstatus, gplot, pplot, tps], api_name='credit',
         **groups['credit']
     )
 
+def _tp_table(rows:list):
+    import gradio as gr
+    return gr.update(value=rows, label='turning points' if rows else f'turning points: none ({NO_TURNING_POINT})')
+
 # %% ../nbs/08_app.ipynb #cec51ff7
+TABS = ('generate', 'report', 'credit')
+
 def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare, results/study); None: the base model only
              bank:ModelBank|None=None,  # an already loaded bank (tests, notebooks)
              max_files:int=MAX_FILES,   # gallery images kept on disk
+             rank:int=RANK_PROMPTS,     # evaluation prompts ranked at start by how much the models differ (0: none)
              **kw):  # to `ModelBank` (base, policy, task, lanes, device)
     """The Gradio Blocks app: Generate, Report and Credit tabs, queued in concurrency groups. The Report tab comes
-    first when there is a report and no fine-tuned checkpoint (a committed study); the prompt and sampling controls
-    show only on the tabs that read them."""
+    first when there is a report and no fine-tuned checkpoint (a committed study), else Generate, drawn for the prompt
+    where the models differ most; the prompt and sampling controls show only on the tabs that read them, below the
+    tab bar, which stays in place."""
     import gradio as gr
     bank = bank or ModelBank(runs, **kw)
     groups, report_first = _groups(bank), not bank.models and find_report(bank.runs) is not None
+    first = [r[0] for r in rank_prompts(bank, rank)] if rank and bank.models else []
+    head, table = models_view(bank)
     with gr.Blocks(title='flowgrpo_nb', delete_cache=(600, 3600)) as app:
-        gr.Markdown("## flowgrpo_nb: base vs fine-tuned\n\n" + bank.message(), elem_id='found')
-        with gr.Column(visible=not report_first, elem_id='controls') as controls: settings = _settings(bank, groups)
-        with gr.Tabs(selected='report' if report_first else 'generate'):
-            with gr.Tab('Generate', id='generate') as tg: gallery = _generate_tab(bank, settings, groups, max_files)
-            with gr.Tab('Report', id='report') as tr: _report_tab(bank, groups)
-            with gr.Tab('Credit', id='credit') as tc: _credit_tab(bank, settings, groups)
-        for tab, shown in ((tg, True), (tr, False), (tc, True)):  # the controls only where they do something
-            tab.select(
-                _visible(shown), None, controls, api_name=f'tab_{tab.id}', show_progress='hidden', **groups['light']
-            )
+        gr.Markdown("## flowgrpo_nb: base vs fine-tuned\n\n" + head, elem_id='found')
+        with gr.Accordion(f'the {len(bank.models)} fine-tuned models by arm', open=False, visible=bool(table),
+                          elem_id='models'):
+            gr.Markdown(table)
+        # the tab bar on its own: what changes between tabs is below it, so it never moves
+        with gr.Tabs(selected='report' if report_first else 'generate', elem_id='tabs'):
+            tabs = [gr.Tab(t.capitalize(), id=t) for t in TABS]
+        shown = 'report' if report_first else 'generate'
+        with gr.Column(visible=not report_first, elem_id='controls') as controls:
+            settings = _settings(bank, groups, first)
+            if first: settings[0].value = first[0]
+        with gr.Column(visible=shown == 'generate', elem_id='page-generate') as pg:
+            gallery = _generate_tab(bank, settings, groups, max_files, first[0] if first else None)
+        with gr.Column(visible=shown == 'report', elem_id='page-report') as pr: _report_tab(bank, groups)
+        with gr.Column(visible=shown == 'credit', elem_id='page-credit') as pc: _credit_tab(bank, settings, groups)
+        for tab, name in zip(tabs, TABS):
+            tab.select(_show(name), None, [controls, pg, pr, pc], api_name=f'tab_{name}', show_progress='hidden',
+                       **groups['light'])
     app.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     app.bank, app.gallery = bank, gallery
     return app
 
-def _visible(shown:bool):
+def _show(name:str):
+    "The handler of tab `name`: the controls where they do something, that tab's page."
     import gradio as gr
-    return lambda: gr.update(visible=shown)
+    return lambda: (gr.update(visible=name != 'report'), *(gr.update(visible=t == name) for t in TABS))
 
-class RefuseUploads:
-    """ASGI middleware: every upload is answered 413 before its body is read, an empty one too (the app has no upload
-    control)."""
-    def __init__(self, app): self.app = app
-    async def __call__(self, scope, receive, send):
-        if scope['type'] == 'http' and scope['method'] == 'POST' and scope['path'].rstrip('/').endswith('/upload'):
-            await send(
-                {
-                    'type': 'http.response.start', 'status': 413,
-                    'headers': [(b'content-type', b'text/plain; charset=utf-8')]
-                }
-            )
-            return await send({'type': 'http.response.body', 'body': b'uploads are refused: this app takes no files'})
-        await self.app(scope, receive, send)
-
-CSS = ('#images .caption-label {white-space: normal; max-width: 100%; height: 2.6em; overflow: hidden; display: '
-       '-webkit-box;'
-       # captions wrap, two lines for every image: the images keep one size
-       ' -webkit-line-clamp: 2; -webkit-box-orient: vertical}'
+CSS = (# captions below their image, wrapped, never cut
+       '#images .caption-label {position: static; white-space: normal; max-width: 100%; overflow: visible;'
+       ' text-overflow: clip; margin-top: 4px; background: none; color: inherit; padding: 0}'
+       ' #images .thumbnail-item {flex-direction: column; height: auto; aspect-ratio: auto}'
+       # the tabs only switch pages: their own panels are empty
+       ' #tabs > .tabitem, #tabs .tabitem {display: none !important}'
        # a message wraps at the page's edge
        ' .status pre, .status pre code {white-space: pre-wrap !important; overflow-wrap: anywhere}'
        # thumbnails of one size, one model or many
@@ -434,7 +508,8 @@ CSS = ('#images .caption-label {white-space: normal; max-width: 100%; height: 2.
 
 def serve(app, host:str='127.0.0.1', port:int=7860, share:bool=False,
           block:bool=True, quiet:bool=False):  # block=False: return once the server is up (tests, notebooks)
-    "Launch `app` with every upload refused (`RefuseUploads`, and `max_file_size=UPLOAD_LIMIT` behind it)."
+    """Launch `app` with every upload refused (`RefuseUploads`, and `max_file_size=UPLOAD_LIMIT` behind it), malformed
+    API calls refused in a sentence (`CheckCalls`)."""
     from starlette.middleware import Middleware
     return app.launch(
         server_name=host,
@@ -445,7 +520,7 @@ def serve(app, host:str='127.0.0.1', port:int=7860, share:bool=False,
         # an API call Gradio itself refuses (an argument missing, or of the wrong type) says why, not
         # {"error": null}
         show_error=True,
-        app_kwargs=dict(middleware=[Middleware(RefuseUploads)]),
+        app_kwargs=dict(middleware=[Middleware(RefuseUploads), Middleware(CheckCalls, blocks=app)]),
         prevent_thread_lock=not block,
         quiet=quiet,
     )

@@ -205,6 +205,38 @@ def test_credit_handler(app):
     msg, gain, *_ = handler(app, 'credit')('a circle', 'base', 0, 1, 4.0, 'flow_sde')
     assert gain is None and 'at least 2 steps' in msg
 
+def test_credit_full_width_and_empty_turning_points_say_why(app):
+    "The credit figures take the page's width; a group without turning points says why its table is empty."
+    seen = []
+    for seed in range(8):
+        msg, gain, preview, rows = handler(app, 'credit')('a circle', 'base', seed, 3, 4.0, 'flow_sde')
+        assert gain.layout.width is None and preview.layout.width is None and gain.layout.autosize, msg
+        seen.append(bool(rows['value']))
+        if not rows['value']: assert 'no turning point' in msg and rows['label'].startswith('turning points: none ('), msg
+        else: assert rows['label'] == 'turning points' and 'no turning point' not in msg
+    assert not all(seen), 'some small group has no turning point'
+
+def test_first_screen_where_models_differ(bank, app):
+    "The prompt box starts on the evaluation prompt whose images differ most across the models, already drawn."
+    ranked = app_mod.rank_prompts(bank)
+    spreads = [r[1:] for r in ranked]  # (of the score shown, of the reward)
+    assert spreads == sorted(spreads, reverse=True) and spreads[0][1] > 0
+    prompt = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'prompt')
+    gallery = app.gallery
+    assert prompt.value == ranked[0][0] and len(gallery.value) == len(bank.names)
+    samples = generate_all(bank, ranked[0][0], 0, 10, 4.0, 'ode')
+    scores = [s.report.overall for s in samples]
+    assert max(scores) - min(scores) == pytest.approx(spreads[0][0]), 'the ranking scored the images as the tab shows them'
+
+def test_models_listed_compactly(runs, tmp_path):
+    "Many runs: one header line and a table by arm, each arm's runs in one cell."
+    many = tmp_path/'many'
+    for seed in ('seed0', 'seed1', 'seed2'): shutil.copytree(runs/'seed0', many/seed, ignore=shutil.ignore_patterns('stepwise'))
+    bank = ModelBank(many, lanes=1)
+    head, table = app_mod.models_view(bank)
+    assert head.startswith('**1 base and 9 fine-tuned models** (3 arms)') and '\n' not in head and 'seed1/dense' not in head
+    assert '| DenseGRPO (`dense`) | 3 | seed0, seed1, seed2 |' in table and len(table.splitlines()) == 5, table
+
 def test_report(app, runs, tmp_path):
     none = [None] * len(app_mod.REPORT_FIGURES)
     head, md, figs, tasks = report_view(runs)
@@ -434,7 +466,8 @@ def test_committed_study_opens_on_its_report(study_apps):
         assert head.startswith(f'Report: `{STUDY/"report.json"}`') and md.startswith('- ') and figs[0] is not None, head
         controls = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'controls')
         assert controls.visible is False, 'the prompt and sampling controls are hidden on the Report tab the app opens on'
-        assert handler(app, 'tab_generate')()['visible'] is True and handler(app, 'tab_report')()['visible'] is False
+        gen, rep = handler(app, 'tab_generate')(), handler(app, 'tab_report')()  # (controls, generate, report, credit)
+        assert gen[0]['visible'] is True and gen[1]['visible'] is True and rep[0]['visible'] is False and rep[2]['visible'] is True
 
 @pytest.mark.chrome
 def test_browser_committed_study_first_screen(study_apps, tmp_path):
@@ -478,10 +511,45 @@ def _api(served, name, data):
     event = js.loads(urllib.request.urlopen(req, timeout=60).read())['event_id']
     return urllib.request.urlopen(f'{served}gradio_api/call/{name}/{event}', timeout=120).read().decode()
 
+def _post(served, path, body:bytes):
+    "POST `body` to the served app: (status, text of the answer)."
+    import urllib.request, urllib.error
+    req = urllib.request.Request(served + path, data=body, headers={'Content-Type': 'application/json'})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r: return r.status, r.read().decode()
+    except urllib.error.HTTPError as e: return e.code, e.read().decode()
+
 def test_api_refusals_say_why(served):
-    "A seed too large for numpy, an argument missing or of the wrong type: each answer names the problem (no TypeError, no `null`)."
+    "A seed too large for numpy or not an integer: the handler's sentence (no TypeError, no `null`, 1.5 not rounded)."
     big = _api(served, 'generate', ['A Cross.', 2**70, 2, 4.0, 'ode', ['base']])
     assert 'seed=1180591620717411303424: allowed an integer in [0, 2147483647]' in big and 'TypeError' not in big, big
-    for data, why in ((['A Cross.'], 'needed: 6, got: 1'), (['A Cross.', 'abc', 2, 4.0, 'ode', ['base']], "was: 'abc'")):
-        out = _api(served, 'generate', data)
-        assert 'event: error' in out and 'data: null' not in out and why in out, (data, out)  # Gradio's own words (show_error)
+    half = _api(served, 'generate', ['A Cross.', 1.5, 2, 4.0, 'ode', ['base']])
+    assert 'seed=1.5: allowed an integer in [0, 2147483647]' in half, half
+
+@pytest.mark.parametrize('path,data,status,says', [
+    ('call/generat', ['A Cross.'], 404, "no API name 'generat': allowed "),
+    ('run/nothing', [], 404, "no API name 'nothing': allowed "),
+    ('call/generate', ['A Cross.'], 422, "/generate takes 6 arguments (prompt, seed (an integer), steps (1–100), CFG, sampler, "),
+    ('call/generate', ['A Cross.', 'abc', 2, 4.0, 'ode', ['base']], 422, "/generate: argument 2 (seed (an integer)) is 'abc', not a number"),
+    ('call/generate', ['A Cross.', 0, 2, 4.0, 'ode', 'base'], 422, "/generate: argument 6 (Tweedie previews of (the strips below)) is 'base', not a list of strings"),
+    ('call/credit', [1, 'base', 0, 2, 4.0, 'flow_sde'], 422, '/credit: argument 1 (prompt) is 1, not a string'),
+    ('call/generate', {'prompt': 'A Cross.'}, 422, "/generate takes 6 arguments"),
+])
+def test_malformed_calls_refused_in_one_sentence(served, capfd, path, data, status, says):
+    "Wrong type, wrong number of arguments, unknown API name: a 4xx and one sentence, no traceback in the log."
+    got, text = _post(served, 'gradio_api/' + path, json.dumps(dict(data=data)).encode())
+    why = json.loads(text)['error']
+    assert got == status and why.startswith(says) and '\n' not in why, (got, text)
+    assert 'Traceback' not in capfd.readouterr().err
+
+def test_huge_input_is_not_echoed(served, capfd):
+    "A 20 MB string is refused by its size: neither the answer nor the log repeats it; a 5000-character one is named by its length."
+    s = 'x' * 20_000_000
+    got, text = _post(served, 'gradio_api/call/generate', json.dumps(dict(data=['A Cross.', 0, 2, 4.0, s, ['base']])).encode())
+    assert got == 413 and len(text) < 200 and 'allowed at most 65536' in text, (got, text[:300])
+    got, text = _post(served, 'gradio_api/call/generate', json.dumps(dict(data=['A Cross.', 0, 2, 4.0, 'y' * 5000, ['base']])).encode())
+    assert got == 422 and len(text) < 200 and 'a string of 5000 characters' in text, (got, text[:300])
+    out = capfd.readouterr()
+    assert 'xxxxxxxxxx' not in out.out + out.err and 'yyyyyyyyyy' not in out.out + out.err
+    got, sampler = _post(served, 'gradio_api/call/generate', json.dumps(dict(data=['A Cross.', 0, 2, 4.0, 'z' * 900, ['base']])).encode())
+    assert got == 422 and sampler.count('z') < 100 and 'string of 900 characters that is none of its choices' in sampler, sampler[:3000]
