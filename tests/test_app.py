@@ -429,7 +429,9 @@ def test_browser_generate(served, bank, tmp_path):
         box.fill('A green triangle.')
         page.locator('#generate').click()
         n = len(bank.names)
-        page.wait_for_function(f'document.querySelectorAll("#images img").length >= {n}', timeout=180_000)
+        page.wait_for_function(f'(() => {{ const a = [...document.querySelectorAll("#images img")]; return a.length >= {n}'
+                               f' && a.every(i => i.complete && i.getBoundingClientRect().height > 0); }})()',
+                               timeout=180_000)  # every image loaded and laid out
         imgs = page.locator('#images img').count()
         sizes = page.evaluate("[...document.querySelectorAll('#images img')].map(i => [i.getBoundingClientRect().width, i.getBoundingClientRect().height])")
         page.screenshot(path=str(tmp_path/'app.png'), full_page=True)

@@ -79,10 +79,11 @@ def test_the_step_slider_works_in_the_built_page(site):
                  " return [g.layout.title.text, g.layout.sliders[0].active, g.data.filter(d => d.mode === 'markers').map(d => d.x[0])] }")
         title0, active0, marks0 = page.evaluate(state)
         assert active0 == 0 and set(marks0) == {0} and 'step k = 0 of' in title0, 'it opens on k = 0, not playing'
-        g = page.locator('.plotly-graph-div:has(.slider-rail-rect)').first
-        g.scroll_into_view_if_needed()
-        box = g.locator('.slider-rail-rect').first.bounding_box()
-        page.mouse.click(box['x'] + box['width'] * 0.7, box['y'] + box['height'] / 2)  # k = 7 of 10
+        rail = page.locator('.plotly-graph-div .slider-rail-touch-rect').first  # the rect that takes the pointer
+        rail.scroll_into_view_if_needed()
+        page.wait_for_timeout(500)
+        box = rail.bounding_box()
+        rail.click(position=dict(x=box['width'] * 0.7, y=box['height'] / 2), force=True)  # k = 7 of 10
         page.wait_for_function("() => [...document.querySelectorAll('.plotly-graph-div')].find(g => g.layout.sliders)"
                                ".layout.sliders[0].active === 7", timeout=10_000)
         title, _, marks = page.evaluate(state)

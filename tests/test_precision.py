@@ -32,7 +32,8 @@ def test_the_path_a_run_takes_is_recorded(tmp_path, machine, fast, path):
     want = 'bf16 fast' if path else 'fp32 eager'
     rec = json.loads((tmp_path/'run'/'base.json').read_text())['precision']
     assert rec['path'] == want and (('faked by the test' in rec['why']) == (fast == 'auto'))
-    assert f"{want} path (" in r.stdout.split('\n', 1)[0]  # the run's first line says which path and why
+    recipe, first = r.stdout.split('\n')[:2]  # the recipe in force, then the run's first line: which path and why
+    assert recipe.startswith('recipe tiny') and f"{want} path (" in first, r.stdout
 
 def test_auto_resumes_on_the_recorded_path(tmp_path):
     "A run started with fast=true, resumed with fast=auto on a machine that would take fp32: bf16 to the end, bitwise the straight run."

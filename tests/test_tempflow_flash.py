@@ -248,7 +248,8 @@ def test_flowgrpo_train_preset_runs_on_the_embedded_default(tmp_path, method):
                         str(tmp_path), '--quiet', '--set', 'steps=2', 'log_with=none', 'eval_images=8'],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.startswith(f'{method}: 2 steps; geneval-partial: ')
+    first, rest = r.stdout.split('\n', 1)
+    assert first.startswith('recipe tiny') and rest.startswith(f'{method}: 2 steps; geneval-partial: '), r.stdout
     s = json.loads((tmp_path/'summary.json').read_text())
     per_prompt = s['nfe_per_sample']['rollout'] * 4  # group_size 4 of the smoke preset
     assert per_prompt == (tempflow_nfe(4, 4, 6) if method == 'tempflow' else 4 * 4)
