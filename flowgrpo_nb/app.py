@@ -499,6 +499,9 @@ CSS = (# captions below their image, wrapped, never cut
        '#images .caption-label {position: static; white-space: normal; max-width: 100%; overflow: visible;'
        ' text-overflow: clip; margin-top: 4px; background: none; color: inherit; padding: 0}'
        ' #images .thumbnail-item {flex-direction: column; height: auto; aspect-ratio: auto}'
+       # a few models (height 'auto'): the gallery grows to show every row, not Gradio's 55vh with the second
+       # row's captions below it; many models: the fixed height, scrolled
+       ' #images .grid-wrap.fixed-height {max-height: none}'
        # the tabs only switch pages: their own panels are empty
        ' #tabs > .tabitem, #tabs .tabitem {display: none !important}'
        # a message wraps at the page's edge

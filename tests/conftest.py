@@ -52,6 +52,21 @@ def clip_folder(tmp_path_factory):
     return tiny_clip_folder(tmp_path_factory.mktemp('clip'))
 
 
+CHROMIUM = '/usr/bin/chromium'  # Debian's
+CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking']
+
+@pytest.fixture
+def chromium():
+    "Debian's Chromium, headless, as a Playwright `Browser`, closed after the test; skips without it or playwright."
+    from pathlib import Path
+    if not Path(CHROMIUM).exists(): pytest.skip(f'needs Debian chromium at {CHROMIUM} (apt-get install -y chromium)')
+    pw = pytest.importorskip('playwright.sync_api', reason='needs the playwright python package')
+    with pw.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
 HOLD = ("import sys, time\nfrom flowgrpo_nb.checkpoint import FolderLock\n"
         "lock = FolderLock(sys.argv[1], sys.argv[2])\nprint('held', flush=True)\ntime.sleep(600)")
 

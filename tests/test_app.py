@@ -16,8 +16,6 @@ from flowgrpo_nb.task import geneval_task, load_policy
 from flowgrpo_nb.checkpoint import RunFolder
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path('/usr/bin/chromium')
-ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking']
 STEPS = 4      # small: the CPUs are shared
 MAX_FILES = 6  # gallery images the served app keeps: small, so that pruning shows
 
@@ -410,35 +408,81 @@ def test_cli_serves_and_leaves_nothing(runs, tmp_path):
 
 # --- a real browser ---
 
+CAPTIONS = """() => [...document.querySelectorAll('#images .caption-label')].map(c => {
+    const b = c.getBoundingClientRect(), item = c.closest('.thumbnail-item');
+    const img = item.querySelector('img').getBoundingClientRect(), cut = [];
+    if (c.scrollHeight > c.clientHeight + 1 || c.scrollWidth > c.clientWidth + 1) cut.push('its text overflows it');
+    if (b.top < img.bottom - 1) cut.push('it overlaps its image');
+    if (b.left < -1 || b.right > innerWidth + 1) cut.push('off the window');
+    for (let a = c.parentElement; a; a = a.parentElement) {  // any ancestor that clips (overflow not visible)
+        const s = getComputedStyle(a), r = a.getBoundingClientRect();
+        if ((s.overflowX !== 'visible' || s.overflowY !== 'visible') && (b.left < r.left - 1 || b.top < r.top - 1
+            || b.right > r.right + 1 || b.bottom > r.bottom + 1)) cut.push(`cut by ${a.tagName}.${a.className}`);
+    }
+    const top = Math.round(item.getBoundingClientRect().top);
+    return {text: c.textContent, top, box: [b.left, b.top, b.right, b.bottom], cut};
+})"""
+
+def captions_cut(page) -> tuple[list, int]:
+    "The gallery's captions not fully visible, with why (text overflowing, on the image, cut by an ancestor); its rows."
+    caps = page.evaluate(CAPTIONS)
+    return [(c['text'], c['box'], c['cut']) for c in caps if c['cut']], len({c['top'] for c in caps})
+
+def wait_images(page, n:int):
+    "Until the gallery shows `n` images, every one loaded and laid out."
+    page.wait_for_function(f'(() => {{ const a = [...document.querySelectorAll("#images img")]; return a.length >= {n}'
+                           f' && a.every(i => i.complete && i.getBoundingClientRect().height > 0); }})()',
+                           timeout=180_000)
+
 @pytest.mark.chrome
-def test_browser_generate(served, bank, tmp_path):
-    if not CHROMIUM.exists(): pytest.skip('needs Debian chromium at /usr/bin/chromium')
-    pw = pytest.importorskip('playwright.sync_api')
-    with pw.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        page = browser.new_page(viewport=dict(width=1300, height=900))
-        page.goto(served, wait_until='load')
-        box = page.locator('#prompt textarea')
-        box.wait_for(timeout=60_000)
-        box.fill('a purple circle')
-        page.locator('#generate').click()
-        page.get_by_text("unknown words ['purple']").wait_for(timeout=120_000)
-        wide = page.evaluate("(() => { const p = document.querySelector('#status pre'), r = p.getBoundingClientRect();"
-                             " return [p.scrollWidth, p.clientWidth, r.right, window.innerWidth]; })()")
-        assert wide[0] <= wide[1] + 1 and wide[2] <= wide[3], wide  # the message wraps: no vocabulary off the right edge
-        box.fill('A green triangle.')
-        page.locator('#generate').click()
-        n = len(bank.names)
-        page.wait_for_function(f'(() => {{ const a = [...document.querySelectorAll("#images img")]; return a.length >= {n}'
-                               f' && a.every(i => i.complete && i.getBoundingClientRect().height > 0); }})()',
-                               timeout=180_000)  # every image loaded and laid out
-        imgs = page.locator('#images img').count()
-        sizes = page.evaluate("[...document.querySelectorAll('#images img')].map(i => [i.getBoundingClientRect().width, i.getBoundingClientRect().height])")
-        page.screenshot(path=str(tmp_path/'app.png'), full_page=True)
-        browser.close()
+def test_browser_generate(chromium, served, bank, tmp_path):
+    page = chromium.new_page(viewport=dict(width=1280, height=800))
+    page.goto(served, wait_until='load')
+    box = page.locator('#prompt textarea')
+    box.wait_for(timeout=60_000)
+    box.fill('a purple circle')
+    page.locator('#generate').click()
+    page.get_by_text("unknown words ['purple']").wait_for(timeout=120_000)
+    wide = page.evaluate("(() => { const p = document.querySelector('#status pre'), r = p.getBoundingClientRect();"
+                         " return [p.scrollWidth, p.clientWidth, r.right, window.innerWidth]; })()")
+    assert wide[0] <= wide[1] + 1 and wide[2] <= wide[3], wide  # the message wraps: no vocabulary off the right edge
+    box.fill('A green triangle.')
+    page.locator('#generate').click()
+    n = len(bank.names)
+    wait_images(page, n)
+    imgs = page.locator('#images img').count()
+    sizes = page.evaluate("[...document.querySelectorAll('#images img')]"
+                          ".map(i => [i.getBoundingClientRect().width, i.getBoundingClientRect().height])")
+    cut, rows = captions_cut(page)
+    page.screenshot(path=str(tmp_path/'app.png'), full_page=True)
     assert imgs == n, (imgs, n)
     assert max(h for _, h in sizes) - min(h for _, h in sizes) <= 1, sizes  # captions of any length: every image one size
-    assert max(w for w, _ in sizes) < 1300 / app_mod.GALLERY_COLUMNS, sizes  # a thumbnail, not a 32-px image blown up to the page
+    assert max(w for w, _ in sizes) < 1280 / app_mod.GALLERY_COLUMNS, sizes  # a thumbnail, not a 32-px image blown up
+    assert rows == 1 and not cut, (rows, cut)
+    page.set_viewport_size(dict(width=640, height=800))  # a narrow window: the gallery wraps its models over rows
+    page.wait_for_function("new Set([...document.querySelectorAll('#images .thumbnail-item')]"
+                           ".map(i => Math.round(i.getBoundingClientRect().top))).size > 1", timeout=10_000)
+    cut, rows = captions_cut(page)
+    page.screenshot(path=str(tmp_path/'app-narrow.png'), full_page=True)
+    assert rows >= 2 and not cut, (rows, cut)  # every row's captions seen whole, the last row's too
+
+@pytest.mark.chrome
+def test_browser_confirm_captions(chromium, tmp_path):
+    "`flowgrpo app --runs results/confirm` at 1280 x 800: six models on two rows, every caption (two lines) seen whole."
+    app = make_app(bank=ModelBank(ROOT/'results'/'confirm', lanes=1), rank=0)
+    port = free_port()
+    serve(app, port=port, block=False, quiet=True)
+    try:
+        page = chromium.new_page(viewport=dict(width=1280, height=800))
+        page.goto(f'http://127.0.0.1:{port}/', wait_until='load')
+        page.locator('#prompt textarea').fill('a red circle and a blue square')
+        page.locator('#generate').click()
+        wait_images(page, len(app.bank.names))
+        cut, rows = captions_cut(page)
+        page.screenshot(path=str(tmp_path/'confirm.png'), full_page=True)
+    finally: app.close()
+    assert len(app.bank.names) == 6 and rows == 2, (app.bank.names, rows)
+    assert not cut, cut
 
 def test_cli_flags():
     from fastcore.script import anno_parser
@@ -472,33 +516,28 @@ def test_committed_study_opens_on_its_report(study_apps):
         assert gen[0]['visible'] is True and gen[1]['visible'] is True and rep[0]['visible'] is False and rep[2]['visible'] is True
 
 @pytest.mark.chrome
-def test_browser_committed_study_first_screen(study_apps, tmp_path):
+def test_browser_committed_study_first_screen(chromium, study_apps, tmp_path):
     "At 1280 x 800 the committed study shows its report and its curves on the first screen, no list of skipped runs."
-    if not CHROMIUM.exists(): pytest.skip('needs Debian chromium at /usr/bin/chromium')
-    pw = pytest.importorskip('playwright.sync_api')
-    with pw.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        for i, (where, app) in enumerate(study_apps.items()):
-            port = free_port()
-            serve(app, port=port, block=False, quiet=True)
-            try:
-                page = browser.new_page(viewport=dict(width=1280, height=800))
-                page.route('**/*', lambda r: r.continue_() if r.request.url.startswith('http://127.0.0.1') else r.abort())
-                page.goto(f'http://127.0.0.1:{port}/', wait_until='load')
-                page.locator('#report-curve_steps .main-svg').first.wait_for(timeout=120_000)
-                head = page.locator('#report-head').bounding_box()
-                plot = page.locator('#report-curve_steps .main-svg').first.bounding_box()
-                text = page.locator('body').inner_text()
-                page.screenshot(path=str(tmp_path/f'study{i}.png'))
-                assert head and head['y'] + head['height'] < 800, (where, head)
-                assert plot and plot['y'] + plot['height'] / 2 < 800, (where, plot)  # the curves: at least half of them above the fold
-                assert 'skipped' not in text and 'No `report.json`' not in text and 'No report.json' not in text, where
-                assert not page.locator('#prompt').is_visible(), 'the prompt box is hidden on the Report tab'
-                page.get_by_role('tab', name='Generate').click()
-                page.locator('#prompt').wait_for(state='visible', timeout=30_000)
-                page.close()
-            finally: app.close()
-        browser.close()
+    for i, (where, app) in enumerate(study_apps.items()):
+        port = free_port()
+        serve(app, port=port, block=False, quiet=True)
+        try:
+            page = chromium.new_page(viewport=dict(width=1280, height=800))
+            page.route('**/*', lambda r: r.continue_() if r.request.url.startswith('http://127.0.0.1') else r.abort())
+            page.goto(f'http://127.0.0.1:{port}/', wait_until='load')
+            page.locator('#report-curve_steps .main-svg').first.wait_for(timeout=120_000)
+            head = page.locator('#report-head').bounding_box()
+            plot = page.locator('#report-curve_steps .main-svg').first.bounding_box()
+            text = page.locator('body').inner_text()
+            page.screenshot(path=str(tmp_path/f'study{i}.png'))
+            assert head and head['y'] + head['height'] < 800, (where, head)
+            assert plot and plot['y'] + plot['height'] / 2 < 800, (where, plot)  # half the curves above the fold
+            assert 'skipped' not in text and 'No `report.json`' not in text and 'No report.json' not in text, where
+            assert not page.locator('#prompt').is_visible(), 'the prompt box is hidden on the Report tab'
+            page.get_by_role('tab', name='Generate').click()
+            page.locator('#prompt').wait_for(state='visible', timeout=30_000)
+            page.close()
+        finally: app.close()
 
 def test_help_says_how_to_open_the_committed_results():
     from fastcore.script import anno_parser

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path('/usr/bin/chromium')
-ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking']
 PAGES = ('tutorials/quickstart.ipynb', '05_credit.ipynb')
 
 def _docs():
@@ -39,55 +37,48 @@ def test_pages_and_navigation(site):
     assert 'requires torchvision' not in page + (out/'tutorials'/'quickstart.html').read_text()  # third-party notices dropped
 
 @pytest.mark.chrome
-def test_figures_draw_offline_within_the_output_area(site):
-    if not CHROMIUM.exists(): pytest.skip('needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)')
-    pw = pytest.importorskip('playwright.sync_api', reason='needs the playwright python package')
+def test_figures_draw_offline_within_the_output_area(chromium, site):
     out, _ = site
-    with pw.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        page = browser.new_page(viewport=dict(width=1280, height=900))
-        errors, other_hosts = [], []
-        page.on('pageerror', lambda e: errors.append(str(e)))
-        page.route('**/*', lambda r: r.continue_() if r.request.url.startswith('file:') else (other_hosts.append(r.request.url), r.abort()))
-        for name in ('tutorials/quickstart.html', '05_credit.html'):
-            page.goto((out/name).as_uri(), wait_until='load')
-            n = page.locator('.plotly-graph-div').count()
-            page.wait_for_function(f'document.querySelectorAll(".plotly-graph-div .main-svg").length >= {n}', timeout=60_000)
-            area = page.evaluate("document.querySelector('main .jp-Notebook, main').getBoundingClientRect().right")
-            drawn = page.evaluate("[...document.querySelectorAll('.main-svg')].map(s => s.getBoundingClientRect())"
-                                  ".filter(r => r.width > 0).map(r => [r.left, r.right, r.width])")
-            assert n >= (5 if 'quickstart' in name else 2), (name, n)
-            assert drawn and all(right <= area + 1 and width <= 840 for _, right, width in drawn), (name, area, drawn)
-            page.screenshot(path=str(out/f'{Path(name).stem}.png'), full_page=True)
-        browser.close()
+    page = chromium.new_page(viewport=dict(width=1280, height=900))
+    errors, other_hosts = [], []
+    page.on('pageerror', lambda e: errors.append(str(e)))
+    page.route('**/*', lambda r: r.continue_() if r.request.url.startswith('file:')
+               else (other_hosts.append(r.request.url), r.abort()))
+    for name in ('tutorials/quickstart.html', '05_credit.html'):
+        page.goto((out/name).as_uri(), wait_until='load')
+        n = page.locator('.plotly-graph-div').count()
+        page.wait_for_function(f'document.querySelectorAll(".plotly-graph-div .main-svg").length >= {n}',
+                               timeout=60_000)
+        area = page.evaluate("document.querySelector('main .jp-Notebook, main').getBoundingClientRect().right")
+        drawn = page.evaluate("[...document.querySelectorAll('.main-svg')].map(s => s.getBoundingClientRect())"
+                              ".filter(r => r.width > 0).map(r => [r.left, r.right, r.width])")
+        assert n >= (5 if 'quickstart' in name else 2), (name, n)
+        assert drawn and all(right <= area + 1 and width <= 840 for _, right, width in drawn), (name, area, drawn)
+        page.screenshot(path=str(out/f'{Path(name).stem}.png'), full_page=True)
     assert not errors, errors
     assert not other_hosts, other_hosts
 
 @pytest.mark.chrome
-def test_the_step_slider_works_in_the_built_page(site):
+def test_the_step_slider_works_in_the_built_page(chromium, site):
     "The quickstart's step_figure, in the docs read offline with no kernel: moving its slider shows another step."
-    if not CHROMIUM.exists(): pytest.skip('needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)')
-    pw = pytest.importorskip('playwright.sync_api', reason='needs the playwright python package')
     out, _ = site
-    with pw.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        page = browser.new_page(viewport=dict(width=1280, height=900))
-        page.goto((out/'tutorials'/'quickstart.html').as_uri(), wait_until='load')
-        page.wait_for_function('[...document.querySelectorAll(".plotly-graph-div")].some(g => g.layout && g.layout.sliders)',
-                               timeout=60_000)
-        state = ("() => { const g = [...document.querySelectorAll('.plotly-graph-div')].find(g => g.layout.sliders);"
-                 " return [g.layout.title.text, g.layout.sliders[0].active, g.data.filter(d => d.mode === 'markers').map(d => d.x[0])] }")
-        title0, active0, marks0 = page.evaluate(state)
-        assert active0 == 0 and set(marks0) == {0} and 'step k = 0 of' in title0, 'it opens on k = 0, not playing'
-        rail = page.locator('.plotly-graph-div .slider-rail-touch-rect').first  # the rect that takes the pointer
-        rail.scroll_into_view_if_needed()
-        page.wait_for_timeout(500)
-        box = rail.bounding_box()
-        rail.click(position=dict(x=box['width'] * 0.7, y=box['height'] / 2), force=True)  # k = 7 of 10
-        page.wait_for_function("() => [...document.querySelectorAll('.plotly-graph-div')].find(g => g.layout.sliders)"
-                               ".layout.sliders[0].active === 7", timeout=10_000)
-        title, _, marks = page.evaluate(state)
-        browser.close()
+    page = chromium.new_page(viewport=dict(width=1280, height=900))
+    page.goto((out/'tutorials'/'quickstart.html').as_uri(), wait_until='load')
+    page.wait_for_function('[...document.querySelectorAll(".plotly-graph-div")]'
+                           '.some(g => g.layout && g.layout.sliders)', timeout=60_000)
+    state = ("() => { const g = [...document.querySelectorAll('.plotly-graph-div')].find(g => g.layout.sliders);"
+             " return [g.layout.title.text, g.layout.sliders[0].active,"
+             " g.data.filter(d => d.mode === 'markers').map(d => d.x[0])] }")
+    title0, active0, marks0 = page.evaluate(state)
+    assert active0 == 0 and set(marks0) == {0} and 'step k = 0 of' in title0, 'it opens on k = 0, not playing'
+    rail = page.locator('.plotly-graph-div .slider-rail-touch-rect').first  # the rect that takes the pointer
+    rail.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    box = rail.bounding_box()
+    rail.click(position=dict(x=box['width'] * 0.7, y=box['height'] / 2), force=True)  # k = 7 of 10
+    page.wait_for_function("() => [...document.querySelectorAll('.plotly-graph-div')].find(g => g.layout.sliders)"
+                           ".layout.sliders[0].active === 7", timeout=10_000)
+    title, _, marks = page.evaluate(state)
     assert 'step k = 7 of 10' in title and set(marks) == {7}, (title, marks)
 
 def test_widgets_drawn_from_their_state():
@@ -128,9 +119,7 @@ def _figures() -> dict:
                 calibration=calibration_figure(RUN/'dense_calib'), gradient=grad_share_figure(RUN/'dense'))
 
 @pytest.mark.chrome
-def test_figure_titles_neither_collide_nor_are_cut(tmp_path):
-    if not CHROMIUM.exists(): pytest.skip('needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)')
-    pw = pytest.importorskip('playwright.sync_api', reason='needs the playwright python package')
+def test_figure_titles_neither_collide_nor_are_cut(chromium, tmp_path):
     from plotly.offline import get_plotlyjs
     figs = _figures()
     body = ''.join(f"<div class='fig' id='{k}'>{f.to_html(full_html=False, include_plotlyjs=False)}</div>" for k, f in figs.items())
@@ -142,15 +131,12 @@ def test_figure_titles_neither_collide_nor_are_cut(tmp_path):
         return {svg: [svg.left, svg.top, svg.right, svg.bottom],
                 texts: [...d.querySelectorAll('.annotation-text, .gtitle, .xtitle, .ytitle')].filter(e => e.textContent.trim()).map(r),
                 xticks: [...d.querySelectorAll('.xtick text')].map(e => e.textContent)}; }"""
-    with pw.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        page = browser.new_page(viewport=dict(width=1280, height=800))
-        page.route('**/*', lambda r: r.continue_() if r.request.url.startswith('file:') else r.abort())
-        page.goto(page_file.as_uri(), wait_until='load')
-        page.wait_for_function(f'document.querySelectorAll(".main-svg").length >= {len(figs)}', timeout=60_000)
-        drawn = {k: page.evaluate(boxes, k) for k in figs}
-        page.screenshot(path=str(tmp_path/'figures.png'), full_page=True)
-        browser.close()
+    page = chromium.new_page(viewport=dict(width=1280, height=800))
+    page.route('**/*', lambda r: r.continue_() if r.request.url.startswith('file:') else r.abort())
+    page.goto(page_file.as_uri(), wait_until='load')
+    page.wait_for_function(f'document.querySelectorAll(".main-svg").length >= {len(figs)}', timeout=60_000)
+    drawn = {k: page.evaluate(boxes, k) for k in figs}
+    page.screenshot(path=str(tmp_path/'figures.png'), full_page=True)
     overlap = lambda a, b: min(a[3], b[3]) - max(a[1], b[1]) > 1 and min(a[4], b[4]) - max(a[2], b[2]) > 1
     for k, d in drawn.items():
         texts, (left, top, right, bottom) = d['texts'], d['svg']
