@@ -29,7 +29,7 @@ UPDATES = GRPOConfig().updates_per_rollout  # optimizer steps per rollout batch:
 MODES = {'before': ['--workers', '1', '--threads', str(usable_cores()), '--set', 'skip_zero_adv=False', 'diag_every=0', 'fast=false'],
          'eager': ['--set', 'fast=false'], 'fast': ['--set', 'fast=true'], 'now': ['--set'], 'old': ['--set']}
 
-def run_job(mode:str, out:Path, arms:list, task:str, steps:int, batch:tuple, budget:str='default', old:str|None=None) -> dict:
+def run_job(mode:str, out:Path, arms:list, task:str, steps:int, batch:tuple, budget:str='quick', old:str|None=None) -> dict:
     "Wall and CPU seconds (this job's processes) of one `flowgrpo compare` run; per arm its held-out score and skipped share."
     p, g = batch
     args = MODES[mode] + [f'steps={steps}', f'eval_every={steps}', f'prompts_per_step={p}', f'group_size={g}', f'minibatch={p * g // UPDATES}']
@@ -53,7 +53,7 @@ def main(arms:str='flow_grpo,stepwise,dense,turning_point',  # comma-separated a
          prompts:int=4,       # prompts per step
          group:int=8,         # samples per prompt
          reps:int=2,          # repetitions of each way, alternating
-         budget:str='default'):  # the comparison budget the runs start from (smoke: a quick check that this script works)
+         budget:str='quick'):  # the comparison budget the runs start from (smoke: a quick check that this script works)
     "Print wall and CPU seconds of the same comparison job run two ways, alternating, and their median ratio."
     arms, ways = [a.strip() for a in arms.split(',') if a.strip()], [m.strip() for m in modes.split(',')]
     bad = [a for a in arms if a not in ARMS]

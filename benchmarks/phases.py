@@ -120,7 +120,7 @@ def profile_method(method:str, budget:str, steps:int, out:Path, task:str='geneva
 @call_parse
 def main(threads:int=1,        # torch CPU threads for the training steps (the peak is measured at 1, 2 and this many)
          steps:int=2,          # training steps per method
-         budget:str='default', # the comparison budget whose training config is profiled: smoke or default (see compare.BUDGETS)
+         budget:str='quick', # the comparison budget whose training config is profiled: smoke or quick (see study.design.BUDGETS)
          methods:str=','.join(DEFAULT),  # comma-separated arms of the comparison (flowgrpo_nb.study.design.ARMS)
          task:str='geneval',   # the comparison task whose reward trains (geneval or score)
          json_out:str=None):   # also write the numbers to this JSON file (--json OUT)

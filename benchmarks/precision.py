@@ -49,7 +49,7 @@ def value_agreement(method:str, budget:str, out:Path) -> tuple[int, int, float]:
 def main(methods:str='flow_grpo,dense',  # comma-separated arms (flowgrpo_nb.study.design.ARMS)
          steps:int=3,                     # training steps per run (the first is left out of the medians: warm-up)
          reps:int=2,                      # runs per method and precision, alternating fp32 / bf16
-         budget:str='default'):           # the comparison budget whose training config runs (smoke: a quick check)
+         budget:str='quick'):           # the comparison budget whose training config runs (smoke: a quick check)
     "Print per method the CPU seconds of a step and its phases in fp32 and under bf16 autocast, and the values' agreement."
     ms = [m.strip() for m in methods.split(',') if m.strip()]
     bad = [m for m in ms if m not in ARMS]

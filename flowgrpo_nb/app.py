@@ -210,7 +210,9 @@ def models_view(bank:ModelBank) -> tuple[str, str]:
     return head, table + ''.join(f"\n- skipped {clip(k, 200)}" for k in other)
 
 # %% ../nbs/08_app.ipynb #53a3bef6
-REPORT_FIGURES = ('curve_steps', 'curve_seconds', 'differences', 'categories', 'category_curves', 'costs', 'gradient')
+# the main job's curves on the confirmatory study's bands first (study/05b_reference), where a report has them
+REPORT_FIGURES = ('reference', 'curve_steps', 'curve_seconds', 'differences', 'categories', 'category_curves', 'costs',
+                  'gradient')
 
 def find_report(runs:str|Path|None) -> Path|None:
     """The `report.json` of a runs folder: in it, or in the folder above (a study keeps its runs in `runs/` beside its
@@ -546,7 +548,8 @@ def check_address(host:str, port:int):
 
 # %% ../nbs/08_app.ipynb #47b74223
 @call_parse
-# runs folder: runs/compare, or the committed results/study or results/compare (report and curves, no checkpoints);
+# runs folder: runs/compare, the committed results/confirm (final adapters of one seed per arm), or results/study,
+# results/main, results/compare (report and curves, no checkpoints);
 # none: the base model only
 def app_cli(runs:str=None,
             # load only the runs of this base, e.g. 'tiny' or 'sd3:/models/sd35' (default: every base)
@@ -560,7 +563,8 @@ def app_cli(runs:str=None,
             device:str=None,
             share:bool=False):  # a public gradio.live link
     """Serve the app: base vs fine-tuned models side by side, the comparison report, credit of one trajectory. The
-    committed results: `flowgrpo app --runs results/study`."""
+    committed results: `flowgrpo app --runs results/confirm` (its fine-tuned models beside the base), or
+    `results/study`."""
     check_address(host, port)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads={threads!r}: allowed an integer >= 0")

@@ -249,7 +249,7 @@ def test_report(app, runs, tmp_path):
         assert tasks == list(report['tasks']) and f'task **{task}**' in head
         mine = [f for f in report['findings'] if f.startswith(f'[{task}] ')]
         assert mine and all(f.removeprefix(f'[{task}] ') in md for f in mine)
-        assert all(f.layout.title.text.startswith(f'{task}:') if f is not None else k == 'category_curves'  # a report read before curves kept categories
+        assert all(f.layout.title.text.startswith(f'{task}:') if f is not None else k in ('category_curves', 'reference')  # a report read before curves kept categories; the main job's figure
                    for k, f in zip(app_mod.REPORT_FIGURES, figs)), task
     (tmp_path/'report.json').write_text(json.dumps(dict(per_seed={}, methods={}, findings=['old'])))  # format 1: refused, with the fix
     head, md, figs, _ = report_view(tmp_path)
@@ -509,7 +509,7 @@ def test_committed_study_opens_on_its_report(study_apps):
         assert f'{finished} runs kept without checkpoints' in msg and 'report and curves only' in msg and 'flowgrpo train' in msg
         assert 'skipped' not in msg and len(msg.splitlines()) <= 4, msg  # one line, not a bullet per run
         head, md, figs, tasks = report_view(bank.runs)
-        assert head.startswith(f'Report: `{STUDY/"report.json"}`') and md.startswith('- ') and figs[0] is not None, head
+        assert head.startswith(f'Report: `{STUDY/"report.json"}`') and md.startswith('- ') and figs[app_mod.REPORT_FIGURES.index('curve_steps')] is not None, head
         controls = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'controls')
         assert controls.visible is False, 'the prompt and sampling controls are hidden on the Report tab the app opens on'
         gen, rep = handler(app, 'tab_generate')(), handler(app, 'tab_report')()  # (controls, generate, report, credit)
@@ -542,8 +542,8 @@ def test_browser_committed_study_first_screen(chromium, study_apps, tmp_path):
 def test_help_says_how_to_open_the_committed_results():
     from fastcore.script import anno_parser
     from flowgrpo_nb.app import app_cli
-    assert 'flowgrpo app --runs results/study' in ' '.join(anno_parser(app_cli).format_help().split())
-    assert 'flowgrpo app --runs results/study' in (ROOT/'README.md').read_text()
+    assert 'flowgrpo app --runs results/confirm' in ' '.join(anno_parser(app_cli).format_help().split())
+    assert 'flowgrpo app --runs runs/compare` browses the runs, `--runs results/confirm`' in (ROOT/'README.md').read_text()
 
 def _api(served, name, data):
     "Call the app's HTTP API as any client would (no gradio_client): the server-sent events of one call, as text."

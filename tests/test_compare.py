@@ -266,27 +266,30 @@ def test_cli(capsys):
     assert capsys.readouterr().out.startswith(f"estimated {e['core_seconds']:.0f} core-seconds (4 runs, 6 jobs)")
     compare_cli.__wrapped__(seeds=[0, 1], tasks=['geneval'], arms=['flow_grpo,dense'], set=['lr=1e-3'], estimate=True)  # as flowgrpo fidelity writes them
     assert capsys.readouterr().out.startswith(f"estimated {e['core_seconds']:.0f} core-seconds (4 runs, 6 jobs)")
-    assert len(job_costs(CompareConfig())) == 5 * (6 + 5) + 5  # the default: 55 runs and one base evaluation per seed
+    assert len(job_costs(CompareConfig('quick'))) == 5 * (6 + 5) + 5  # the quick one: 55 runs, a base evaluation per seed
+    assert len(job_costs(CompareConfig())) == 2 * 2 + 2  # the main job: 2 seeds of flow_grpo and dense, and their bases
 
-def test_the_default_job_runs_the_seeds_that_fit(capsys, tmp_path, monkeypatch):
-    "On a machine too slow for all five seeds in 30 minutes (an AVX2 CPU's committed probe), `flowgrpo compare` runs the first seeds that fit and says so; given seeds run as given."
+def test_the_quick_job_runs_the_seeds_that_fit(capsys, tmp_path, monkeypatch):
+    "On a machine too slow for all five seeds of the quick comparison in 30 minutes (an AVX2 CPU's committed probe), `flowgrpo compare --budget quick` runs the first seeds that fit and says so; given seeds run as given; the main job fits there."
     from flowgrpo_nb import precision
-    from flowgrpo_nb.study.costs import LIMIT
+    from flowgrpo_nb.study.costs import limit_of
     probe = json.loads((Path(flowgrpo_nb.__file__).parent.parent/'results/machines/amd-epyc-avx2.json').read_text())['probe_ms_per_row']
     slow = {p: {k: None if v is None else v / 1000 for k, v in r.items()} for p, r in probe.items()}
     key = precision.machine_key()
     monkeypatch.setitem(precision._MEMO, json.dumps(key, sort_keys=True), dict(key=key, timings=slow, fast=False, why='an AVX2 probe'))
-    compare_cli.__wrapped__(out=str(tmp_path/'c'), estimate=True)
+    compare_cli.__wrapped__(out=str(tmp_path/'c'), budget='quick', estimate=True)
     line, est = capsys.readouterr().out.splitlines()[:2]
     fit = tuple(int(s) for s in line.split('running seeds ')[1].split(' (')[0].split())
-    assert line.startswith("the default job's 5 seeds would take") and line.endswith('--seeds 0 1 2 3 4 runs every one')
+    assert line.startswith("the quick job's 5 seeds would take") and line.endswith('--seeds 0 1 2 3 4 runs every one')
     assert 2 <= len(fit) < 5 and fit == tuple(range(len(fit)))
-    e = estimate_cost(CompareConfig(seeds=fit))
-    assert e['wall_seconds'] <= LIMIT and est.startswith(f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs")
-    compare_cli.__wrapped__(out=str(tmp_path/'c'), seeds=[0, 1, 2, 3, 4], estimate=True)   # asked for: all five, with the warning
+    e = estimate_cost(CompareConfig('quick', seeds=fit))
+    assert e['wall_seconds'] <= limit_of('quick') and est.startswith(f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs")
+    compare_cli.__wrapped__(out=str(tmp_path/'c'), budget='quick', seeds=[0, 1, 2, 3, 4], estimate=True)   # asked for: all five, with the warning
     line, est = capsys.readouterr().out.splitlines()[:2]
-    assert line.endswith(f"; --seeds {' '.join(map(str, fit))} would take {estimate_cost(CompareConfig(seeds=fit))['wall_seconds'] / 60:.0f}")
-    assert est.startswith(f"estimated {estimate_cost(CompareConfig())['core_seconds']:.0f} core-seconds (55 runs")
+    assert line.endswith(f"; --seeds {' '.join(map(str, fit))} would take {estimate_cost(CompareConfig('quick', seeds=fit))['wall_seconds'] / 60:.0f}")
+    assert est.startswith(f"estimated {estimate_cost(CompareConfig('quick'))['core_seconds']:.0f} core-seconds (55 runs")
+    compare_cli.__wrapped__(out=str(tmp_path/'m'), estimate=True)   # the main job: no line over its limit there
+    assert capsys.readouterr().out.startswith(f"estimated {estimate_cost(CompareConfig())['core_seconds']:.0f} core-seconds (4 runs")
 
 def test_reach_ignores_the_base_point():
     "A seed where Flow-GRPO ends below the base model is not 'reached' at step 0: only trained evaluations count."
@@ -372,3 +375,18 @@ def test_the_confirm_budget_at_smoke_sizes(tmp_path):
     pr = report.setup['prereg']  # the registration: the file, and whether the code of every invocation came after it
     assert pr['file'] == 'design/confirm_prereg.toml' and len(pr['sha256']) == 64
     assert pr['commit'] is None or (len(pr['invocations']) == 1 and pr['invocations'][0]['after'] in (True, None))
+
+def test_the_main_job_opens_on_the_study_bands(tmp_path):
+    "The main job (budget default at smoke sizes, evaluated at step 25 as the confirmatory study was) opens its report on its curves drawn on the study's bands, with the sentence and, once, what two seeds decide: no verdict per comparison."
+    report = compare(tmp_path, CompareConfig(overrides=SMOKE | dict(steps=25, eval_every=25)), progress=False, png=False)
+    first, decides = report.findings[:2]
+    assert first.startswith("[geneval] This job's mean of 2 seeds against the confirmatory study's (14 seeds") and 'at step 25, Flow-GRPO ' in first
+    assert decides.startswith('[geneval] What this job decides: with 2 seeds per arm and 25 steps') and "over the study's 14 seeds" in decides
+    assert not any('not distinguishable' in f for f in report.findings)
+    page = (tmp_path/'report.html').read_text()
+    head = page[:page.index('<h2>Setup')]
+    assert "id=\"headline\"" in head and 'this job, mean of 2 seeds' in head and "This job&#x27;s mean of 2 seeds" in head
+    fig = json.loads((tmp_path/'figures'/'geneval_reference.json').read_text())
+    assert sum(d.get('fill') == 'toself' for d in fig['data']) == 2   # a band per arm
+    short = compare(tmp_path/'s', CompareConfig(overrides=SMOKE | dict(steps=2)), progress=False, png=False)
+    assert short.findings[0].startswith("[geneval] This job's runs are not placed on results/confirm's bands") and 'at steps 0, 2 and' in short.findings[0]

@@ -1,13 +1,13 @@
 """Rebuild the committed reports from their kept runs with the code of this checkout, without training anything.
 
 `results/study` and `results/confirm` keep their runs' small files in `runs/` (tools/keep_runs.py): each report is
-rebuilt from them (`study.compare.rebuild_report`, with the fidelity file the report drew); `results/compare` kept no
-run folders, so it is judged again from its own run records (`study.compare.report_from_records`). What the report
+rebuilt from them (`study.compare.rebuild_report`, with the fidelity file the report drew); `results/compare` and
+`results/main` kept no run folders, so each is judged again from its own run records (`study.compare.report_from_records`). What the report
 records of how the runs ran (`setup`, `timing`, `wall_seconds`, `config`: the world and machine they ran on, each invocation) is
 kept from the committed report; what the code concludes from the runs (sections, claims, findings) is recomputed, and
 report.json, report.html and figures/*.json are written again (PNGs with --png).
 
-Usage: python tools/rebuild_reports.py [--check] [--png] [NAME ...]   (NAME: compare, study, confirm; default all)
+Usage: python tools/rebuild_reports.py [--check] [--png] [NAME ...]   (NAME: main, compare, study, confirm; default all)
 --check writes nothing: it exits 1 naming every report whose recomputed numbers differ from the committed (1e-9)."""
 import json, math, sys
 from pathlib import Path
@@ -44,7 +44,7 @@ def rebuilt(name:str) -> tuple[Report, dict]:
 
 def main(argv:list[str]) -> int:
     check, png = '--check' in argv, '--png' in argv
-    names = [a for a in argv if not a.startswith('--')] or ['compare', 'study', 'confirm']
+    names = [a for a in argv if not a.startswith('--')] or ['main', 'compare', 'study', 'confirm']
     bad = 0
     for name in names:
         report, committed = rebuilt(name)

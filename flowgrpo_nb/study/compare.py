@@ -35,6 +35,7 @@ from ..precision import machine_paths, resolve_fast, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
 from .summary import task_section, correct, judge, add_fidelity, FAMILIES
 from .figures import report_figures
+from .reference import reference_figures
 from .report import findings
 from .document import report_html
 
@@ -492,7 +493,7 @@ def write_report(report:Report, out:str|Path, png:bool=True):
     whole or not at all."""
     out = Path(out); (out/'figures').mkdir(parents=True, exist_ok=True)
     write_json(out/'report.json', report.to_json(), 'the comparison report')
-    figs = {t: report_figures(report, t) for t in report.tasks}
+    figs = {t: reference_figures(report, t) | report_figures(report, t) for t in report.tasks}
     for t, fs in figs.items():
         for name, f in fs.items(): write_text(out/'figures'/f'{t}_{name}.json', f.to_json(), 'the report figure')
     write_text(out/'report.html', report_html(report, figs), 'the report page')

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 from .results import Report
 from .summary import with_power
+from .reference import reference_findings
 from .design import AT_UNITS
 from flowgrpo_nb.study.page import (
     CLAIMS_NOTE, DECIDED, arms_rows, claims_rows, html_table, prereg_html, results_rows, study_arms_rows,
@@ -179,19 +180,24 @@ def answer_lines(report:Report, most:int=8) -> list[str]:
     return out
 
 def headline_html(report:Report, figures:dict) -> str:
-    "The first screen of report.html: the answer in plain words, then every arm's held-out score against CPU seconds."
-    lines = answer_lines(report)
+    """The first screen of report.html: the answer in plain words, then every arm's held-out score against CPU seconds;
+    for a budget with a reference (the main job), its curves on the reference's bands and what it can decide."""
     t = next(iter(figures), None)
-    fig = figures[t].get('curve_seconds') if t else None
+    ref = (report.budget or {}).get('reference') and t is not None
+    lines = reference_findings(report, t) if ref else answer_lines(report)
+    fig = (figures[t].get('reference') if ref else None) or (figures[t].get('curve_seconds') if t else None)
     said = f"<ul class='answer'>{''.join(f'<li>{_md(s)}</li>' for s in lines)}</ul>" if lines else ''
     return (
         "<h2>The answer</h2>"
         + said
         + (fig.to_html(full_html=False, include_plotlyjs=True, div_id='headline') if fig is not None else '')
-        + "<p class='note'>Each claim is the paired difference arm − reference over seeds; <i>at equal optimizer "
+        + ("<p class='note'>The bands are the confirmatory study's runs, the same recipe on the fp32 path: where the "
+           "mean of as many runs as this job's lands 95% of the time (study/05b_reference). Definitions, tables and "
+           "method notes follow.</p>" if ref else
+        "<p class='note'>Each claim is the paired difference arm − reference over seeds; <i>at equal optimizer "
         "steps</i> unless said; the readings at equal CPU seconds and equal NFE interpolate each run's held-out curve "
         "at what the cheaper run of the seed spent in all (process CPU seconds and network evaluations, calibration "
-        "included) and are post hoc, Holm within their own family. Definitions, tables and method notes follow.</p>"
+        "included) and are post hoc, Holm within their own family. Definitions, tables and method notes follow.</p>")
     )
 
 def report_html(report:Report, figures:dict) -> str:
@@ -208,7 +214,8 @@ def report_html(report:Report, figures:dict) -> str:
         for f in figs.values():
             parts.append(f.to_html(full_html=False, include_plotlyjs=first)); first = False
     claims = (f"<h2>The claims</h2>{html_table(*claims_rows(report))}<p>{html.escape(CLAIMS_NOTE)}</p>"
-              if any(c.n for c in report.contrasts) else '')
+              if any(c.n for c in report.contrasts) and not (report.budget or {}).get('reference') else '')
+    # (the main job says once what its seeds decide, instead of a row per claim);
     # a pre-registered study: its claims before everything
     pre = prereg_html(report) if report.setup.get('prereg') else ''
     return (

@@ -17,7 +17,8 @@ from ..config import parse_overrides
 from ..precision import machine_paths, path_name
 from .page import results_rows, markdown_table, claims_rows
 from .design import CompareConfig
-from .costs import COSTS, LIMIT, job_costs, schedule, estimate_cost
+from .design import BUDGETS
+from .costs import COSTS, limit_of, job_costs, schedule, estimate_cost
 from .compare import compare, jobs_left, default_workers
 
 # %% ../../nbs/study/08b_job.ipynb #1dcc4bb4
@@ -35,39 +36,43 @@ def _left_line(out:Path, ccfg:CompareConfig, workers:int) -> str:
         f"{wall:.0f} s wall on {workers} single-thread workers"
     )
 
-MIN_SEEDS = 2  # the fewest seeds the default job shrinks to: a paired contrast needs two
+MIN_SEEDS = 2  # the fewest seeds a budget with a time limit shrinks to: a paired contrast needs two
+
+def _limited(ccfg:CompareConfig) -> bool: return 'limit' in BUDGETS[ccfg.budget]  # the main job, the quick one
 
 def _whole_wall(ccfg:CompareConfig, workers:int, timings:dict|None=None) -> float:
     return estimate_cost(ccfg, workers, timings)['wall_seconds']
 
 def seeds_that_fit(ccfg:CompareConfig, workers:int, timings:dict|None=None) -> tuple|None:
-    """The most of the default job's first seeds (at least `MIN_SEEDS`) whose whole job fits `LIMIT` on this machine (or
-    `timings`'); None when all fit or none does."""
-    if ccfg.budget != 'default' or _whole_wall(ccfg, workers, timings) <= LIMIT: return None
+    """The most of a time-limited budget's first seeds (at least `MIN_SEEDS`) whose whole job fits its limit
+    (`limit_of`) on this machine (or `timings`'); None when all fit or none does."""
+    if not _limited(ccfg) or _whole_wall(ccfg, workers, timings) <= limit_of(ccfg.budget): return None
     s = ccfg.all_seeds
     return next(
         (
             s[:n]
             for n in range(len(s) - 1, MIN_SEEDS - 1, -1)
-            if _whole_wall(replace(ccfg, seeds=s[:n]), workers, timings) <= LIMIT
+            if _whole_wall(replace(ccfg, seeds=s[:n]), workers, timings) <= limit_of(ccfg.budget)
         ),
         None,
     )
 
 
 def over_limit_line(ccfg:CompareConfig, out:Path, workers:int, shrink:bool=False, timings:dict|None=None) -> str|None:
-    """One sentence when the default job will take longer than `LIMIT` on this machine (None when it fits):
+    """One sentence when a time-limited budget will take longer than its limit on this machine (None when it fits):
     with `shrink` (the budget's seeds, none given) the seeds `flowgrpo compare` runs instead, else those that would
     fit."""
-    if ccfg.budget != 'default': return None
+    if not _limited(ccfg): return None
     wall, left = _whole_wall(ccfg, workers, timings), schedule(jobs_left(out, ccfg, timings), workers)[1]
-    if wall <= LIMIT or not left: return None
+    limit, n = limit_of(ccfg.budget), len(ccfg.all_seeds)
+    if wall <= limit or not left: return None
     fit, m = seeds_that_fit(ccfg, workers, timings), machine_paths() if timings is None else None
     where = (f"on this machine ({workers} single-thread workers; {m['key']['cpu']} takes the {path_name(m['fast'])} "
              f"path: {m['why']})" if m
              else f"on the timed machine ({workers} single-thread workers)")
-    head = (f"the default job's {len(ccfg.all_seeds)} seeds would take {wall / 60:.0f} minutes {where}, "
-            f"more than the {LIMIT / 60:.0f} it is sized for")
+    head = (f"the {ccfg.budget} job's {n} seeds would take {wall / 60:.0f} minutes {where}, "
+            f"more than the {limit / 60:.0f} it is sized for")
+    if fit is None and n <= MIN_SEEDS: return head + ('; running them (a paired contrast needs two)' if shrink else '')
     if fit is None: return head + (f"; even {MIN_SEEDS} would not fit: running all of them" if shrink else '')
     e, seeds = _whole_wall(replace(ccfg, seeds=fit), workers, timings) / 60, ' '.join(map(str, fit))
     if shrink:
@@ -125,7 +130,8 @@ def compare_cli(
         return print(_left_line(Path(out), ccfg, w)) if (Path(out)/'compare.json').is_file() else None
     report = compare(out, ccfg, workers=workers or None, threads=threads or None, png=not no_png)
     for t in report.tasks: print(f'\n{t}:\n' + markdown_table(*results_rows(report, t)))
-    if any(c.n for c in report.contrasts): print('\nclaims:\n' + markdown_table(*claims_rows(report)))
+    if any(c.n for c in report.contrasts) and not (report.budget or {}).get('reference'):  # the main job: its findings
+        print('\nclaims:\n' + markdown_table(*claims_rows(report)))
     print('', *report.findings, sep='\n')
     tm = report.timing
     inv = tm.get('invocations', [])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .results import FIDELITY_MEASURES, Report, TaskSection
 from .summary import WINDOW_MATCH, fidelity_gain
 from ..task import COLLAPSE_DROP
+from .reference import reference_findings
 
 # %% auto #0
 __all__ = ['DENSE_CREDIT', 'METRICS', 'comparison_findings', 'other_findings', 'findings']
@@ -206,16 +207,21 @@ def _collapse_finding(t:str, sec) -> list[str]:
     ]
 
 
-def other_findings(report:Report) -> list[str]:
-    """Sentences on collapses, turning points, control windows, gains over the base model, credit fidelity, reaching
-    Flow-GRPO's score, and costs."""
+def other_findings(report:Report, verdicts:bool=True) -> list[str]:
+    """Sentences on collapses, turning points, control windows, gains over the base model (`verdicts`), credit
+    fidelity, reaching Flow-GRPO's score, and costs."""
     out = []
     for t, sec in report.tasks.items():
         out += _collapse_finding(t, sec)
         for a in sec.arms: out += _tp_finding(report, t, sec, a) + _window_finding(report, t, sec, a)
-        out += _base_findings(t, sec) + _fidelity_finding(t, sec)
+        out += (_base_findings(t, sec) if verdicts else []) + _fidelity_finding(t, sec)
     return out + [_cost_finding(t, sec, a) for t, sec in report.tasks.items() for a in sec.arms if a != 'flow_grpo']
 
 def findings(report:Report) -> list[str]:
-    "Plain statements of what `report` shows, most decisive first."
+    """Plain statements of what `report` shows, most decisive first. A budget that names a `reference` (the main job)
+    says first where its runs fall among the reference's and, once, what it can decide, instead of a verdict per
+    comparison (`study/05b_reference`)."""
+    if (report.budget or {}).get('reference'):
+        first = [f'[{t}] {f}' for t in report.tasks for f in reference_findings(report, t)]
+        return first + other_findings(report, verdicts=False)
     return comparison_findings(report) + other_findings(report)
