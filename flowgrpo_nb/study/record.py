@@ -67,9 +67,9 @@ def command_line(ccfg:CompareConfig, out) -> str:
     "The `flowgrpo compare` command that runs `ccfg` into `out`."
     b, parts = budget_of(ccfg.budget, ccfg.prereg), ['flowgrpo compare', f'--budget {ccfg.budget}', f'--out {out}']
     if ccfg.prereg: parts.append(f'--prereg {ccfg.prereg}')
-    if ccfg.seeds != CompareConfig(ccfg.budget, prereg=ccfg.prereg).seeds:
-        parts.append('--seeds ' + ' '.join(map(str, ccfg.all_seeds)))
-    if ccfg.tasks != tuple(b['arms']): parts.append('--tasks ' + ' '.join(ccfg.tasks))
+    as_budget = CompareConfig(ccfg.budget, prereg=ccfg.prereg)  # what the budget runs when nothing is given
+    if ccfg.seeds != as_budget.seeds: parts.append('--seeds ' + ' '.join(map(str, ccfg.all_seeds)))
+    if ccfg.tasks != as_budget.tasks: parts.append('--tasks ' + ' '.join(ccfg.tasks))
     if ccfg.arms: parts.append('--arms ' + ' '.join(ccfg.arms))
     if ccfg.overrides: parts.append('--set ' + ' '.join(f'{k}={v}' for k, v in ccfg.overrides.items()))
     if ccfg.fidelity: parts.append(f'--fidelity {ccfg.fidelity}')
