@@ -1,15 +1,21 @@
 """Retrain kept runs of a committed study exactly as they ran (their config.json), to ship their final adapters.
 
-`python benchmarks/retrain_kept.py results/confirm/runs/geneval/seed2002 /tmp/retrain [ARM ...]` trains each arm's
-run from its recorded config in a fresh folder (resumable: a finished run is skipped, a started one resumes), one at a
-time on one thread, then prints the kept and the retrained final held-out score side by side."""
-import json, sys
+`python benchmarks/retrain_kept.py results/confirm/runs/geneval/seed2002 /tmp/retrain [ARM ...]`, with the checkout
+that ran the study first on PYTHONPATH (to retrain with its code), trains each arm's run from its recorded config in a
+fresh folder (resumable: a finished run is skipped, a started one resumes), one at a time on one thread, then prints
+the kept and the retrained final held-out score side by side and writes OUT/retrain.json: per arm both finals and how
+many of the run's steps logged the same numbers (every field but the timings), with the CPU and the code it ran on.
+A run is one computation on one kind of CPU (the fp32 path); another kind rounds differently, and training amplifies
+that."""
+import inspect, json, sys
 from pathlib import Path
 
 import torch
 
 from flowgrpo_nb.config import run_config
-from flowgrpo_nb.checkpoint import RunFolder
+from flowgrpo_nb.checkpoint import RunFolder, write_json
+from flowgrpo_nb.precision import machine_key
+from flowgrpo_nb.study.record import code_version
 from flowgrpo_nb.task import load_task
 from flowgrpo_nb.train import GRPOTrainer
 
@@ -18,15 +24,33 @@ def retrain(kept:Path, out:Path) -> dict:
     cfg, run = run_config(kept), RunFolder(out)
     if (s := run.summary()) is not None and s['steps'] >= cfg.steps: return s
     task = load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)
-    tr = GRPOTrainer(cfg, out, task=task, resume=bool(run.checkpoints()), progress=False, evaluate_base=False)
+    # (a checkout older than `evaluate_base` evaluates the base model itself: the same run, a little more time)
+    skip = dict(evaluate_base=False) if 'evaluate_base' in inspect.signature(GRPOTrainer).parameters else {}
+    tr = GRPOTrainer(cfg, out, task=task, resume=bool(run.checkpoints()), progress=False, **skip)
     try: return tr.train()
     finally: tr.acc.end_training()
+
+TIMINGS = ('sec_', 'cpu_', 'wall')  # what a step logs that is a measurement of the machine, not of the computation
+
+def same_steps(kept:Path, new:Path) -> tuple[int, int]:
+    "(steps whose logged numbers are the same in both runs' metrics.jsonl, timings aside; the kept run's steps)."
+    rows = lambda d: [json.loads(l) for l in (d/'metrics.jsonl').read_text().splitlines() if l.strip()]
+    a, b = rows(kept), rows(new)
+    same = sum(all(x.get(k) == y.get(k) for k in x.keys() | y.keys() if not k.startswith(TIMINGS))
+               for x, y in zip(a, b))
+    return same, len(a)
 
 if __name__ == '__main__':
     torch.set_num_threads(1)
     seed_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    m, rows = machine_key(), []
     for arm in sys.argv[3:] or sorted(p.name for p in seed_dir.iterdir()):
         s = retrain(seed_dir/arm, out/arm)
         k = json.loads((seed_dir/arm/'summary.json').read_text())['final']['eval_overall']
-        print(f"{arm}: kept {k:.6f} retrained {s['final']['eval_overall']:.6f} diff {s['final']['eval_overall'] - k:+.2e}",
-              flush=True)
+        r = s['final']['eval_overall']
+        same, steps = same_steps(seed_dir/arm, out/arm)
+        rows.append(dict(arm=arm, kept=k, retrained=r, diff=r - k, same_steps=same, steps=steps))
+        print(f"{arm}: kept {k:.6f} retrained {r:.6f} diff {r - k:+.2e}; {same} of {steps} steps logged the same "
+              "numbers", flush=True)
+    write_json(out/'retrain.json', dict(kept=str(seed_dir), cpu=m['cpu'], capability=m['capability'], torch=m['torch'],
+                                        threads=1, code=code_version(), rows=rows))

@@ -7,7 +7,7 @@ import flowgrpo_nb
 from fastcore.script import anno_parser
 from safetensors.torch import load_file
 
-from flowgrpo_nb.precision import resolve_fast
+from flowgrpo_nb.precision import resolve_fast, cpu_name
 from flowgrpo_nb.study.design import ARMS, STUDY_ARMS, SMOKE, arm_config, arm_settings, CompareConfig
 from flowgrpo_nb.study.costs import job_costs, estimate_cost
 from flowgrpo_nb.study.compare import EVAL_SEED, base_eval, compare, _train_one
@@ -68,6 +68,8 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     inv = again.timing['invocations']  # each with the command and the code that ran it (invocations.jsonl)
     assert [i['command'] for i in inv] == [again.timing['command']] * 2 and again.timing['command'].startswith(f'flowgrpo compare --budget smoke --out {tmp_path}')
     assert all(i['code']['version'] == flowgrpo_nb.__version__ for i in inv) and [i['runs_to_train'] for i in inv] == [2, 0]
+    assert all(i['cpu'] == {'cpu': cpu_name(), 'capability': torch.backends.cpu.get_cpu_capability()} for i in inv)
+    assert f"on {cpu_name()} (" in (tmp_path/"report.html").read_text()  # the page says which CPU ran each invocation
     assert again.findings == report.findings and again.tasks['geneval'].base == sec.base
 
 def test_base_eval_is_the_trainers_first_evaluation(task, tmp_path):

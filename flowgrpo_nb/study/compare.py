@@ -31,7 +31,7 @@ from .costs import job_costs, schedule, estimate_cost, _eval_groups
 from flowgrpo_nb.study.record import (
     code_version, prereg_record, command_line, log_invocation, read_invocations, _heartbeat
 )
-from ..precision import machine_paths, resolve_fast, path_name
+from ..precision import machine_paths, machine_key, resolve_fast, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
 from .summary import task_section, correct, judge, add_fidelity, FAMILIES
 from .figures import report_figures
@@ -329,7 +329,8 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         me = log_invocation(
             out, id=f'{datetime.now(timezone.utc).isoformat(timespec="seconds")}-{os.getpid()}',
             started=datetime.now(timezone.utc).isoformat(timespec='seconds'), command=command_line(ccfg, out),
-            code=code_version(), runs=len(runs), runs_to_train=len(runs) - len(reused)
+            code=code_version(), runs=len(runs), runs_to_train=len(runs) - len(reused),
+            cpu={k: machine_key()[k] for k in ('cpu', 'capability')}  # runs are one computation per kind of CPU
         )['id']
         trained = lambda: (
             sum(finished(run_dir(out, *k), ccfg.train_config(k[2], k[1], k[0])) for k in runs) - len(reused)

@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/document.html.md"""
 
 # %% ../../nbs/study/06c_document.ipynb #979b13b7
 from __future__ import annotations
-import html
+import html, re
 from .results import Report
 from .summary import with_power
 from .reference import reference_findings
@@ -18,7 +18,7 @@ from flowgrpo_nb.study.page import (
 
 
 # %% auto #0
-__all__ = ['CSS', 'setup_html', 'answer_lines', 'headline_html', 'report_html']
+__all__ = ['CSS', 'QUESTION', 'setup_html', 'answer_lines', 'headline_html', 'report_html', 'question_answer']
 
 # %% ../../nbs/study/06c_document.ipynb #ee6bc571
 CSS = (
@@ -99,6 +99,7 @@ def _invocation(i:dict) -> str:
     return (
         f"{i.get('started', 'at an earlier version')}: {i.get('command', 'command not recorded')} "
         f"({_code(i.get('code'))}; "
+        + (f"on {i['cpu']['cpu']} ({i['cpu']['capability']}); " if i.get('cpu') else '')
         + (f"{i['runs_to_train']} of {i['runs']} runs to train; " if 'runs' in i else '')
         + took
         + ')'
@@ -229,4 +230,39 @@ def report_html(report:Report, figures:dict) -> str:
         + ''.join(parts)
         + _timing_html(report)
         + '</body></html>'
+    )
+
+# %% ../../nbs/study/06c_document.ipynb #9109b6eb
+QUESTION = "Does dense credit beat Flow-GRPO at equal compute, and is it the credit or the window?"
+
+def _verdict_clause(c) -> str:
+    "A judged claim as a clause: its verdict in a word or two, then its effect and interval."
+    word = {'holds': '**higher**', 'equivalent': f"**no difference** (within ±{c.margin:g})",
+            'does not hold': f"**not higher by {c.margin:g}**"}.get(c.verdict, '**not decided**')
+    return f"{word}, {c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]"
+
+def _steps(report:Report, arm:str) -> str:
+    s = report.setup['arms'].get(arm, {}).get('loss_steps')
+    return f"steps {s[0]}–{s[1] - 1}" if s else 'its window'
+
+def question_answer(report:Report) -> str|None:
+    """The second confirmatory study's answer to its question in one sentence, from its primary claims C1 (credit: dense
+    vs `flow_grpo_train4`, equal steps), C2 (dense vs Flow-GRPO at equal CPU) and C3 (window: `flow_grpo_train4` vs
+    Flow-GRPO, equal steps); None for a report without all three run."""
+    cs = {c.id: c for c in report.contrasts if c.n and c.family == 'primary'}
+    if not {'C1', 'C2', 'C3'} <= set(cs): return None
+    credit, cpu, window = cs['C1'], cs['C2'], cs['C3']
+    steps = re.search(r'to step (\d+)', cpu.read or '')
+    if credit.verdict == 'holds': so = 'so the credit adds to what the window gives'
+    elif credit.verdict in ('equivalent', 'does not hold'):
+        so = ('so it is the window, not the credit' if window.verdict == 'holds' else
+              "so the credit adds nothing shown over the window, and the window's own effect is "
+              + ('none' if window.verdict == 'equivalent' else 'not shown'))
+    else: so = 'so whether it is the credit or the window is not decided at this power'
+    return (
+        f"**{QUESTION}** At equal CPU seconds, DenseGRPO against Flow-GRPO trained "
+        + (f"{steps.group(1)} steps" if steps else 'as long') + f": {_verdict_clause(cpu)}; at equal optimizer steps, "
+        f"against Flow-GRPO trained on the same early steps ({_steps(report, credit.other)}): "
+        f"{_verdict_clause(credit)}; and the window itself ({_steps(report, window.arm)} against every step, at equal "
+        f"steps): {_verdict_clause(window)} — {so} ({cpu.n} seeds, pre-registered, Holm over the three claims)."
     )
