@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location('rebuild_reports', ROOT/'tools'/'rebuild_reports.py')
 rb = importlib.util.module_from_spec(spec); spec.loader.exec_module(rb)
 
-@pytest.mark.parametrize('name', ['main', 'compare', 'study', 'confirm'])
+@pytest.mark.parametrize('name', rb.REPORTS)
 def test_committed_report_is_rebuilt_from_its_runs(name):
     report, committed = rb.rebuilt(name)
     new = report.to_json()
@@ -26,7 +26,8 @@ def test_differences_sees_a_change_beyond_the_tolerance():
 
 def test_every_committed_report_has_the_figure_files_the_app_shows():
     from flowgrpo_nb.app import REPORT_FIGURES
-    for name in ('main', 'compare', 'study', 'confirm'):
+    assert {'main', 'compare', 'study', 'confirm'} <= set(rb.REPORTS)
+    for name in rb.REPORTS:
         tasks = json.loads((ROOT/'results'/name/'report.json').read_text())['tasks']
         for t in tasks:
             have = {k for k in REPORT_FIGURES if (ROOT/'results'/name/'figures'/f'{t}_{k}.json').is_file()}

@@ -1,13 +1,14 @@
 """Rebuild the committed reports from their kept runs with the code of this checkout, without training anything.
 
-`results/study` and `results/confirm` keep their runs' small files in `runs/` (tools/keep_runs.py): each report is
-rebuilt from them (`study.compare.rebuild_report`, with the fidelity file the report drew); `results/compare` and
-`results/main` kept no run folders, so each is judged again from its own run records (`study.compare.report_from_records`). What the report
-records of how the runs ran (`setup`, `timing`, `wall_seconds`, `config`: the world and machine they ran on, each invocation) is
-kept from the committed report; what the code concludes from the runs (sections, claims, findings) is recomputed, and
-report.json, report.html and figures/*.json are written again (PNGs with --png).
+`results/study`, `results/confirm` and `results/credit` keep their runs' small files in `runs/` (tools/keep_runs.py):
+each report is rebuilt from them (`study.compare.rebuild_report`, with the fidelity file the report drew);
+`results/compare` and `results/main` kept no run folders, so each is judged again from its own run records
+(`study.compare.report_from_records`). What the report records of how the runs ran (`setup`, `timing`, `wall_seconds`,
+`config`: the world and machine they ran on, each invocation) is kept from the committed report; what the code
+concludes from the runs (sections, claims, findings) is recomputed, and report.json, report.html and figures/*.json are
+written again (PNGs with --png).
 
-Usage: python tools/rebuild_reports.py [--check] [--png] [NAME ...]   (NAME: main, compare, study, confirm; default all)
+Usage: python tools/rebuild_reports.py [--check] [--png] [NAME ...]   (NAME: one of REPORTS; default all of them)
 --check writes nothing: it exits 1 naming every report whose recomputed numbers differ from the committed (1e-9)."""
 import json, math, sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from flowgrpo_nb.study.results import Report
 ROOT = Path(__file__).resolve().parent.parent
 JUDGED = ('tasks', 'contrasts', 'findings')  # what the code concludes from the runs
 KEPT = ('setup', 'timing', 'wall_seconds', 'config')  # how the runs ran: kept from the committed report
+# the reports committed (a study's report is committed when its last run has finished: until then it has none)
+REPORTS = [n for n in ('main', 'compare', 'study', 'confirm', 'credit') if (ROOT/'results'/n/'report.json').is_file()]
 
 def differences(a, b, path='', tol=1e-9) -> list[str]:
     "Where JSON values `a` and `b` differ (numbers by more than `tol`)."
@@ -44,12 +47,13 @@ def rebuilt(name:str) -> tuple[Report, dict]:
 
 def main(argv:list[str]) -> int:
     check, png = '--check' in argv, '--png' in argv
-    names = [a for a in argv if not a.startswith('--')] or ['main', 'compare', 'study', 'confirm']
+    names = [a for a in argv if not a.startswith('--')] or REPORTS
     bad = 0
     for name in names:
         report, committed = rebuilt(name)
         diff = [d for k in JUDGED for d in differences(report.to_json()[k], committed[k], k)]
-        print(f"results/{name}: {'the same numbers' if not diff else f'{len(diff)} differences, e.g. ' + '; '.join(diff[:3])}")
+        said = 'the same numbers' if not diff else f"{len(diff)} differences, e.g. {'; '.join(diff[:3])}"
+        print(f"results/{name}: {said}")
         if check: bad += bool(diff)
         else: write_report(report, ROOT/'results'/name, png)
     return 1 if bad else 0
