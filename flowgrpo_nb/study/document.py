@@ -18,7 +18,7 @@ from flowgrpo_nb.study.page import (
 
 
 # %% auto #0
-__all__ = ['CSS', 'QUESTION', 'setup_html', 'answer_lines', 'headline_html', 'report_html', 'question_answer']
+__all__ = ['CSS', 'QUESTION', 'setup_html', 'answer_lines', 'where_read', 'headline_html', 'report_html', 'question_answer']
 
 # %% ../../nbs/study/06c_document.ipynb #ee6bc571
 CSS = (
@@ -173,19 +173,26 @@ def answer_lines(report:Report, most:int=8) -> list[str]:
         at = [
             f"at {r.read.removeprefix('at ')}: {_reading(r)}" for k in ('cpu', 'nfe') if (r := post.get(f'{c.id}@{k}'))
         ]
-        where = (c.read or (f"{c.arm} at {c.at[1]:.2g} × {c.other}'s {AT_UNITS[c.at[0]]}" if c.at else None)
-                 or 'at equal optimizer steps')
         out.append(
-            f"{c.id} — {c.claim.rstrip('?.')}: {where}, {_reading(c)}" + ('; ' + '; '.join(at) if at else '') + '.'
+            f"{c.id} — {c.claim.rstrip('?.')}: {where_read(c, report.setup.get('steps'))}, {_reading(c)}"
+            + ('; ' + '; '.join(at) if at else '') + '.'
         )
     return out
+
+def where_read(c, steps:int|None=None) -> str:
+    """Where a claim reads its runs, in words: 'at equal optimizer steps' when each is read at its end, or both at the
+    budget's `steps`; else the reading (`Claim.read`, the other's step against the arm's, or `at`)."""
+    if c.at: return f"{c.arm} at {c.at[1]:.2g} × {c.other}'s {AT_UNITS[c.at[0]]}"
+    m = re.fullmatch(r'\S+ to step (\d+)', c.read or '')
+    if not c.read or (m and steps and int(m.group(1)) == steps): return 'at equal optimizer steps'
+    return f"{c.read}, {c.arm} to step {steps}" if m and steps else c.read
 
 def headline_html(report:Report, figures:dict) -> str:
     """The first screen of report.html: the answer in plain words, then every arm's held-out score against CPU seconds;
     for a budget with a reference (the main job), its curves on the reference's bands and what it can decide."""
     t = next(iter(figures), None)
     ref = (report.budget or {}).get('reference') and t is not None
-    lines = reference_findings(report, t) if ref else answer_lines(report)
+    lines = reference_findings(report, t) if ref else [s for s in [question_answer(report)] if s] + answer_lines(report)
     fig = (figures[t].get('reference') if ref else None) or (figures[t].get('curve_seconds') if t else None)
     said = f"<ul class='answer'>{''.join(f'<li>{_md(s)}</li>' for s in lines)}</ul>" if lines else ''
     return (
