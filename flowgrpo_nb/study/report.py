@@ -8,11 +8,12 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/report.html.md"""
 from __future__ import annotations
 from .results import FIDELITY_MEASURES, Report, TaskSection
 from .summary import WINDOW_MATCH, fidelity_gain
-from ..task import COLLAPSE_DROP
+from ..task import COLLAPSE_DROP, GRID_REWARDS, load_task
+from ..tiny import model_version, tiny_meta
 from .reference import reference_findings
 
 # %% auto #0
-__all__ = ['DENSE_CREDIT', 'METRICS', 'comparison_findings', 'other_findings', 'findings']
+__all__ = ['DENSE_CREDIT', 'METRICS', 'FEW_PROMPTS', 'CATEGORY_NAMES', 'comparison_findings', 'other_findings', 'findings']
 
 # %% ../../nbs/study/06_report.ipynb #4e23611a
 DENSE_CREDIT = ('stepwise', 'dense', 'turning_point')  # methods whose credit is per step
@@ -180,6 +181,28 @@ def _fidelity_finding(t:str, sec:TaskSection) -> list[str]:
         )
     ]
 
+# %% ../../nbs/study/06_report.ipynb #d447e47c
+FEW_PROMPTS = 10  # fewer distinct held-out prompts than this: a category's score measures those prompts
+CATEGORY_NAMES = dict(single_object='single object', two_object='two objects', color_attr='colour attribution')
+
+def _prompt_finding(report:Report, t:str) -> list[str]:
+    """How many distinct held-out prompts each category of a grid-world task is judged on, and which are few; nothing
+    for another task or base model, or when the split is not the report's."""
+    s, fp = report.setup['tasks'][t], (report.setup.get('base') or {}).get('fingerprint')
+    grid = [k for k, v in report.setup['tasks'].items() if v.get('reward') in GRID_REWARDS]
+    if not grid or t != grid[0]: return []  # the tasks share the world's split: said once, under the first
+    if fp is None or model_version(fp) != tiny_meta().get('version', 1): return []
+    counts = dict(sorted(load_task(s['reward']).prompt_counts().items(), key=lambda x: -x[1]))
+    if sum(counts.values()) != s.get('eval_prompts'): return []
+    few, name = [c for c, n in counts.items() if n < FEW_PROMPTS], lambda c: CATEGORY_NAMES.get(c, c)
+    return [
+        f"[{t}] the held-out score averages its {len(counts)} categories equally over {sum(counts.values())} distinct "
+        "prompts (" + ', '.join(f"{name(c)} {n}" for c, n in counts.items()) + ")"
+        + (f"; {', '.join(map(name, few))} rest on fewer than {FEW_PROMPTS} prompts each ({len(few)} of the "
+           f"{len(counts)} equal shares of the score): there a score measures those prompts more than the category."
+           if few else '.')
+    ]
+
 # %% ../../nbs/study/06_report.ipynb #56e1107f
 def _collapse_finding(t:str, sec) -> list[str]:
     """How many runs of each arm collapsed (`task.collapse`), when and how far; nothing for a report written before it
@@ -214,7 +237,7 @@ def other_findings(report:Report, verdicts:bool=True) -> list[str]:
     for t, sec in report.tasks.items():
         out += _collapse_finding(t, sec)
         for a in sec.arms: out += _tp_finding(report, t, sec, a) + _window_finding(report, t, sec, a)
-        out += (_base_findings(t, sec) if verdicts else []) + _fidelity_finding(t, sec)
+        out += (_base_findings(t, sec) if verdicts else []) + _fidelity_finding(t, sec) + _prompt_finding(report, t)
     return out + [_cost_finding(t, sec, a) for t, sec in report.tasks.items() for a in sec.arms if a != 'flow_grpo']
 
 def findings(report:Report) -> list[str]:
