@@ -13,12 +13,13 @@ from .reference import reference_findings
 from .design import AT_UNITS
 from flowgrpo_nb.study.page import (
     CLAIMS_NOTE, DECIDED, arms_rows, claims_rows, html_table, prereg_html, results_rows, study_arms_rows,
-    study_caption, study_rows, task_seeds, _md
+    study_caption, study_rows, task_seeds, _md, markdown_table, verdict_text
 )
 
 
 # %% auto #0
-__all__ = ['CSS', 'QUESTION', 'setup_html', 'answer_lines', 'where_read', 'headline_html', 'report_html', 'question_answer']
+__all__ = ['CSS', 'QUESTION', 'setup_html', 'answer_lines', 'where_read', 'headline_html', 'report_html', 'question_answer',
+           'question_table']
 
 # %% ../../nbs/study/06c_document.ipynb #ee6bc571
 CSS = (
@@ -273,3 +274,14 @@ def question_answer(report:Report) -> str|None:
         f"{_verdict_clause(credit)}; and the window itself ({_steps(report, window.arm)} against every step, at equal "
         f"steps): {_verdict_clause(window)} — {so} ({cpu.n} seeds, pre-registered, Holm over the three claims)."
     )
+
+# %% ../../nbs/study/06c_document.ipynb #a3cf6a23
+def question_table(report:Report) -> str:
+    "The registered claims of a pre-registered report as a short markdown table: family, reading, effect, verdict, MDE."
+    rows = [
+        [(f"{c.id} ({c.family})", None), (f"{c.arm} − {c.other}, {where_read(c, report.setup.get('steps'))}", None),
+         (c.task, None), (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]", None), (verdict_text(c), c.verdict),
+         ('—' if c.mde is None else f"{c.mde:.3f}", None)]
+        for c in with_power(report.contrasts) if c.n and c.family in ('primary', 'secondary')
+    ]
+    return markdown_table(['claim', 'contrast', 'task', 'effect [95% CI]', 'verdict', 'MDE'], rows)

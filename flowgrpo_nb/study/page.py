@@ -88,7 +88,7 @@ def results_rows(report:Report, task:str) -> tuple[list, list]:
 # %% ../../nbs/study/06b_page.ipynb #fd4e9bc5
 def markdown_table(head:list, rows:list) -> str:
     "A GitHub markdown table; verdicts in bold where they decide."
-    cell = lambda t, v: f'**{t}**' if v in ('higher', 'lower', 'holds', 'does not hold') else t
+    cell = lambda t, v: f'**{t}**' if v in ('higher', 'lower', 'holds', 'does not hold', 'equivalent') else t
     return '\n'.join(['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)] +
                      ['| ' + ' | '.join(cell(t, v) for t, v in r) + ' |' for r in rows])
 
