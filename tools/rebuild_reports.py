@@ -2,10 +2,11 @@
 
 `results/study` and `results/confirm` keep their runs' small files in `runs/` (tools/keep_runs.py): each report is
 rebuilt from them (`study.compare.rebuild_report`, with the fidelity file the report drew); `results/compare` and
-`results/main` kept no run folders, so each is judged again from its own run records (`study.compare.report_from_records`). What the report
-records of how the runs ran (`setup`, `timing`, `wall_seconds`, `config`: the world and machine they ran on, each invocation) is
-kept from the committed report; what the code concludes from the runs (sections, claims, findings) is recomputed, and
-report.json, report.html and figures/*.json are written again (PNGs with --png).
+`results/main` kept no run folders, so each is judged again from its own run records
+(`study.compare.report_from_records`). What the report records of how the runs ran (`setup`, `timing`, `wall_seconds`,
+`config`: the world and machine they ran on, each invocation) is kept from the committed report; what the code concludes
+from the runs (sections, claims, findings) is recomputed, and report.json, report.html and figures/*.json are written
+again (PNGs with --png).
 
 Usage: python tools/rebuild_reports.py [--check] [--png] [NAME ...]   (NAME: main, compare, study, confirm; default all)
 --check writes nothing: it exits 1 naming every report whose recomputed numbers differ from the committed (1e-9)."""
@@ -49,7 +50,8 @@ def main(argv:list[str]) -> int:
     for name in names:
         report, committed = rebuilt(name)
         diff = [d for k in JUDGED for d in differences(report.to_json()[k], committed[k], k)]
-        print(f"results/{name}: {'the same numbers' if not diff else f'{len(diff)} differences, e.g. ' + '; '.join(diff[:3])}")
+        print(f"results/{name}: "
+              f"{'the same numbers' if not diff else f'{len(diff)} differences, e.g. ' + '; '.join(diff[:3])}")
         if check: bad += bool(diff)
         else: write_report(report, ROOT/'results'/name, png)
     return 1 if bad else 0
