@@ -52,7 +52,8 @@ def free_port() -> int:
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
 def server(out:str, n_runs:int, variants:list[tuple[int, int]], ports:list[int], max_prompts:int|None=None):
-    "The server process: a fake runs folder, one app per (lanes, Generate requests at once), each on its port, until stdin closes."
+    """The server process: a fake runs folder, one app per (lanes, Generate requests at once), each on its port, until
+    stdin closes."""
     import torch
     torch.set_num_threads(1)
     from flowgrpo_nb import app as app_mod
@@ -72,15 +73,17 @@ def server(out:str, n_runs:int, variants:list[tuple[int, int]], ports:list[int],
 def start_server(out:Path, n_runs:int, variants:list[tuple[int, int]], timeout:float,
                  max_prompts:int=0) -> tuple[subprocess.Popen, dict]:
     ports = [free_port() for _ in variants]
-    proc = subprocess.Popen([sys.executable, __file__, '--serve', str(out), '--runs', str(n_runs), '--max-prompts', str(max_prompts),
-                             '--lanes', *(str(l) for l, _ in variants), '--at-once', *(str(n) for _, n in variants),
-                             '--ports', *map(str, ports)],
-                            env=os.environ | dict(OMP_NUM_THREADS='1'), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, __file__, '--serve', str(out), '--runs', str(n_runs), '--max-prompts',
+                             str(max_prompts), '--lanes', *(str(l) for l, _ in variants), '--at-once',
+                             *(str(n) for _, n in variants), '--ports', *map(str, ports)],
+                            env=os.environ | dict(OMP_NUM_THREADS='1'), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     line = []
     reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
     reader.start(); reader.join(timeout)
     if not line or line[0].strip() != 'ready':
-        proc.kill(); raise SystemExit(f'the server process did not start within {timeout} s (exit status {proc.poll()})')
+        proc.kill()
+        raise SystemExit(f'the server process did not start within {timeout} s (exit status {proc.poll()})')
     return proc, dict(zip(variants, ports))
 
 def load(url:str, a) -> dict:
@@ -90,7 +93,8 @@ def load(url:str, a) -> dict:
     idle = Client(url, verbose=False)
     idle_s = []
     for i in range(2):
-        t = time.perf_counter(); idle.predict(prompts[i], i, a.steps, 4.0, 'ode', api_name='/generate'); idle_s.append(time.perf_counter() - t)
+        t = time.perf_counter(); idle.predict(prompts[i], i, a.steps, 4.0, 'ode', api_name='/generate')
+        idle_s.append(time.perf_counter() - t)
     shorts, longs, errors, lock = [], [], [], threading.Lock()
     ready = threading.Barrier(a.clients + 1)
     def client(i):
@@ -98,13 +102,18 @@ def load(url:str, a) -> dict:
         ready.wait()
         t_end = time.perf_counter() + a.deadline
         kind = 'long' if i < a.long else 'short'
-        if kind == 'short': time.sleep(0.5 + a.spread * (i - a.long) / (a.clients - a.long))  # after the long ones, spread out
+        # after the long ones, spread out
+        if kind == 'short': time.sleep(0.5 + a.spread * (i - a.long) / (a.clients - a.long))
         for r in range(1 if kind == 'long' else a.requests):
             t = time.perf_counter()
-            if kind == 'long' and a.long_kind == 'generate': job = c.submit(prompts[i % 4], i, a.long_steps, 4.0, 'ode', api_name='/generate')
-            elif kind == 'long': job = c.submit(prompts[i % 4], 'base', i, a.credit_steps, 4.0, 'flow_sde', api_name='/credit')
+            if kind == 'long' and a.long_kind == 'generate':
+                job = c.submit(prompts[i % 4], i, a.long_steps, 4.0, 'ode', api_name='/generate')
+            elif kind == 'long':
+                job = c.submit(prompts[i % 4], 'base', i, a.credit_steps, 4.0, 'flow_sde', api_name='/credit')
             else: job = c.submit(prompts[(i + r) % 4], i * 10 + r, a.steps, 4.0, 'ode', api_name='/generate')
-            try: out = job.result(timeout=max(0.1, t_end - time.perf_counter())); ok = 'Invalid' not in out[0] and 'Error' not in out[0]
+            try:
+                out = job.result(timeout=max(0.1, t_end - time.perf_counter()))
+                ok = 'Invalid' not in out[0] and 'Error' not in out[0]
             except Exception as e: ok = False; errors.append(f'{kind}: {type(e).__name__}')
             with lock: (longs if kind == 'long' else shorts).append((t, time.perf_counter() if ok else t_end, ok))
             if time.perf_counter() >= t_end: break
@@ -114,16 +123,20 @@ def load(url:str, a) -> dict:
     for th in threads: th.join(a.deadline + 30)
     during = [e - s for s, e, _ in shorts if any(s < le and e > ls for ls, le, _ in longs)]
     return dict(idle=statistics.median(idle_s), short_n=len(shorts), during_n=len(during),
-                short_median=statistics.median(during) if during else float('nan'), short_worst=max(during, default=float('nan')),
+                short_median=statistics.median(during) if during else float('nan'),
+                short_worst=max(during, default=float('nan')),
                 long_median=statistics.median([e - s for s, e, _ in longs]), long_worst=max(e - s for s, e, _ in longs),
-                unanswered=sum(not ok for *_, ok in shorts + longs), wall=time.perf_counter() - t0, errors=sorted(set(errors)))
+                unanswered=sum(not ok for *_, ok in shorts + longs), wall=time.perf_counter() - t0,
+                errors=sorted(set(errors)))
 
 def rss_mb(pid:int) -> float:
     "Resident memory of process `pid` in MB (Linux)."
-    return next(int(l.split()[1]) for l in Path(f'/proc/{pid}/status').read_text().splitlines() if l.startswith('VmRSS')) / 1024
+    return next(int(l.split()[1]) for l in Path(f'/proc/{pid}/status').read_text().splitlines()
+                if l.startswith('VmRSS')) / 1024
 
 def memory(a) -> None:
-    "The server's RSS after each of `a.memory` batches of `a.batch` Generate requests with new prompts, per --max-prompts."
+    """The server's RSS after each of `a.memory` batches of `a.batch` Generate requests with new prompts, per
+    --max-prompts."""
     from gradio_client import Client
     from flowgrpo_nb.task import load_task
     task = load_task('partial', None, None, 'tiny')
@@ -156,7 +169,8 @@ def memory(a) -> None:
     print('\n| requests | ' + ' | '.join(f'RSS (MB), max_prompts={k} | files on disk' for k in keeps) + ' |')
     print('|---' * (1 + 2 * len(keeps)) + '|')
     for r in range(a.memory + 1):
-        print(f'| {cols[keeps[0]][r][0]} | ' + ' | '.join(f'{cols[k][r][1]:.0f} | {cols[k][r][2]}' for k in keeps) + ' |')
+        print(f'| {cols[keeps[0]][r][0]} | ' + ' | '.join(f'{cols[k][r][1]:.0f} | {cols[k][r][2]}' for k in keeps)
+              + ' |')
 
 def main():
     ap = argparse.ArgumentParser()
@@ -169,12 +183,15 @@ def main():
     ap.add_argument('--lanes', type=int, nargs='+', default=[2, 1])
     ap.add_argument('--long-kind', choices=('credit', 'generate'), default='credit')  # what the long clients send
     ap.add_argument('--long-steps', type=int, default=100)  # steps of a long Generate request (--long-kind generate)
-    ap.add_argument('--at-once', type=int, nargs='+', default=None)  # Generate requests admitted at once (default: the app's)
+    # Generate requests admitted at once (default: the app's)
+    ap.add_argument('--at-once', type=int, nargs='+', default=None)
     ap.add_argument('--spread', type=float, default=12.0)    # the short clients start evenly over this many seconds
     ap.add_argument('--deadline', type=float, default=25.0)  # seconds of load per app
-    ap.add_argument('--memory', type=int, default=0)        # batches of requests of the memory benchmark (0: the load one)
+    # batches of requests of the memory benchmark (0: the load one)
+    ap.add_argument('--memory', type=int, default=0)
     ap.add_argument('--batch', type=int, default=40)        # Generate requests per batch (--memory)
-    ap.add_argument('--max-prompts', type=int, nargs='+', default=[0])  # prompt encodings kept per network (0: the app's)
+    # prompt encodings kept per network (0: the app's)
+    ap.add_argument('--max-prompts', type=int, nargs='+', default=[0])
     ap.add_argument('--serve', help=argparse.SUPPRESS)       # internal: run as the server process on this runs folder
     ap.add_argument('--ports', type=int, nargs='+', help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -182,14 +199,16 @@ def main():
     if a.memory: return memory(a)
     from flowgrpo_nb.app import GENERATE_AT_ONCE
     variants = [(l, n) for l in a.lanes for n in (a.at_once or [GENERATE_AT_ONCE])]
-    if not 0 < a.long < a.clients: raise SystemExit(f'--long {a.long}: allowed 1..{a.clients - 1} (some clients must be short)')
+    if not 0 < a.long < a.clients:
+        raise SystemExit(f'--long {a.long}: allowed 1..{a.clients - 1} (some clients must be short)')
     if not 1 <= a.runs <= 4: raise SystemExit(f'--runs {a.runs}: allowed 1..4')
     tmp = Path(tempfile.mkdtemp(prefix='app-bench-'))
     t_start = time.perf_counter()
     proc, ports = start_server(tmp, a.runs, variants, 180)
     rows = {}
     try:
-        long = f'Credit at {a.credit_steps} steps' if a.long_kind == 'credit' else f'Generate at {a.long_steps} steps ({a.runs + 1} models)'
+        long = (f'Credit at {a.credit_steps} steps' if a.long_kind == 'credit'
+                else f'Generate at {a.long_steps} steps ({a.runs + 1} models)')
         print(f'server up in {time.perf_counter() - t_start:.0f} s; {a.clients} clients: {a.long} x {long}, '
               f'{a.clients - a.long} x {a.requests} Generate ({a.runs + 1} models, {a.steps} steps)', flush=True)
         for v, port in ports.items(): rows[v] = load(f'http://127.0.0.1:{port}/', a)
@@ -198,11 +217,13 @@ def main():
         try: proc.wait(60)
         except subprocess.TimeoutExpired: proc.kill()
         shutil.rmtree(tmp, ignore_errors=True)
-    print('\n| lanes | Generate at once | short alone (s) | short during long: n | median (s) | worst (s) | long median (s) | long worst (s) | unanswered | wall (s) |')
+    print('\n| lanes | Generate at once | short alone (s) | short during long: n | median (s) | worst (s) '
+          '| long median (s) | long worst (s) | unanswered | wall (s) |')
     print('|---|---|---|---|---|---|---|---|---|---|')
     for (lanes, at_once), r in rows.items():
-        print(f"| {lanes} | {at_once} | {r['idle']:.2f} | {r['during_n']}/{r['short_n']} | {r['short_median']:.2f} | {r['short_worst']:.2f} | "
-              f"{r['long_median']:.1f} | {r['long_worst']:.1f} | {r['unanswered']} | {r['wall']:.0f} |" + (f" {r['errors']}" if r['errors'] else ''))
+        print(f"| {lanes} | {at_once} | {r['idle']:.2f} | {r['during_n']}/{r['short_n']} | {r['short_median']:.2f} | "
+              f"{r['short_worst']:.2f} | {r['long_median']:.1f} | {r['long_worst']:.1f} | {r['unanswered']} "
+              f"| {r['wall']:.0f} |" + (f" {r['errors']}" if r['errors'] else ''))
     print(f'\ntotal {time.perf_counter() - t_start:.0f} s')
 
 if __name__ == '__main__': main()

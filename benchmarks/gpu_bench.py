@@ -55,25 +55,29 @@ PROMPTS = ['a photo of a red apple and a green cup', 'three dogs on a beach', 'a
 
 
 def sd35_layers(num_layers:int=24) -> dict:
-    "SD3.5 Medium's transformer config with `num_layers` blocks; dual attention in the same share of the first blocks (13 of 24)."
+    """SD3.5 Medium's transformer config with `num_layers` blocks; dual attention in the same share of the first blocks
+    (13 of 24)."""
     dual = 13 if num_layers == 24 else max(1, round(num_layers * 13 / 24))
-    return {**SD35_MEDIUM_TRANSFORMER, 'num_layers': num_layers, 'dual_attention_layers': tuple(range(min(dual, num_layers)))}
+    return {**SD35_MEDIUM_TRANSFORMER, 'num_layers': num_layers,
+            'dual_attention_layers': tuple(range(min(dual, num_layers)))}
 
 
 def sd35_sized_pipeline(device, dtype, num_layers:int=24, clip_tokens:int=77) -> StableDiffusion3Pipeline:
-    "SD3.5-Medium-sized pipeline with random weights (one-layer CLIPs of SD3.5's widths with `clip_tokens` positions, no T5)."
+    """SD3.5-Medium-sized pipeline with random weights (one-layer CLIPs of SD3.5's widths with `clip_tokens` positions,
+    no T5)."""
     tok = char_tokenizer(clip_tokens)
     n = len(tok.get_vocab())
     def clip(width):
         return CLIPTextModelWithProjection(CLIPTextConfig(
-            vocab_size=n, bos_token_id=n - 2, eos_token_id=n - 1, pad_token_id=n - 1, max_position_embeddings=clip_tokens,
-            hidden_size=width, intermediate_size=4 * width, num_attention_heads=width // 64, num_hidden_layers=1,
-            projection_dim=width))
+            vocab_size=n, bos_token_id=n - 2, eos_token_id=n - 1, pad_token_id=n - 1,
+            max_position_embeddings=clip_tokens, hidden_size=width, intermediate_size=4 * width,
+            num_attention_heads=width // 64, num_hidden_layers=1, projection_dim=width))
     torch.manual_seed(0)
     with torch.device(device):
         transformer, vae = SD3Transformer2DModel(**sd35_layers(num_layers)), AutoencoderKL(**SD35_VAE)
         te, te2 = clip(768), clip(1280)
-    pipe = StableDiffusion3Pipeline(transformer=transformer.to(dtype), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+    pipe = StableDiffusion3Pipeline(transformer=transformer.to(dtype),
+                                    scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
                                     vae=vae, text_encoder=te.to(dtype), tokenizer=tok, text_encoder_2=te2.to(dtype),
                                     tokenizer_2=tok, text_encoder_3=None, tokenizer_3=None)
     return pipe  # VAE in fp32, as SD3Policy.from_pretrained keeps it
@@ -150,7 +154,8 @@ def bench_train(pipe, args, method, warmup=False, memory=None, **overrides):
     policy = SD3Policy(pipe, resolution=args.resolution, max_sequence_length=args.max_sequence_length,
                        gradient_checkpointing=not args.tiny)
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = GRPOTrainer(cfg, run_dir, policy=policy, task=Task('pixel', PROMPTS[:args.prompts], PROMPTS[:args.prompts], pixel_reward),
+        trainer = GRPOTrainer(cfg, run_dir, policy=policy,
+                              task=Task('pixel', PROMPTS[:args.prompts], PROMPTS[:args.prompts], pixel_reward),
                               progress=False)
         if warmup: trainer.train_step()  # the first backward pass and optimizer step set up kernels and the allocator
         nfe0 = dict(policy.nfe.nfe)
@@ -158,7 +163,8 @@ def bench_train(pipe, args, method, warmup=False, memory=None, **overrides):
         nfe = {k: v - nfe0.get(k, 0) for k, v in policy.nfe.nfe.items() if v - nfe0.get(k, 0)}
     keep = ('sec_rollout', 'sec_values', 'sec_credit', 'sec_update', 'nfe_rollout', 'nfe_lookahead', 'loss')
     if memory is None:
-        return dict(lookahead=cfg.lookahead, sampler=cfg.sampler, seconds=sec, peak_gib=mem.gib, **{k: m[k] for k in keep if k in m})
+        return dict(lookahead=cfg.lookahead, sampler=cfg.sampler, seconds=sec, peak_gib=mem.gib,
+                    **{k: m[k] for k in keep if k in m})
     scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return dict(lookahead=cfg.lookahead, sampler=cfg.sampler, seconds=sec, peak_rss_gib=mem.gib, nfe_by_phase=nfe,
                 recipe=dict(updates_per_rollout=cfg.updates_per_rollout, minibatch=cfg.minibatch, ema=cfg.ema,
@@ -185,13 +191,14 @@ def parse(argv=None):
     p.add_argument('--ops', nargs='*', default=['tweedie', 'ode:5', 'ode:rest'])
     p.add_argument('--methods', nargs='*', default=list(METHODS), choices=METHODS)
     p.add_argument('--reps', type=int, default=None, help='timed forwards (default 5; 1 with --tiny)')
-    p.add_argument('--peak', type=float, default=989.0, help='dense bf16 peak TFLOP/s of the GPU (H200 SXM: 989, as sd35_model.py)')
+    p.add_argument('--peak', type=float, default=989.0,
+                   help='dense bf16 peak TFLOP/s of the GPU (H200 SXM: 989, as sd35_model.py)')
     p.add_argument('--budget-s', type=float, default=450.0, help='skip the remaining stages once this is spent')
     p.add_argument('--out', default=None, help='write the results as JSON here')
     a = p.parse_args(argv)
     tiny = a.tiny
-    for name, big, small in (('device', 'cuda', 'cpu'), ('dtype', 'bf16', 'fp32'), ('resolution', 512, 32), ('K', 10, 4),
-                             ('max_sequence_length', 256, 8), ('reps', 5, 1)):
+    for name, big, small in (('device', 'cuda', 'cpu'), ('dtype', 'bf16', 'fp32'), ('resolution', 512, 32),
+                             ('K', 10, 4), ('max_sequence_length', 256, 8), ('reps', 5, 1)):
         if getattr(a, name) is None: setattr(a, name, small if tiny else big)
     if tiny: a.prompts, a.group, a.batch = min(a.prompts, 2), min(a.group, 2), min(a.batch, 2)
     if a.group < 2: p.error(f'--group={a.group}: GRPO needs groups of >= 2 samples')
@@ -202,7 +209,8 @@ def parse(argv=None):
 
 def main(argv=None) -> dict:
     args, t_start = parse(argv), time.perf_counter()
-    if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available(): sys.exit('no CUDA device: run with --tiny on the CPU')
+    if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
+        sys.exit('no CUDA device: run with --tiny on the CPU')
     if args.device == 'cpu' and args.tiny: torch.set_num_threads(1)
     left = lambda: args.budget_s - (time.perf_counter() - t_start)
     skipped = lambda why: dict(skipped=why)
@@ -211,14 +219,16 @@ def main(argv=None) -> dict:
     pipe.to(args.device)
     n_params = sum(p.numel() for p in pipe.transformer.parameters())
     policy = SD3Policy(pipe, resolution=args.resolution, max_sequence_length=args.max_sequence_length)
-    res = dict(config=dict(tiny=args.tiny, device=str(args.device), gpu=torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != 'cpu' else None,
+    res = dict(config=dict(tiny=args.tiny, device=str(args.device),
+                           gpu=(torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != 'cpu'
+                                else None),
                            dtype=args.dtype, resolution=args.resolution, K=args.K, P=args.prompts, G=args.group,
                            transformer_params=n_params, latent_shape=list(policy.latent_shape), peak_tflops=args.peak,
                            torch=torch.__version__, build_seconds=build_s))
     cond = policy.encode((PROMPTS * args.batch)[:args.batch])
     res['forward'] = bench_forward(policy, args, cond)
-    res['rollout'], res['lookahead'] = (bench_rollout(policy, args, res['forward']['tflop_per_nfe'] * 1e12) if left() > 0
-                                        else (skipped('time budget spent'), {}))
+    res['rollout'], res['lookahead'] = (bench_rollout(policy, args, res['forward']['tflop_per_nfe'] * 1e12)
+                                        if left() > 0 else (skipped('time budget spent'), {}))
     res['train'] = {m: bench_train(pipe, args, m, warmup=i == 0) if left() > 0 else skipped('time budget spent')
                     for i, m in enumerate(args.methods)}
     res['total_seconds'] = time.perf_counter() - t_start
@@ -231,25 +241,29 @@ def main(argv=None) -> dict:
 
 def summary(res:dict) -> str:
     "A few lines for a human: the numbers the benchmark exists for."
-    f, r, gib = res['forward'], res['rollout'], lambda d: f"{d['peak_gib']:.1f} GiB" if d.get('peak_gib') is not None else 'n/a'
+    f, r, gib = (res['forward'], res['rollout'],
+                 lambda d: f"{d['peak_gib']:.1f} GiB" if d.get('peak_gib') is not None else 'n/a')
     lines = [f"transformer {res['config']['transformer_params'] / 1e9:.2f} B params, {res['config']['dtype']}, "
-             f"{res['config']['resolution']} px: {f['tflop_per_nfe']:.2f} TFLOP per guided NFE, {f['tflops']:.1f} TFLOP/s "
-             f"= {100 * f['fraction_of_peak']:.1f}% of {res['config']['peak_tflops']:.0f}, peak {gib(f)}"]
+             f"{res['config']['resolution']} px: {f['tflop_per_nfe']:.2f} TFLOP per guided NFE, {f['tflops']:.1f} "
+             f"TFLOP/s = {100 * f['fraction_of_peak']:.1f}% of {res['config']['peak_tflops']:.0f}, peak {gib(f)}"]
     if 'images_per_s' in r:
-        lines.append(f"rollout B={r['B']} K={r['K']}: {r['seconds']:.2f} s, {r['images_per_s']:.2f} images/s, peak {gib(r)}")
+        lines.append(f"rollout B={r['B']} K={r['K']}: {r['seconds']:.2f} s, {r['images_per_s']:.2f} images/s, "
+                     f"peak {gib(r)}")
     for op, d in res['lookahead'].items():
-        lines.append(f"lookahead {op}: {d['nfe_per_trajectory']:.0f} NFE/trajectory in {d['calls']} calls, {d['seconds']:.2f} s "
-                     f"({d['relative_to_rollout']:.2f}x the rollout)")
+        lines.append(f"lookahead {op}: {d['nfe_per_trajectory']:.0f} NFE/trajectory in {d['calls']} calls, "
+                     f"{d['seconds']:.2f} s ({d['relative_to_rollout']:.2f}x the rollout)")
     for m, d in res['train'].items():
         lines.append(f"train step {m}: " + (d['skipped'] if 'skipped' in d else
                      f"{d['seconds']:.2f} s (rollout {d['sec_rollout']:.2f}, values {d['sec_values']:.2f}, update "
                      f"{d['sec_update']:.2f}), lookahead {d['nfe_lookahead']:.0f} NFE/trajectory, peak {gib(d)}"))
     return '\n'.join(lines)
 
-# ---- --cpu-real: SD3.5 Medium's real transformer and VAE on the CPU (small images, few steps, one step of every method)
+# ---- --cpu-real: SD3.5 Medium's real transformer and VAE on the CPU (small images, few steps, one step of every
+# method)
 
 class RSS:
-    "Peak resident memory of the process inside the block, sampled every 10 ms (gib), and the process's peak so far (ru_maxrss)."
+    """Peak resident memory of the process inside the block, sampled every 10 ms (gib), and the process's peak so far
+    (ru_maxrss)."""
     def __init__(self, device=None): self.gib = None
     @staticmethod
     def now() -> int:
@@ -269,14 +283,15 @@ class RSS:
 def machine() -> dict:
     "What ran the benchmark: CPU model, torch's CPU capability, library versions, threads, memory."
     import diffusers, peft, transformers, platform
-    try: model = next(l.split(':', 1)[1].strip() for l in subprocess.run(['lscpu'], capture_output=True, text=True).stdout.splitlines()
+    try: model = next(l.split(':', 1)[1].strip()
+                      for l in subprocess.run(['lscpu'], capture_output=True, text=True).stdout.splitlines()
                       if l.startswith('Model name'))
     except Exception: model = platform.processor() or 'unknown'
     mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
     return dict(cpu=model, cpu_capability=torch.backends.cpu.get_cpu_capability(), logical_cpus=os.cpu_count(),
                 ram_gib=round(mem, 1), torch=torch.__version__, diffusers=diffusers.__version__, peft=peft.__version__,
-                transformers=transformers.__version__, python=platform.python_version(), threads=torch.get_num_threads(),
-                mkldnn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+                transformers=transformers.__version__, python=platform.python_version(),
+                threads=torch.get_num_threads(), mkldnn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 def matmul_probe(rows:int=256, width:int=1536, reps:int=10) -> dict:
@@ -290,16 +305,18 @@ def matmul_probe(rows:int=256, width:int=1536, reps:int=10) -> dict:
         out[f'{name}_gflops'] = 2 * rows * width * 4 * width * reps / (time.perf_counter() - t0) / 1e9
     out['bf16_speedup'] = out['bf16_gflops'] / out['fp32_gflops']
     out['chosen'] = 'bf16' if out['bf16_speedup'] > 1.2 else 'fp32'
-    out['why'] = (f"bf16 matmul {out['bf16_speedup']:.1f}x fp32 on this CPU: bf16 weights" if out['chosen'] == 'bf16' else
-                  f"bf16 matmul only {out['bf16_speedup']:.2f}x fp32 (not native here): fp32 weights")
+    out['why'] = (f"bf16 matmul {out['bf16_speedup']:.1f}x fp32 on this CPU: bf16 weights" if out['chosen'] == 'bf16'
+                  else f"bf16 matmul only {out['bf16_speedup']:.2f}x fp32 (not native here): fp32 weights")
     return out
 
 
 def parse_cpu(argv):
-    p = argparse.ArgumentParser(description='SD3.5 Medium at its real size on the CPU: forward, rollout, step values, one training step of every method')
+    p = argparse.ArgumentParser(description='SD3.5 Medium at its real size on the CPU: forward, rollout, step values, '
+                                            'one training step of every method')
     p.add_argument('--cpu-real', action='store_true')
     p.add_argument('--layers', type=int, default=24, help="transformer blocks (24: SD3.5 Medium's; fewer to debug)")
-    p.add_argument('--dtype', default='auto', choices=('auto', 'bf16', 'fp32'), help='auto: bf16 where the matmul probe finds it faster')
+    p.add_argument('--dtype', default='auto', choices=('auto', 'bf16', 'fp32'),
+                   help='auto: bf16 where the matmul probe finds it faster')
     p.add_argument('--resolution', type=int, default=128)
     p.add_argument('--K', type=int, default=3)
     p.add_argument('--prompts', type=int, default=1)
@@ -316,13 +333,15 @@ def parse_cpu(argv):
     p.add_argument('--out', default=None, help='write the results as JSON here (after every stage)')
     a = p.parse_args(argv)
     if a.group < 2: p.error(f'--group={a.group}: GRPO needs groups of >= 2 samples')
-    if not 2 <= a.layers <= 24: p.error(f'--layers={a.layers}: 2 to 24 (a single block is context-pre-only: no to_add_out for the LoRA)')
+    if not 2 <= a.layers <= 24:
+        p.error(f'--layers={a.layers}: 2 to 24 (a single block is context-pre-only: no to_add_out for the LoRA)')
     a.tiny, a.device, a.batch, a.reps, a.peak = False, 'cpu', a.prompts * a.group, 1, float('nan')
     return a
 
 
 def cpu_main(argv) -> dict:
-    "The --cpu-real run: every stage's seconds, NFE and peak RSS; training loss and gradient norms; JSON after each stage."
+    """The --cpu-real run: every stage's seconds, NFE and peak RSS; training loss and gradient norms; JSON after each
+    stage."""
     args, t_start = parse_cpu(argv), time.perf_counter()
     torch.set_num_threads(args.threads)
     res = dict(machine=machine())
@@ -334,33 +353,39 @@ def cpu_main(argv) -> dict:
         res['total_seconds'] = time.perf_counter() - t_start
         if args.out: Path(args.out).write_text(json.dumps(res, indent=1, default=str) + '\n')
     with RSS() as mem:
-        pipe, build_s = timed(lambda: sd35_sized_pipeline('cpu', args.torch_dtype, args.layers, args.clip_tokens), 'cpu')
+        pipe, build_s = timed(lambda: sd35_sized_pipeline('cpu', args.torch_dtype, args.layers, args.clip_tokens),
+                              'cpu')
     policy = SD3Policy(pipe, resolution=args.resolution, max_sequence_length=args.max_sequence_length)
     tcfg = pipe.transformer.config
-    res['config'] = dict(layers=args.layers, dual_attention_layers=list(tcfg.dual_attention_layers), qk_norm=tcfg.qk_norm,
-                         heads=tcfg.num_attention_heads, head_dim=tcfg.attention_head_dim,
+    res['config'] = dict(layers=args.layers, dual_attention_layers=list(tcfg.dual_attention_layers),
+                         qk_norm=tcfg.qk_norm, heads=tcfg.num_attention_heads, head_dim=tcfg.attention_head_dim,
                          transformer_params=sum(p.numel() for p in pipe.transformer.parameters()),
                          vae_params=sum(p.numel() for p in pipe.vae.parameters()),
-                         dtype=args.dtype, vae_dtype=str(pipe.vae.dtype).removeprefix('torch.'), resolution=args.resolution,
-                         latent_shape=list(policy.latent_shape), K=args.K, P=args.prompts, G=args.group, minibatch=args.minibatch,
-                         lora_rank=args.lora_rank, guidance=args.guidance, clip_tokens=args.clip_tokens,
-                         t5_tokens=args.max_sequence_length, text_tokens=args.clip_tokens + args.max_sequence_length,
-                         image_tokens=(args.resolution // 16) ** 2, ops=args.ops, threads=args.threads, budget_s=args.budget_s,
-                         build_seconds=build_s, build_peak_rss_gib=mem.gib)
+                         dtype=args.dtype, vae_dtype=str(pipe.vae.dtype).removeprefix('torch.'),
+                         resolution=args.resolution, latent_shape=list(policy.latent_shape), K=args.K, P=args.prompts,
+                         G=args.group, minibatch=args.minibatch, lora_rank=args.lora_rank, guidance=args.guidance,
+                         clip_tokens=args.clip_tokens, t5_tokens=args.max_sequence_length,
+                         text_tokens=args.clip_tokens + args.max_sequence_length,
+                         image_tokens=(args.resolution // 16) ** 2, ops=args.ops, threads=args.threads,
+                         budget_s=args.budget_s, build_seconds=build_s, build_peak_rss_gib=mem.gib)
     save()
     cond = policy.encode((PROMPTS * args.batch)[:args.batch])
     with RSS() as mem: f = bench_forward(policy, args, cond)
-    res['forward'] = {k: v for k, v in f.items() if k not in ('fraction_of_peak', 'peak_gib')} | dict(peak_rss_gib=mem.gib)
+    res['forward'] = ({k: v for k, v in f.items() if k not in ('fraction_of_peak', 'peak_gib')}
+                      | dict(peak_rss_gib=mem.gib))
     save()
     from flowgrpo_nb.rollout import RolloutConfig, rollout, step_values
     rcfg = RolloutConfig(K=args.K, shift=policy.shift, guidance=args.guidance, group_size=args.group)
     with torch.no_grad(), RSS() as mem, policy.count_nfe('rollout') as c:
-        ro, sec = timed(lambda: rollout(policy, PROMPTS[:args.prompts], rcfg, pixel_reward, torch.Generator().manual_seed(0)), 'cpu')
+        ro, sec = timed(lambda: rollout(policy, PROMPTS[:args.prompts], rcfg, pixel_reward,
+                                        torch.Generator().manual_seed(0)), 'cpu')
     res['rollout'] = dict(B=ro.B, K=ro.K, seconds=sec, images_per_s=ro.B / sec, nfe=c['nfe'], calls=c['calls'],
-                          seconds_per_nfe=sec / c['nfe'], peak_rss_gib=mem.gib, reward_finite=bool(torch.isfinite(ro.reward).all()))
+                          seconds_per_nfe=sec / c['nfe'], peak_rss_gib=mem.gib,
+                          reward_finite=bool(torch.isfinite(ro.reward).all()))
     save()
     with RSS() as mem: images, dec_s = timed(lambda: policy.decode(ro.x[:, -1]), 'cpu')
-    res['decode'] = dict(images=len(images), seconds=dec_s, peak_rss_gib=mem.gib, finite=bool(torch.isfinite(images).all()))
+    res['decode'] = dict(images=len(images), seconds=dec_s, peak_rss_gib=mem.gib,
+                         finite=bool(torch.isfinite(images).all()))
     res['lookahead'] = {}
     for op in args.ops:
         if left() <= 0: res['lookahead'][op] = dict(skipped='time budget spent'); continue
@@ -368,7 +393,8 @@ def cpu_main(argv) -> dict:
             sv, s = timed(lambda: step_values(policy, ro, op, pixel_reward), 'cpu')
         res['lookahead'][op] = dict(seconds=s, nfe=c['nfe'], nfe_per_trajectory=c['nfe'] / ro.B, calls=c['calls'],
                                     states_valued=sv.states,
-                                    relative_to_rollout=s / sec, peak_rss_gib=mem.gib, finite=bool(torch.isfinite(sv.V).all()))
+                                    relative_to_rollout=s / sec, peak_rss_gib=mem.gib,
+                                    finite=bool(torch.isfinite(sv.V).all()))
         save()
     del ro
     res['train'] = {}
@@ -385,16 +411,20 @@ def cpu_main(argv) -> dict:
 def cpu_summary(res:dict) -> str:
     c, f, r = res['config'], res['forward'], res['rollout']
     lines = [f"{c['layers']} blocks, {c['transformer_params'] / 1e9:.2f} B params, {c['dtype']}, {c['resolution']} px, "
-             f"{c['image_tokens']} + {c['text_tokens']} tokens: guided NFE {f['tflop_per_nfe'] * 1e3:.0f} GFLOP, {f['seconds'] / f['samples']:.1f} s",
-             f"rollout B={r['B']} K={r['K']}: {r['seconds']:.1f} s, {r['nfe']} NFE, peak RSS {r['peak_rss_gib']:.1f} GiB"]
+             f"{c['image_tokens']} + {c['text_tokens']} tokens: guided NFE {f['tflop_per_nfe'] * 1e3:.0f} GFLOP, "
+             f"{f['seconds'] / f['samples']:.1f} s",
+             f"rollout B={r['B']} K={r['K']}: {r['seconds']:.1f} s, {r['nfe']} NFE, "
+             f"peak RSS {r['peak_rss_gib']:.1f} GiB"]
     for op, d in res['lookahead'].items():
-        lines.append(f"values {op}: " + (d['skipped'] if 'skipped' in d else f"{d['seconds']:.1f} s, {d['nfe']} NFE, peak RSS {d['peak_rss_gib']:.1f} GiB"))
+        lines.append(f"values {op}: "
+                     + (d['skipped'] if 'skipped' in d
+                        else f"{d['seconds']:.1f} s, {d['nfe']} NFE, peak RSS {d['peak_rss_gib']:.1f} GiB"))
     for m, d in res['train'].items():
         if 'skipped' in d: lines.append(f"train {m}: {d['skipped']}"); continue
         x = d['metrics']
-        lines.append(f"train {m}: {d['seconds']:.0f} s (rollout {x['sec_rollout']:.0f}, values {x['sec_values']:.0f}, update "
-                     f"{x['sec_update']:.0f}), loss {x.get('loss', float('nan')):.3g}, grad norm {x.get('grad_norm', float('nan')):.3g}, "
-                     f"peak RSS {d['peak_rss_gib']:.1f} GiB")
+        lines.append(f"train {m}: {d['seconds']:.0f} s (rollout {x['sec_rollout']:.0f}, values {x['sec_values']:.0f}, "
+                     f"update {x['sec_update']:.0f}), loss {x.get('loss', float('nan')):.3g}, "
+                     f"grad norm {x.get('grad_norm', float('nan')):.3g}, peak RSS {d['peak_rss_gib']:.1f} GiB")
     return '\n'.join(lines)
 
 

@@ -25,8 +25,10 @@ from torch.profiler import profile, ProfilerActivity
 from torch.utils.flop_counter import FlopCounterMode
 from flowgrpo_nb.precision import path_pair, probe_policy
 
-KINDS = dict(matmul=('addmm', 'mm', 'bmm', 'matmul', 'linear'), attention=('scaled_dot_product', 'flash_attention', 'softmax'),
-             gelu=('gelu', 'sigmoid'), layer_norm=('layer_norm',), copy=('copy_', 'cat', 'contiguous', 'clone', '_to_copy'),
+KINDS = dict(matmul=('addmm', 'mm', 'bmm', 'matmul', 'linear'),
+             attention=('scaled_dot_product', 'flash_attention', 'softmax'),
+             gelu=('gelu', 'sigmoid'), layer_norm=('layer_norm',),
+             copy=('copy_', 'cat', 'contiguous', 'clone', '_to_copy'),
              elementwise=('add', 'mul', 'silu', 'sub', 'div'), convolution=('convolution',))
 
 def peak(dtype, n:int=1024, reps:int=9) -> float:
@@ -97,11 +99,13 @@ def main(threads:str='1,2',          # torch threads (comma-separated)
     fl = {(r, g): flops(eager, r, g) for r, g in sizes}
     print(f"one row: {fl[sizes[0]] / sizes[0][0] / 1e6:.1f} MFLOP forward" +
           (f", {fl[sizes[-1]] / sizes[-1][0] / 1e6:.1f} MFLOP forward + backward" if sizes[-1][1] else ''))
-    head = f"{'threads':>7} {'rows':>5} {'pass':>10} {'path':>6} {'ms (min-max)':>22} {'rows/CPU s':>10} {'GFLOP/s':>8} {'% peak':>7} {'speed-up':>9}"
+    head = (f"{'threads':>7} {'rows':>5} {'pass':>10} {'path':>6} {'ms (min-max)':>22} {'rows/CPU s':>10} "
+            f"{'GFLOP/s':>8} {'% peak':>7} {'speed-up':>9}")
     for th in [int(t) for t in threads.split(',')]:
         torch.set_num_threads(th)
         pk = {torch.float32: peak(torch.float32), torch.bfloat16: peak(torch.bfloat16)}
-        print(f"\n{th} thread(s): matmul peak fp32 {pk[torch.float32]:.0f} GFLOP/s, bf16 {pk[torch.bfloat16]:.0f} GFLOP/s\n{head}")
+        print(f"\n{th} thread(s): matmul peak fp32 {pk[torch.float32]:.0f} GFLOP/s, "
+              f"bf16 {pk[torch.bfloat16]:.0f} GFLOP/s\n{head}")
         for rows, grad in sizes:
             es, fs = alternate(call(eager, rows, grad), call(fast, rows, grad), reps)
             ratio = statistics.median(e / f for e, f in zip(es, fs))
@@ -109,13 +113,15 @@ def main(threads:str='1,2',          # torch threads (comma-separated)
                 m = statistics.median(ts)
                 g = fl[(rows, grad)] / m / 1e9
                 spread = f"{1e3 * m:.1f} ({1e3 * min(ts):.1f}-{1e3 * max(ts):.1f})"
-                print(f"{th:>7} {rows:>5} {'fwd+bwd' if grad else 'forward':>10} {name:>6} {spread:>22} {rows / m:>10.0f} {g:>8.1f} "
-                      f"{100 * g / p:>6.0f}% {f'{ratio:.2f}x' if name == 'fast' else '':>9}")
+                print(f"{th:>7} {rows:>5} {'fwd+bwd' if grad else 'forward':>10} {name:>6} {spread:>22} "
+                      f"{rows / m:>10.0f} {g:>8.1f} {100 * g / p:>6.0f}% "
+                      f"{f'{ratio:.2f}x' if name == 'fast' else '':>9}")
         if th == int(threads.split(',')[0]):
             r0 = sizes[0][0]
             print(f"\nwhere a fast forward of {r0} rows spends its time ({th} thread(s), self CPU time):")
             for k, v in breakdown(call(fast, r0, False)).items(): print(f"  {k:<12} {100 * v:5.1f}%")
             s, lf = linear_bound(eager, r0)
             g = lf / s / 1e9
-            print(f"the eager forward's linear layers alone: {s * 1e3:.1f} ms for {lf / 1e9:.2f} GFLOP ({100 * lf / fl[sizes[0]]:.0f}% of the "
-                  f"forward's FLOPs) = {g:.1f} GFLOP/s, {100 * g / pk[torch.float32]:.0f}% of the fp32 peak: the most the eager forward could reach")
+            print(f"the eager forward's linear layers alone: {s * 1e3:.1f} ms for {lf / 1e9:.2f} GFLOP "
+                  f"({100 * lf / fl[sizes[0]]:.0f}% of the forward's FLOPs) = {g:.1f} GFLOP/s, "
+                  f"{100 * g / pk[torch.float32]:.0f}% of the fp32 peak: the most the eager forward could reach")

@@ -30,8 +30,10 @@ from flowgrpo_nb.study.design import ARMS, BUDGETS, CompareConfig
 DEFAULT = ('flow_grpo', 'flow_grpo_train4', 'stepwise', 'dense', 'turning_point')
 from flowgrpo_nb.task import load_policy, load_task
 
-ORDER = ('model load', 'calibration', 'rollout', 'values', 'decoding + reward', 'credit', 'update', 'evaluation', 'other')
-TRAINER_PHASES = dict(rollout='rollout', values='values', credit='credit', update='update', step='other', eval='evaluation')
+ORDER = ('model load', 'calibration', 'rollout', 'values', 'decoding + reward', 'credit', 'update', 'evaluation',
+         'other')
+TRAINER_PHASES = dict(rollout='rollout', values='values', credit='credit', update='update', step='other',
+                      eval='evaluation')
 
 
 class Profile:
@@ -91,12 +93,14 @@ def instrumented(prof:Profile):
     finally: train_mod.timed = collect_mod.timed = timed0; rollout_mod.reward_states = reward_states0
 
 
-def profile_method(method:str, budget:str, steps:int, out:Path, task:str='geneval') -> tuple[dict, tuple[int, int], dict]:
+def profile_method(method:str, budget:str, steps:int, out:Path,
+                   task:str='geneval') -> tuple[dict, tuple[int, int], dict]:
     "({phase: totals}, FLOPs per row (forward, forward + backward), trainer per-step medians) of one method."
     cfg = CompareConfig(budget=budget, tasks=(task,)).train_config(method, 0, task)
     prof = Profile()
     with prof.phase('model load'):
-        policy, task = load_policy(cfg.model, cfg.model_path), load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)
+        policy, task = (load_policy(cfg.model, cfg.model_path),
+                        load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model))
         tr = train_mod.GRPOTrainer(cfg, out/method, policy=policy, task=task, progress=False)
     fl = flops_per_row(tr.policy, tr.params)
     def count_rows(module, args, kwargs):
@@ -120,22 +124,25 @@ def profile_method(method:str, budget:str, steps:int, out:Path, task:str='geneva
 @call_parse
 def main(threads:int=1,        # torch CPU threads for the training steps (the peak is measured at 1, 2 and this many)
          steps:int=2,          # training steps per method
-         budget:str='quick', # the comparison budget whose training config is profiled: smoke or quick (see study.design.BUDGETS)
+         # the comparison budget whose training config is profiled: smoke or quick (see study.design.BUDGETS)
+         budget:str='quick',
          methods:str=','.join(DEFAULT),  # comma-separated arms of the comparison (flowgrpo_nb.study.design.ARMS)
          task:str='geneval',   # the comparison task whose reward trains (geneval or score)
          json_out:str=None):   # also write the numbers to this JSON file (--json OUT)
-    "Print, per method and phase, wall / CPU seconds, NFE, rows and the network's GFLOP/s against the measured matmul peak."
+    """Print, per method and phase, wall / CPU seconds, NFE, rows and the network's GFLOP/s against the measured matmul
+    peak."""
     ms = [m.strip() for m in methods.split(',') if m.strip()]
     bad = [m for m in ms if m not in ARMS]
     if bad or budget not in BUDGETS or steps < 1 or threads < 1:
-        raise ValueError(f"methods={methods!r}, budget={budget!r}, steps={steps}, threads={threads}: arms from {', '.join(ARMS)}, "
-                         f"budget one of {', '.join(BUDGETS)}, steps and threads at least 1")
+        raise ValueError(f"methods={methods!r}, budget={budget!r}, steps={steps}, threads={threads}: arms from "
+                         f"{', '.join(ARMS)}, budget one of {', '.join(BUDGETS)}, steps and threads at least 1")
     if task not in ('geneval', 'score'): raise ValueError(f"task={task!r}: allowed geneval or score")
     peaks = {t: matmul_peak(t) for t in sorted({1, 2, threads})}
     torch.set_num_threads(threads)
     peak = peaks[threads]['best']
-    print(f"fp32 matmul 1024³ (best of 15): " + ', '.join(f"{t} thread(s) {p['best']:.0f} GFLOP/s (median {p['median']:.0f})"
-                                                   for t, p in peaks.items()) + f"; profiling with {threads} thread(s)")
+    print(f"fp32 matmul 1024³ (best of 15): "
+          + ', '.join(f"{t} thread(s) {p['best']:.0f} GFLOP/s (median {p['median']:.0f})" for t, p in peaks.items())
+          + f"; profiling with {threads} thread(s)")
     result = dict(threads=threads, steps=steps, budget=budget, peak_gflops=peaks, methods={})
     with tempfile.TemporaryDirectory() as d:
         for m in ms:
@@ -143,16 +150,18 @@ def main(threads:int=1,        # torch CPU threads for the training steps (the p
             print(f"\n{m}: {steps} step(s) of {med['batch']} samples × K={med['K']} ({budget} budget); step median "
                   f"{med['sec_step']:.2f} s wall, {med['cpu_step']:.2f} s CPU; {fwd / 1e6:.1f} MFLOP per row forward, "
                   f"{fb / 1e6:.1f} forward + backward")
-            print(f"{'phase':<18} {'wall s':>8} {'CPU s':>8} {'NFE':>7} {'rows':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'% peak':>7}")
+            print(f"{'phase':<18} {'wall s':>8} {'CPU s':>8} {'NFE':>7} {'rows':>7} {'GFLOP':>8} "
+                  f"{'GFLOP/s':>8} {'% peak':>7}")
             rows = {}
             for ph in [p for p in ORDER if p in phases] + [p for p in phases if p not in ORDER]:
                 c = phases[ph]
                 gflop = (c['rows'] * fwd + c['grad_rows'] * fb) / 1e9
                 rate = gflop / c['wall'] if c['wall'] > 0 else 0.0
-                rows[ph] = dict(wall=c['wall'], cpu=c['cpu'], nfe=c['nfe'], rows=c['rows'] + c['grad_rows'], calls=c['calls'],
-                                gflop=gflop, gflops=rate, peak_fraction=rate / peak)
-                print(f"{ph:<18} {c['wall']:>8.2f} {c['cpu']:>8.2f} {c['nfe']:>7} {c['rows'] + c['grad_rows']:>7} {gflop:>8.1f} "
-                      f"{rate:>8.1f} {100 * rate / peak:>6.0f}%")
+                rows[ph] = dict(wall=c['wall'], cpu=c['cpu'], nfe=c['nfe'], rows=c['rows'] + c['grad_rows'],
+                                calls=c['calls'], gflop=gflop, gflops=rate, peak_fraction=rate / peak)
+                print(f"{ph:<18} {c['wall']:>8.2f} {c['cpu']:>8.2f} {c['nfe']:>7} {c['rows'] + c['grad_rows']:>7} "
+                      f"{gflop:>8.1f} {rate:>8.1f} {100 * rate / peak:>6.0f}%")
             result['methods'][m] = dict(phases=rows, flops_per_row=dict(forward=fwd, forward_backward=fb), **med)
-    print(f"\nphases are totals over the steps (calibration and evaluation once); % peak: of the {threads}-thread matmul peak")
+    print("\nphases are totals over the steps (calibration and evaluation once); % peak: "
+          f"of the {threads}-thread matmul peak")
     if json_out: Path(json_out).write_text(json.dumps(result, indent=1)); print(f"numbers: {json_out}")

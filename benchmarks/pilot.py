@@ -13,8 +13,8 @@ Stated before any pilot run was looked at (the acceptance of the regime):
   more than COLLAPSE_DROP = 0.10 below the run's best earlier one, `flowgrpo_nb.task.collapse`), and the seed-to-seed
   SD of its final held-out strict score is <= 0.03 (every arm's SD is checked on the chosen recipe afterwards);
 - screening: every candidate on 2 seeds (1000, 1001), in the order of `CANDIDATES`, seed 1000 of the first two
-  first (one worker: the pilot runs in the background across sessions); the best candidate without a collapse (highest mean final
-  held-out strict score; ties: the cheaper one) is confirmed on the 8 seeds 1000..1007;
+  first (one worker: the pilot runs in the background across sessions); the best candidate without a collapse (highest
+  mean final held-out strict score; ties: the cheaper one) is confirmed on the 8 seeds 1000..1007;
 - what each safeguard changes: `exploratory` (none of them), `safe_nokl` (no KL), `safe_1update` (no second optimizer
   step: ratio = 1), `safe_lr5e-4` (half the learning rate) against `safe`; the EMA changes only what is evaluated, so
   `table` also evaluates each EMA run's final live weights (same 1200 images) and reports the difference;
@@ -59,7 +59,8 @@ SAFE = dict(lr=1e-3, weight_decay=1e-4, updates_per_rollout=2, beta=0.04, ema=Tr
 CANDIDATES = {
     'safe': SAFE,                                                 # Flow-GRPO's safeguards, scaled
     'exploratory': EXPLORATORY,                                   # the exploratory study's recipe, on world v2
-    'safe_lr3e-3': SAFE | dict(lr=3e-3),                          # ... at three times the learning rate (added, see below)
+    # ... at three times the learning rate (added, see below)
+    'safe_lr3e-3': SAFE | dict(lr=3e-3),
     'safe_lr5e-4': SAFE | dict(lr=5e-4),                          # ... at half the learning rate
     'safe_nokl': SAFE | dict(beta=0.0),                           # ... without the KL term
     'safe_1update': SAFE | dict(updates_per_rollout=1),           # ... one optimizer step per batch (ratio = 1)
@@ -67,7 +68,8 @@ CANDIDATES = {
 COMMON = dict(steps=STEPS, eval_every=EVAL_EVERY, eval_images=EVAL_IMAGES, save_every=EVAL_EVERY, keep_last=1,
               log_with='none', fast=False)  # fp32 eager: the path seeds 1000..1003 took (see below)
 
-METRIC_NAMES = dict(final='final', last_mean2='mean of last 2', last_mean3='mean of last 3', auc='AUC', gain='gain over base')
+METRIC_NAMES = dict(final='final', last_mean2='mean of last 2', last_mean3='mean of last 3', auc='AUC',
+                    gain='gain over base')
 
 def run_dir(out:Path, recipe:str, seed:int) -> Path: return out / recipe / f'seed{seed}'
 
@@ -76,7 +78,8 @@ def recorded(recipe:str, seed:int, dest:Path=ROOT / 'results' / 'pilot') -> dict
     those were committed, its entry in results/pilot/pilot.json): `--out` lives outside the repository and does not
     outlive a session, the record does."""
     if (r := read_run(run_dir(dest / 'runs', recipe, seed))):
-        if (f := run_dir(dest / 'runs', recipe, seed) / 'live_eval.json').exists(): r['live_final'] = json.loads(f.read_text())['overall']
+        if (f := run_dir(dest / 'runs', recipe, seed) / 'live_eval.json').exists():
+            r['live_final'] = json.loads(f.read_text())['overall']
         return r
     f = dest / 'pilot.json'
     rs = json.loads(f.read_text()).get('runs', {}).get(recipe, []) if f.exists() else []
@@ -91,8 +94,9 @@ def train(out:Path, recipe:str, seed:int) -> str:
     d.mkdir(parents=True, exist_ok=True)
     t = time.time()
     with open(d.parent / f'seed{seed}.log', 'a') as log:
-        r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', 'flow_grpo', '--out', str(d), '--quiet',
-                            *resume, '--set', *sets], cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1'}, stdout=log, stderr=log)
+        r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', 'flow_grpo', '--out', str(d),
+                            '--quiet', *resume, '--set', *sets], cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1'},
+                           stdout=log, stderr=log)
     return f'{d}: exit {r.returncode} after {time.time() - t:.0f} s'
 
 def read_run(d:Path) -> dict|None:
@@ -109,13 +113,18 @@ def read_run(d:Path) -> dict|None:
                 plateau=statistics.mean(m['eval_overall'] for m in ev[-3:]),
                 collapse=collapse([(m['step'], m['eval_overall']) for m in ev]),
                 base=base['eval_overall'], counting_base=cat(base, 'counting'), counting_final=cat(last, 'counting'),
-                per_category_final={c: cat(last, c) for c in ('single_object', 'two_object', 'counting', 'colors', 'position', 'color_attr')},
-                clipfrac_max=max(m.get('clipfrac', 0) for m in steps), clipfrac_mean=statistics.mean(m.get('clipfrac', 0) for m in steps),
-                kl_mean=statistics.mean(kl) if (kl := [m['kl'] for m in steps if 'kl' in m]) else None, kl_max=max(kl) if kl else None,
-                cpu_per_step=statistics.median(m['cpu_step'] for m in steps),
-                nfe_per_step=statistics.median(m['nfe_rollout'] * json.loads((d / 'config.json').read_text())['prompts_per_step']
-                                               * json.loads((d / 'config.json').read_text())['group_size'] for m in steps),
-                grad_norm_drift=steps[-1]['grad_norm'] / max(1e-12, statistics.mean(m['grad_norm'] for m in steps[:10])),
+                per_category_final={c: cat(last, c) for c in ('single_object', 'two_object', 'counting', 'colors',
+                                                              'position', 'color_attr')},
+                clipfrac_max=max(m.get('clipfrac', 0) for m in steps),
+                clipfrac_mean=statistics.mean(m.get('clipfrac', 0) for m in steps),
+                kl_mean=statistics.mean(kl) if (kl := [m['kl'] for m in steps if 'kl' in m]) else None,
+                kl_max=max(kl) if kl else None, cpu_per_step=statistics.median(m['cpu_step'] for m in steps),
+                nfe_per_step=statistics.median(m['nfe_rollout']
+                                               * json.loads((d / 'config.json').read_text())['prompts_per_step']
+                                               * json.loads((d / 'config.json').read_text())['group_size']
+                                               for m in steps),
+                grad_norm_drift=steps[-1]['grad_norm'] / max(1e-12,
+                                                             statistics.mean(m['grad_norm'] for m in steps[:10])),
                 adapter_norm_final=steps[-1].get('adapter_norm'))
 
 def live_eval(d:Path) -> float|None:
@@ -153,22 +162,27 @@ def metric_values(r:dict, horizon:int=H) -> dict:
                 gain=pts[-1].eval - pts[0].eval)
 
 def metric_sds(rs:list[dict], horizon:int=H) -> dict:
-    "Seed-to-seed mean and SD of each candidate metric (`metric_values`) over runs `rs` at `horizon`: what the pre-registration plans with."
+    """Seed-to-seed mean and SD of each candidate metric (`metric_values`) over runs `rs` at `horizon`: what the
+    pre-registration plans with."""
     vals = [v for r in rs if (v := metric_values(r, horizon))]
     if len(vals) < 2: return {}
     base = [r['curve'][0][1] for r in rs if metric_values(r, horizon)]
-    # sd_paired: sqrt(2) x the SD of (metric - the run's own base evaluation). Two arms of one seed share that evaluation
-    # (its prompts and noise) and differ in training only, so this is the paired SD of two arms with this recipe's spread.
+    # sd_paired: sqrt(2) x the SD of (metric - the run's own base evaluation). Two arms of one seed share that
+    # evaluation (its prompts and noise) and differ in training only, so this is the paired SD of two arms with this
+    # recipe's spread.
     return {m: dict(mean=statistics.mean(v[m] for v in vals), sd=statistics.stdev(v[m] for v in vals), n=len(vals),
-                    sd_paired=2 ** 0.5 * statistics.stdev(v[m] - b for v, b in zip(vals, base)) if m != 'gain' else None)
+                    sd_paired=2 ** 0.5 * statistics.stdev(v[m] - b for v, b in zip(vals, base)) if m != 'gain'
+                    else None)
             for m in vals[0]}
 
 def screen_choice(runs:dict) -> str|None:
-    "The pre-stated screening rule: of the candidates screened on every screening seed, none of them collapsed, the highest mean final score there (ties: the cheaper)."
+    """The pre-stated screening rule: of the candidates screened on every screening seed, none of them collapsed, the
+    highest mean final score there (ties: the cheaper)."""
     ok = {k: [r for r in rs if r['seed'] in SCREEN_SEEDS] for k, rs in runs.items()}
     ok = {k: rs for k, rs in ok.items() if len(rs) == len(SCREEN_SEEDS) and all(r['collapse'] is None for r in rs)}
     if not ok: return None
-    return max(ok, key=lambda k: (statistics.mean(r['final'] for r in ok[k]), -statistics.median(r['cpu_per_step'] for r in ok[k])))
+    return max(ok, key=lambda k: (statistics.mean(r['final'] for r in ok[k]),
+                                  -statistics.median(r['cpu_per_step'] for r in ok[k])))
 
 def arms_on_confirm(kept:Path=ROOT / 'results' / 'confirm' / 'runs') -> list:
     """The stated check on every arm, made where every arm trains the chosen recipe: the seed-to-seed SD of each arm's
@@ -178,20 +192,23 @@ def arms_on_confirm(kept:Path=ROOT / 'results' / 'confirm' / 'runs') -> list:
     for m in sorted(kept.glob('geneval/seed*/*/metrics.jsonl')):
         if not (m.parent / 'summary.json').exists(): continue
         ev = [r for r in map(json.loads, m.read_text().splitlines()) if 'eval_overall' in r]
-        finals.setdefault(m.parent.name, []).append(ev[-1]['eval_overall']); ses.setdefault(m.parent.name, []).append(ev[-1]['eval_overall_se'])
+        finals.setdefault(m.parent.name, []).append(ev[-1]['eval_overall'])
+        ses.setdefault(m.parent.name, []).append(ev[-1]['eval_overall_se'])
     if not finals: return []
     sd = {a: statistics.stdev(v) for a, v in finals.items() if len(v) > 1}
     over = [f'{a} ({x:.3f})' for a, x in sd.items() if x > SD_MAX]
-    lines = ['', f'Every arm on the chosen recipe (the stated SD check, made on the confirmatory study\'s finished geneval runs, '
-             f'{kept.relative_to(ROOT)}, at its horizon H = {H}, not 2H):', '',
-             '| arm | seeds | final (mean) | final SD | SD <= ' + f'{SD_MAX}' + ' | SE of one evaluation (median) |', '|---|---|---|---|---|---|']
+    lines = ['', f'Every arm on the chosen recipe (the stated SD check, made on the confirmatory study\'s '
+             f'finished geneval runs, {kept.relative_to(ROOT)}, at its horizon H = {H}, not 2H):', '',
+             '| arm | seeds | final (mean) | final SD | SD <= ' + f'{SD_MAX}' + ' | SE of one evaluation (median) |',
+             '|---|---|---|---|---|---|']
     for a, v in finals.items():
-        lines.append(f"| {a} | {len(v)} | {statistics.mean(v):.3f} | {sd.get(a, float('nan')):.3f} | {'yes' if sd.get(a, 1) <= SD_MAX else 'no'} | "
-                     f"{statistics.median(ses[a]):.3f} |")
+        lines.append(f"| {a} | {len(v)} | {statistics.mean(v):.3f} | {sd.get(a, float('nan')):.3f} | "
+                     f"{'yes' if sd.get(a, 1) <= SD_MAX else 'no'} | {statistics.median(ses[a]):.3f} |")
     lines += ['', f'{len(sd) - len(over)} of {len(sd)} arms meet it. ' + (
         f'Not met: {", ".join(over)}: the check stated before the pilot does not hold for these arms. Compare each SD '
-        f'with one evaluation\'s SE beside it: where they are close, most of the spread is the evaluation\'s own noise, '
-        f'which no recipe lowers and more held-out images per evaluation would.' if over else 'Every arm meets it.')]
+        f'with one evaluation\'s SE beside it: where they are close, most of the spread is the '
+        f'evaluation\'s own noise, which no recipe lowers and more held-out images per evaluation would.' if over
+        else 'Every arm meets it.')]
     return lines
 
 def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
@@ -207,38 +224,49 @@ def table(out:Path, dest:Path=ROOT / 'results' / 'pilot'):
         ema_gain = [r['final'] - r['live_final'] for r in rs if r['live_final'] is not None]
         finals = [r['final'] for r in rs]
         rows[recipe] = dict(seeds=[r['seed'] for r in rs], collapses=sum(r['collapse'] is not None for r in rs),
-                            final_mean=statistics.mean(finals), final_sd=statistics.stdev(finals) if len(finals) > 1 else None,
+                            final_mean=statistics.mean(finals),
+                            final_sd=statistics.stdev(finals) if len(finals) > 1 else None,
                             plateau_mean=statistics.mean(r['plateau'] for r in rs), base=rs[0]['base'],
-                            counting_base=rs[0]['counting_base'], counting_final_mean=statistics.mean(r['counting_final'] for r in rs),
-                            clipfrac_max=max(r['clipfrac_max'] for r in rs), kl_logged=all(r['kl_mean'] is not None for r in rs),
+                            counting_base=rs[0]['counting_base'],
+                            counting_final_mean=statistics.mean(r['counting_final'] for r in rs),
+                            clipfrac_max=max(r['clipfrac_max'] for r in rs),
+                            kl_logged=all(r['kl_mean'] is not None for r in rs),
                             kl_runs=sum(r['kl_mean'] is not None for r in rs),
                             kl_max=max((r['kl_max'] for r in rs if r['kl_max'] is not None), default=None),
-                            cpu_per_step=statistics.median(r['cpu_per_step'] for r in rs), nfe_per_step=rs[0]['nfe_per_step'],
+                            cpu_per_step=statistics.median(r['cpu_per_step'] for r in rs),
+                            nfe_per_step=rs[0]['nfe_per_step'],
                             ema_minus_live=statistics.mean(ema_gain) if ema_gain else None,
                             metrics_at_H=metric_sds(rs), metrics_at_2H=metric_sds(rs, STEPS),
                             recipe=CANDIDATES[recipe])
-        rows[recipe]['accepted'] = (len(rs) >= 8 and rows[recipe]['collapses'] == 0 and rows[recipe]['final_sd'] is not None
+        rows[recipe]['accepted'] = (len(rs) >= 8 and rows[recipe]['collapses'] == 0
+                                    and rows[recipe]['final_sd'] is not None
                                     and rows[recipe]['final_sd'] <= SD_MAX)
     dest.mkdir(parents=True, exist_ok=True)
     chosen = screen_choice(runs)
     (dest / 'pilot.json').write_text(json.dumps(dict(
-        command='.venv/bin/python benchmarks/pilot.py table', horizon=H, steps=STEPS, eval_every=EVAL_EVERY, eval_images=EVAL_IMAGES,
-        acceptance=f'no collapse in 8 pilot seeds at {STEPS} steps and final held-out strict SD <= {SD_MAX}', chosen=chosen,
-        chosen_rule='the screened candidate without a collapse in its screening seeds with the highest mean final held-out strict score there',
+        command='.venv/bin/python benchmarks/pilot.py table', horizon=H, steps=STEPS, eval_every=EVAL_EVERY,
+        eval_images=EVAL_IMAGES, acceptance=f'no collapse in 8 pilot seeds at {STEPS} steps and final held-out '
+                                            f'strict SD <= {SD_MAX}', chosen=chosen,
+        chosen_rule='the screened candidate without a collapse in its screening seeds with the highest mean final '
+                    'held-out strict score there',
         candidates=rows, runs=runs), indent=1))
     f = lambda x, d=3: '–' if x is None else f'{x:.{d}f}'
-    lines = ['| recipe | seeds | collapses | final (mean) | final SD | plateau | counting: base → final | clipfrac max | runs logging KL | EMA − live | CPU s/step | NFE/step | accepted |',
+    lines = ['| recipe | seeds | collapses | final (mean) | final SD | plateau | counting: base → final | clipfrac max '
+             '| runs logging KL | EMA − live | CPU s/step | NFE/step | accepted |',
              '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
     for k, r in rows.items():
-        lines.append(f"| {k} | {len(r['seeds'])} | {r['collapses']} | {f(r['final_mean'])} | {f(r['final_sd'])} | {f(r['plateau_mean'])} | "
-                     f"{f(r['counting_base'])} → {f(r['counting_final_mean'])} | {f(r['clipfrac_max'])} | {r['kl_runs']} of {len(r['seeds'])} | {f(r['ema_minus_live'])} | "
+        lines.append(f"| {k} | {len(r['seeds'])} | {r['collapses']} | {f(r['final_mean'])} | {f(r['final_sd'])} | "
+                     f"{f(r['plateau_mean'])} | {f(r['counting_base'])} → {f(r['counting_final_mean'])} | "
+                     f"{f(r['clipfrac_max'])} | {r['kl_runs']} of {len(r['seeds'])} | {f(r['ema_minus_live'])} | "
                      f"{f(r['cpu_per_step'], 2)} | {r['nfe_per_step']:.0f} | {'yes' if r['accepted'] else 'no'} |")
-    lines += ['', f'Seed-to-seed mean ± SD of the candidate metrics of the held-out strict score at the confirmatory horizon H = {H} '
-              f'(and at 2H = {STEPS}): what the pre-registration plans its seeds with.', '',
-              '| recipe | seeds | ' + ' | '.join(METRIC_NAMES.values()) + ' |', '|---|---|' + '---|' * len(METRIC_NAMES)]
+    lines += ['', 'Seed-to-seed mean ± SD of the candidate metrics of the held-out strict score at the confirmatory '
+              f'horizon H = {H} (and at 2H = {STEPS}): what the pre-registration plans its seeds with.', '',
+              '| recipe | seeds | ' + ' | '.join(METRIC_NAMES.values()) + ' |',
+              '|---|---|' + '---|' * len(METRIC_NAMES)]
     for k, r in rows.items():
         for at, ms in ((H, r['metrics_at_H']), (STEPS, r['metrics_at_2H'])):
-            if ms: lines.append(f"| {k} (at {at}) | {ms['final']['n']} | " + ' | '.join(f"{ms[m]['mean']:.3f} ± {ms[m]['sd']:.3f}" for m in METRIC_NAMES) + ' |')
+            if ms: lines.append(f"| {k} (at {at}) | {ms['final']['n']} | "
+                                + ' | '.join(f"{ms[m]['mean']:.3f} ± {ms[m]['sd']:.3f}" for m in METRIC_NAMES) + ' |')
     lines += arms_on_confirm()
     (dest / 'table.md').write_text('\n'.join(lines) + '\n')
     for recipe, rs in runs.items():  # the runs' small files

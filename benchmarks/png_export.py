@@ -19,7 +19,8 @@ import plotly.graph_objects as go
 from pathlib import Path
 from flowgrpo_nb.processes import write_pngs
 out, n, timeout = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-figs = {out/f'f{i}.png': go.Figure(go.Scatter(x=list(range(50)), y=[(j * (i + 3)) % 17 for j in range(50)])).update_layout(title=f'figure {i}', height=300)
+figs = {out/f'f{i}.png': go.Figure(go.Scatter(x=list(range(50)), y=[(j * (i + 3)) % 17 for j in range(50)]))
+                           .update_layout(title=f'figure {i}', height=300)
         for i in range(n)}
 t0 = time.monotonic()
 with warnings.catch_warnings(record=True) as w:
@@ -33,11 +34,13 @@ MARK = f'FLOWGRPO_PNG_BENCH={os.getpid()}'  # in the environment of every proces
 def one(i:int, root:Path, figures:int, timeout:float) -> dict:
     out = root/f'call{i}'; out.mkdir()
     env = {**os.environ, 'FLOWGRPO_PNG_BENCH': str(os.getpid()), 'TMPDIR': str(root/'tmp')}
-    r = subprocess.run([sys.executable, '-c', CALL, str(out), str(figures), str(timeout)], capture_output=True, text=True,
-                       timeout=timeout * figures * 3 + 120, env=env)
-    if r.returncode: return dict(sec=None, written=0, warnings=[f'exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}'])
+    r = subprocess.run([sys.executable, '-c', CALL, str(out), str(figures), str(timeout)], capture_output=True,
+                       text=True, timeout=timeout * figures * 3 + 120, env=env)
+    if r.returncode:
+        return dict(sec=None, written=0, warnings=[f'exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}'])
     d = json.loads(r.stdout.strip().splitlines()[-1])
-    d['valid'] = sum((out/f'f{j}.png').is_file() and (out/f'f{j}.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' for j in range(figures))
+    d['valid'] = sum((out/f'f{j}.png').is_file() and (out/f'f{j}.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+                     for j in range(figures))
     return d
 
 def strays(tmp:Path) -> list[str]:
@@ -66,12 +69,13 @@ if __name__ == '__main__':
         time.sleep(0.5)  # a process killed just now is gone from /proc once reaped
         left = sorted(strays(Path(d)/'tmp'))
     for i, r in enumerate(rows):
-        print(f"call {i:3d}: {r['sec'] if r['sec'] is None else round(r['sec'], 1)} s, {r.get('valid', 0)}/{a.figures} PNGs" + ''.join(f'; {w}' for w in r['warnings']))
+        print(f"call {i:3d}: {r['sec'] if r['sec'] is None else round(r['sec'], 1)} s, "
+              f"{r.get('valid', 0)}/{a.figures} PNGs" + ''.join(f'; {w}' for w in r['warnings']))
     ws = [w for r in rows for w in r['warnings']]
     secs = [r['sec'] for r in rows if r['sec'] is not None]
     hung = sum('did not finish' in w for w in ws)
-    print(f"\n{a.calls * a.figures} PNGs tried in {a.calls} calls, {a.at_once} at a time, on {os.cpu_count()} CPUs (load average before the end: "
-          f"{os.getloadavg()[0]:.2f}): {sum(r.get('valid', 0) for r in rows)} written; {hung} hung (stopped at {a.timeout:g} s), "
-          f"{len(ws) - hung} other warnings or failures; a call took median {statistics.median(secs):.1f} s, worst {max(secs):.1f} s; "
-          f"{wall:.0f} s in all")
+    print(f"\n{a.calls * a.figures} PNGs tried in {a.calls} calls, {a.at_once} at a time, on {os.cpu_count()} CPUs "
+          f"(load average before the end: {os.getloadavg()[0]:.2f}): {sum(r.get('valid', 0) for r in rows)} written; "
+          f"{hung} hung (stopped at {a.timeout:g} s), {len(ws) - hung} other warnings or failures; a call took median "
+          f"{statistics.median(secs):.1f} s, worst {max(secs):.1f} s; {wall:.0f} s in all")
     print(f"left behind: {', '.join(left) if left else 'nothing'}")

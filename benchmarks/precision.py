@@ -26,11 +26,13 @@ PHASES = ('step', 'rollout', 'values', 'update')
 
 def trainer(method:str, budget:str, out:Path) -> GRPOTrainer:
     cfg = CompareConfig(budget=budget, tasks=('geneval',)).train_config(method, 0, 'geneval')
-    policy, task = load_policy(cfg.model, cfg.model_path), load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)
+    policy, task = (load_policy(cfg.model, cfg.model_path),
+                    load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model))
     return GRPOTrainer(cfg, out, policy=policy, task=task, progress=False)
 
 def run_steps(method:str, mode:str, budget:str, steps:int, out:Path) -> list[dict]:
-    "Per-step metrics of `steps` training steps of a fresh run (calibration, when the method has one, in fp32 and untimed)."
+    """Per-step metrics of `steps` training steps of a fresh run (calibration, when the method has one, in fp32 and
+    untimed)."""
     tr = trainer(method, budget, out)
     if tr.cfg.calibrate: tr.calibrate()
     with MODES[mode](): return [tr.train_step() for _ in range(steps)]
@@ -39,7 +41,8 @@ def value_agreement(method:str, budget:str, out:Path) -> tuple[int, int, float]:
     "(equal, all, max |difference|) of one rollout's state values computed in fp32 and under bf16 autocast."
     tr = trainer(method, budget, out)
     cfg, task = tr.cfg, tr.task
-    ro = rollout(tr.policy, step_prompts(cfg, 0, task.train_prompts), cfg.rollout_config(0), task.reward, step_generator(cfg, 0))
+    ro = rollout(tr.policy, step_prompts(cfg, 0, task.train_prompts), cfg.rollout_config(0), task.reward,
+                 step_generator(cfg, 0))
     V = {}
     for mode, ctx in MODES.items():
         with ctx(): V[mode] = step_values(tr.policy, ro, cfg.lookahead, task.reward).V[:, :-1]
@@ -50,12 +53,13 @@ def main(methods:str='flow_grpo,dense',  # comma-separated arms (flowgrpo_nb.stu
          steps:int=3,                     # training steps per run (the first is left out of the medians: warm-up)
          reps:int=2,                      # runs per method and precision, alternating fp32 / bf16
          budget:str='quick'):           # the comparison budget whose training config runs (smoke: a quick check)
-    "Print per method the CPU seconds of a step and its phases in fp32 and under bf16 autocast, and the values' agreement."
+    """Print per method the CPU seconds of a step and its phases in fp32 and under bf16 autocast, and the values'
+    agreement."""
     ms = [m.strip() for m in methods.split(',') if m.strip()]
     bad = [m for m in ms if m not in ARMS]
     if bad or not ms or budget not in BUDGETS or steps < 2 or reps < 1:
-        raise SystemExit(f"methods={methods!r}, budget={budget!r}, steps={steps}, reps={reps}: arms from {', '.join(ARMS)}, "
-                         f"budget one of {', '.join(BUDGETS)}, steps at least 2, reps at least 1")
+        raise SystemExit(f"methods={methods!r}, budget={budget!r}, steps={steps}, reps={reps}: arms from "
+                         f"{', '.join(ARMS)}, budget one of {', '.join(BUDGETS)}, steps at least 2, reps at least 1")
     torch.set_num_threads(1)
     print(f"{'method':<16} {'precision':<9} " + ' '.join(f"{p + ' CPU s':>13}" for p in PHASES) + f" {'clip frac':>9}")
     with tempfile.TemporaryDirectory() as d:
@@ -67,10 +71,13 @@ def main(methods:str='flow_grpo,dense',  # comma-separated arms (flowgrpo_nb.stu
             for mode in MODES:
                 clip = statistics.mean(s.get('clipfrac', 0.0) for s in got[mode])
                 print(f"{m:<16} {mode:<9} " + ' '.join(f"{med[mode][p]:>13.3f}" for p in PHASES) + f" {clip:>9.3f}")
-            print(f"{m:<16} {'fp32/bf16':<9} " + ' '.join(f"{med['fp32'][p] / med['bf16'][p]:>12.2f}×" if med['bf16'][p] > 1e-3 else f"{'—':>13}"
-                                                     for p in PHASES))
+            print(f"{m:<16} {'fp32/bf16':<9} "
+                  + ' '.join(f"{med['fp32'][p] / med['bf16'][p]:>12.2f}×" if med['bf16'][p] > 1e-3 else f"{'—':>13}"
+                             for p in PHASES))
             cfg = CompareConfig(budget=budget, tasks=('geneval',)).train_config(m, 0, 'geneval')
             if cfg.lookahead and cfg.lookahead != 'tweedie':
                 eq, n, dmax = value_agreement(m, budget, Path(d)/f'{m}_values')
-                print(f"{m:<16} values of one rollout ({cfg.lookahead}): {eq}/{n} equal in fp32 and bf16 (max |difference| {dmax:.3g})")
-    print(f"medians over {reps} run(s) × {steps - 1} step(s) per precision, 1 thread; ratio fp32 / bf16 > 1: bf16 faster")
+                print(f"{m:<16} values of one rollout ({cfg.lookahead}): {eq}/{n} equal in fp32 and bf16 (max "
+                      f"|difference| {dmax:.3g})")
+    print(f"medians over {reps} run(s) × {steps - 1} step(s) per precision, 1 thread; ratio fp32 / bf16 > 1: "
+          "bf16 faster")

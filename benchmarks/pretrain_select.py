@@ -28,7 +28,8 @@ def main(run:str,              # the pretraining run folder (ema-NNNNNN.safetens
     run = Path(run)
     steps = sorted(int(p.stem.split('-')[1]) for p in run.glob('ema-*.safetensors'))
     steps = [s for s in steps if s >= start and (s - start) % every == 0]
-    if not steps: raise SystemExit(f"pretrain_select.py: no EMA snapshot at steps {start}, {start + every}, ... in {run}")
+    if not steps:
+        raise SystemExit(f"pretrain_select.py: no EMA snapshot at steps {start}, {start + every}, ... in {run}")
     scores = {}
     for s in steps:
         d = base_scores(load_tiny(run / f'ema-{s:06d}.safetensors')).to_dict()
@@ -38,19 +39,23 @@ def main(run:str,              # the pretraining run folder (ema-NNNNNN.safetens
     chosen = ok[-1] if ok else steps[-1]
     curve = ', '.join(f"{scores[s]['overall']:.2f} at {s}" for s in steps)
     top = max(CATEGORIES, key=lambda c: scores[chosen][c])
-    selection = (f"EMA snapshots every {every} steps from {start} to {steps[-1]} were scored with the evaluation below; overall strict "
-                 f"{curve}. Shipped: the latest snapshot whose every category is at most {ceiling} (room for RL): step {chosen}"
-                 f"{'' if ok else ' (none qualified: the last)'}, its highest category {top} at {scores[chosen][top]:.2f}.")
-    Path(out or run / 'selection.json').write_text(json.dumps(dict(rule=f'latest snapshot with every category <= {ceiling}',
-                                                                   scores=scores, chosen=chosen, selection=selection), indent=1))
+    selection = (f"EMA snapshots every {every} steps from {start} to {steps[-1]} were scored with the evaluation "
+                 f"below; overall strict {curve}. Shipped: the latest snapshot whose every category is at most "
+                 f"{ceiling} (room for RL): step {chosen}{'' if ok else ' (none qualified: the last)'}, "
+                 f"its highest category {top} at {scores[chosen][top]:.2f}.")
+    Path(out or run / 'selection.json').write_text(
+        json.dumps(dict(rule=f'latest snapshot with every category <= {ceiling}', scores=scores, chosen=chosen,
+                        selection=selection), indent=1))
     print(selection)
     if export:
         t = time.time(); m = load_tiny(run / f'ema-{chosen:06d}.safetensors')
         rep = base_scores(m)
         t0 = time.perf_counter(); m2 = load_tiny(run / f'ema-{chosen:06d}.safetensors')
         generate(m2, eval_prompts(64), 10, 4.0, torch.Generator().manual_seed(0)); sample = time.perf_counter() - t0
-        cmd = (f"flowgrpo pretrain --run-dir pretrain_run --steps {steps[-1]} --batch-size 32 --lr 0.0005 --seed 0 --threads 1 --save-every 250\n"
-               f".venv/bin/python benchmarks/pretrain_select.py pretrain_run --start {start} --every {every} --ceiling {ceiling} --export")
+        cmd = (f"flowgrpo pretrain --run-dir pretrain_run --steps {steps[-1]} --batch-size 32 --lr 0.0005 --seed 0 "
+               "--threads 1 --save-every 250\n.venv/bin/python benchmarks/pretrain_select.py pretrain_run --start "
+               f"{start} --every {every} --ceiling {ceiling} --export")
         path = export_tiny(run, chosen, command=cmd, hardware=hardware or 'a CPU', selection=selection,
-                           eval=dict(n=1200, K=10, guidance=4.0, seed=0), scores=rep.to_dict(), sample_seconds_64=round(sample, 1))
+                           eval=dict(n=1200, K=10, guidance=4.0, seed=0), scores=rep.to_dict(),
+                           sample_seconds_64=round(sample, 1))
         print(f"exported step {chosen} to {path}")

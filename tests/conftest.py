@@ -1,4 +1,5 @@
-"Fixtures shared by the test files: the small tiny-model config, tiny random SD3 and FLUX policies, a tiny random CLIP folder (all built locally, nothing downloaded)."
+"""Fixtures shared by the test files: the small tiny-model config, tiny random SD3 and FLUX policies, a tiny random CLIP
+folder (all built locally, nothing downloaded)."""
 import pytest
 import torch
 
@@ -14,7 +15,8 @@ def base():
 
 @pytest.fixture(scope='session')
 def small_config():
-    "The tests' small `TinyConfig`: a 1-layer text encoder and 2 SD3 blocks of 2 heads x 16 (every LoRA target present)."
+    """The tests' small `TinyConfig`: a 1-layer text encoder and 2 SD3 blocks of 2 heads x 16 (every LoRA target
+    present)."""
     from flowgrpo_nb.tiny import TinyConfig
     return TinyConfig(text_dim=32, text_heads=2, text_layers=1, pooled_dim=32, num_layers=2, num_heads=2, head_dim=16)
 
@@ -29,7 +31,8 @@ def tiny_policy(small_config):
 
 @pytest.fixture(scope='session')
 def make_sd3():
-    "Builds an `SD3Policy` (32 px, 8 T5 tokens) over a fresh tiny random SD3 pipeline; the same seed gives the same weights."
+    """Builds an `SD3Policy` (32 px, 8 T5 tokens) over a fresh tiny random SD3 pipeline; the same seed gives the same
+    weights."""
     from flowgrpo_nb.sd3 import SD3Policy, tiny_sd3_pipeline
     def make(dtype=torch.float32, seed=0, **kw):
         return SD3Policy(tiny_sd3_pipeline(seed, dtype), resolution=32, max_sequence_length=8, **kw)
@@ -38,7 +41,8 @@ def make_sd3():
 
 @pytest.fixture(scope='session')
 def make_flux():
-    "Builds a `FluxPolicy` (32 px, 16 T5 tokens) over a fresh tiny random FLUX pipeline (`guidance_embeds=False`: schnell-like)."
+    """Builds a `FluxPolicy` (32 px, 16 T5 tokens) over a fresh tiny random FLUX pipeline (`guidance_embeds=False`:
+    schnell-like)."""
     from flowgrpo_nb.flux import FluxPolicy, tiny_flux_pipeline
     def make(dtype=torch.float32, seed=0, guidance_embeds=True, **kw):
         return FluxPolicy(tiny_flux_pipeline(seed, dtype, guidance_embeds), resolution=32, max_sequence_length=16, **kw)
@@ -72,7 +76,8 @@ HOLD = ("import sys, time\nfrom flowgrpo_nb.checkpoint import FolderLock\n"
 
 @pytest.fixture
 def lock_holder():
-    "Starts another process that takes a folder's writer lock (`FolderLock(folder, what)`) and waits: `hold(folder, what) -> Popen`."
+    """Starts another process that takes a folder's writer lock (`FolderLock(folder, what)`) and waits: `hold(folder,
+    what) -> Popen`."""
     import subprocess, sys
     procs = []
     def hold(folder, what='a trainer'):

@@ -1,5 +1,5 @@
-"""The app (flowgrpo_nb.app, its models from flowgrpo_nb.bank): handlers in-process, the launched app through gradio_client, the command line, and a
-real browser.
+"""The app (flowgrpo_nb.app, its models from flowgrpo_nb.bank): handlers in-process, the launched app through
+gradio_client, the command line, and a real browser.
 
 A fake compare folder (three runs with random LoRA checkpoints, `app.fake_runs`) stands in for `flowgrpo compare`."""
 import json, os, shutil, signal, socket, subprocess, sys, threading, time
@@ -10,8 +10,8 @@ import pytest, torch
 os.environ.setdefault('GRADIO_ANALYTICS_ENABLED', 'False')
 from flowgrpo_nb import app as app_mod
 from flowgrpo_nb.bank import ModelBank, fake_runs, find_models
-from flowgrpo_nb.app import (generate_all, credit_view, make_app, serve, report_view, check_settings, check_prompt, check_address,
-                             prune_files, QUEUE_SIZE)
+from flowgrpo_nb.app import (generate_all, credit_view, make_app, serve, report_view, check_settings, check_prompt,
+                             check_address, prune_files, QUEUE_SIZE)
 from flowgrpo_nb.task import geneval_task, load_policy
 from flowgrpo_nb.checkpoint import RunFolder
 
@@ -70,8 +70,10 @@ def test_models_found(bank):
 
 def test_every_event_has_api_name_and_group(app):
     groups = {f.api_name: (f.concurrency_id, f.concurrency_limit) for f in app.fns.values()}
-    assert set(groups) == {'generate', 'generate_submit', 'report', 'credit', 'example', 'tab_generate', 'tab_report', 'tab_credit'}
-    assert groups['generate'] == groups['generate_submit'] == ('generate', app_mod.GENERATE_AT_ONCE) and groups['credit'] == ('credit', 1)
+    assert set(groups) == {'generate', 'generate_submit', 'report', 'credit', 'example', 'tab_generate', 'tab_report',
+                           'tab_credit'}
+    assert (groups['generate'] == groups['generate_submit'] == ('generate', app_mod.GENERATE_AT_ONCE)
+            and groups['credit'] == ('credit', 1))
     assert groups['report'][0] == groups['example'][0] == groups['tab_report'][0] == 'light'
     assert app._queue.max_size == QUEUE_SIZE, 'the queue is bounded'
 
@@ -79,7 +81,8 @@ def test_generate_handler(app, bank):
     msg, images, table, strips = handler(app, 'generate')('a red circle', 3, STEPS, 4.0, 'ode')
     assert len(images) == len(bank.names) and len(strips.data) == min(len(bank.names), app_mod.PREVIEWS), msg
     _, _, _, picked = handler(app, 'generate')('a red circle', 3, STEPS, 4.0, 'ode', ['seed0/turning_point'])
-    assert [a.text for a in picked.layout.annotations] == ['TP-GRPO (seed0)']  # previews of the picked models only, named as in display.STYLES
+    # previews of the picked models only, named as in display.STYLES
+    assert [a.text for a in picked.layout.annotations] == ['TP-GRPO (seed0)']
     assert handler(app, 'generate')('a red circle', 3, STEPS, 4.0, 'ode', [])[3] is None
     assert all(img.shape == (192, 192, 3) for img, _ in images)
     for name in bank.names: assert f'| {name} |' in table
@@ -92,7 +95,8 @@ def test_describe_hook(runs):
     task.describe = describe_grid
     b = ModelBank(runs, task=task, lanes=1)
     images, table, _ = app_mod.samples_view(generate_all(b, 'two circles', seed=0, steps=2, models=['base']))
-    assert 'found' not in images[0][1] and '| found |' in table  # what the task reads: in the table; the caption stays short
+    # what the task reads: in the table; the caption stays short
+    assert 'found' not in images[0][1] and '| found |' in table
 
 @pytest.mark.parametrize('typed', ['A RED Circle.', '  a red   circle ', 'a red circle!'])
 def test_prompt_normalised(app, bank, typed):
@@ -162,25 +166,32 @@ def test_several_bases(runs, tmp_path):
     mixed = fake_runs(tmp_path/'mixed', methods=('dense',), model_path=str(path), folder='other')
     fake_runs(mixed, methods=('flow_grpo',))
     b = ModelBank(mixed, lanes=1)
-    assert b.names == [f'base (tiny:{path})', 'base (tiny)', 'other/dense', 'seed0/flow_grpo'] and not b.skipped, b.message()
+    assert b.names == [f'base (tiny:{path})', 'base (tiny)', 'other/dense', 'seed0/flow_grpo'] and not b.skipped, \
+        b.message()
     x = torch.randn(1, 3, 32, 32)
     with b.use(f'base (tiny:{path})') as p: v_other = p.velocity(x, 0.5, p.encode(['a cross']), 4.0)
     with b.use('base (tiny)') as p: v_tiny = p.velocity(x, 0.5, p.encode(['a cross']), 4.0)
     assert (v_other - v_tiny).abs().mean() > 1e-4, 'each base is its own network'
     one = ModelBank(mixed, base='tiny', lanes=1)
     assert one.names == ['base', 'seed0/flow_grpo']
-    assert one.skipped == ["other/dense: trained on base " + repr(f'tiny:{path}') + ", not loaded (base 'tiny' was picked)"]
+    assert one.skipped == ["other/dense: trained on base " + repr(f'tiny:{path}')
+                           + ", not loaded (base 'tiny' was picked)"]
     assert 'skipped other/dense: trained on base' in one.message()
-    with pytest.raises(ValueError, match=r"base='sd3:/nowhere': no run was trained on it; the runs' bases are"): ModelBank(mixed, base='sd3:/nowhere')
+    with pytest.raises(ValueError, match=r"base='sd3:/nowhere': no run was trained on it; the runs' bases are"):
+        ModelBank(mixed, base='sd3:/nowhere')
     with pytest.raises(ValueError, match="base='sdxl': allowed a model of"): ModelBank(mixed, base='sdxl')
-    with pytest.raises(ValueError, match='one base policy given for runs of 2 bases'): ModelBank(mixed, policy=load_policy('tiny'))
+    with pytest.raises(ValueError, match='one base policy given for runs of 2 bases'):
+        ModelBank(mixed, policy=load_policy('tiny'))
     # a run whose base.json names other weights than its config's base is left out, and said
-    RunFolder(mixed/'other'/'dense').write('config', RunFolder(mixed/'seed0'/'flow_grpo').config() | {'method': 'dense'})
+    RunFolder(mixed/'other'/'dense').write('config',
+                                           RunFolder(mixed/'seed0'/'flow_grpo').config() | {'method': 'dense'})
     b = ModelBank(mixed, lanes=1)
-    assert b.names == ['base', 'seed0/flow_grpo'] and 'other/dense: ' in b.skipped[0] and 'other base weights' in b.skipped[0]
+    assert (b.names == ['base', 'seed0/flow_grpo'] and 'other/dense: ' in b.skipped[0]
+            and 'other base weights' in b.skipped[0])
 
 def test_lanes(bank, runs):
-    "lanes=2: credit has its own networks and a Generate request is answered while a credit strip runs; lanes=1: one copy."
+    """lanes=2: credit has its own networks and a Generate request is answered while a credit strip runs; lanes=1: one
+    copy."""
     gen, cred = bank._lanes['generate'], bank._lanes['credit']
     assert gen is not cred and gen.lock is not cred.lock
     ids = lambda ln: {id(p) for net in ln.nets.values() for p in net.module.parameters()}
@@ -193,7 +204,8 @@ def test_lanes(bank, runs):
         long.result()
     one = ModelBank(runs, lanes=1)
     assert one._lanes['generate'] is one._lanes['credit']
-    assert {f.concurrency_id for f in make_app(bank=one).fns.values() if f.api_name in ('generate', 'credit')} == {'generate'}
+    assert {f.concurrency_id for f in make_app(bank=one).fns.values() if f.api_name in ('generate', 'credit')} == \
+        {'generate'}
     with pytest.raises(ValueError, match='lanes=3: allowed 1'): ModelBank(runs, lanes=3)
 
 def test_credit_handler(app):
@@ -210,7 +222,8 @@ def test_credit_full_width_and_empty_turning_points_say_why(app):
         msg, gain, preview, rows = handler(app, 'credit')('a circle', 'base', seed, 3, 4.0, 'flow_sde')
         assert gain.layout.width is None and preview.layout.width is None and gain.layout.autosize, msg
         seen.append(bool(rows['value']))
-        if not rows['value']: assert 'no turning point' in msg and rows['label'].startswith('turning points: none ('), msg
+        if not rows['value']:
+            assert 'no turning point' in msg and rows['label'].startswith('turning points: none ('), msg
         else: assert rows['label'] == 'turning points' and 'no turning point' not in msg
     assert not all(seen), 'some small group has no turning point'
 
@@ -224,15 +237,18 @@ def test_first_screen_where_models_differ(bank, app):
     assert prompt.value == ranked[0][0] and len(gallery.value) == len(bank.names)
     samples = generate_all(bank, ranked[0][0], 0, 10, 4.0, 'ode')
     scores = [s.report.overall for s in samples]
-    assert max(scores) - min(scores) == pytest.approx(spreads[0][0]), 'the ranking scored the images as the tab shows them'
+    assert max(scores) - min(scores) == pytest.approx(spreads[0][0]), \
+        'the ranking scored the images as the tab shows them'
 
 def test_models_listed_compactly(runs, tmp_path):
     "Many runs: one header line and a table by arm, each arm's runs in one cell."
     many = tmp_path/'many'
-    for seed in ('seed0', 'seed1', 'seed2'): shutil.copytree(runs/'seed0', many/seed, ignore=shutil.ignore_patterns('stepwise'))
+    for seed in ('seed0', 'seed1', 'seed2'):
+        shutil.copytree(runs/'seed0', many/seed, ignore=shutil.ignore_patterns('stepwise'))
     bank = ModelBank(many, lanes=1)
     head, table = app_mod.models_view(bank)
-    assert head.startswith('**1 base and 9 fine-tuned models** (3 arms)') and '\n' not in head and 'seed1/dense' not in head
+    assert (head.startswith('**1 base and 9 fine-tuned models** (3 arms)') and '\n' not in head
+            and 'seed1/dense' not in head)
     assert '| DenseGRPO (`dense`) | 3 | seed0, seed1, seed2 |' in table and len(table.splitlines()) == 5, table
 
 def test_report(app, runs, tmp_path):
@@ -249,9 +265,12 @@ def test_report(app, runs, tmp_path):
         assert tasks == list(report['tasks']) and f'task **{task}**' in head
         mine = [f for f in report['findings'] if f.startswith(f'[{task}] ')]
         assert mine and all(f.removeprefix(f'[{task}] ') in md for f in mine)
-        assert all(f.layout.title.text.startswith(f'{task}:') if f is not None else k in ('category_curves', 'reference')  # a report read before curves kept categories; the main job's figure
+        # a report read before curves kept categories; the main job's figure
+        assert all(f.layout.title.text.startswith(f'{task}:') if f is not None
+                   else k in ('category_curves', 'reference')
                    for k, f in zip(app_mod.REPORT_FIGURES, figs)), task
-    (tmp_path/'report.json').write_text(json.dumps(dict(per_seed={}, methods={}, findings=['old'])))  # format 1: refused, with the fix
+    # format 1: refused, with the fix
+    (tmp_path/'report.json').write_text(json.dumps(dict(per_seed={}, methods={}, findings=['old'])))
     head, md, figs, _ = report_view(tmp_path)
     assert 'cannot be read' in head and 'flowgrpo compare --out DIR' in head and figs == none
     (tmp_path/'report.json').write_text('{not json')
@@ -287,7 +306,8 @@ def test_prune_files_at_once(tmp_path):
     threads = [threading.Thread(target=prune) for _ in range(8)]
     for t in threads: t.start()
     for t in threads: t.join()
-    assert errors == [] and sorted(p.parent.name for p in tmp_path.glob('*/image.webp')) == [f'{i:03d}' for i in range(390, 400)]
+    assert errors == [] and sorted(p.parent.name for p in tmp_path.glob('*/image.webp')) == \
+        [f'{i:03d}' for i in range(390, 400)]
 
 # --- launched ---
 
@@ -301,7 +321,8 @@ def test_client(served, bank):
     assert 'purple' in msg and images == []
     msg, *_ = c.predict('a square', 0, 500, 4.0, 'ode', api_name='/generate')
     assert 'steps=500' in msg
-    jobs = [c.submit(p, i, 2, 4.0, 'ode', api_name='/generate') for i, p in enumerate(['a circle', 'a cross', 'three squares'])]
+    jobs = [c.submit(p, i, 2, 4.0, 'ode', api_name='/generate')
+            for i, p in enumerate(['a circle', 'a cross', 'three squares'])]
     assert [len(j.result(timeout=300)[1]) for j in jobs] == [len(bank.names)] * 3, 'the app keeps serving'
 
 def test_long_request_does_not_block_short(served, bank):
@@ -372,18 +393,22 @@ def test_cli_bad_port_before_loading(monkeypatch, capsys):
         busy.bind(('127.0.0.1', 0)); busy.listen()
         port = busy.getsockname()[1]
         rc, msg = run_cli(capsys, '--port', str(port))
-    assert rc == 2 and msg.startswith(f'flowgrpo app: port {port} on 127.0.0.1 cannot be served (Address already in use)'), msg
+    assert rc == 2 and msg.startswith(f'flowgrpo app: port {port} on 127.0.0.1 cannot be served '
+                                      '(Address already in use)'), msg
     assert '\n' not in msg and msg.endswith('pick another with --port')
-    assert run_cli(capsys, '--port', str(free_port()), '--threads', '-1') == (2, 'flowgrpo app: threads=-1: allowed an integer >= 0')
+    assert run_cli(capsys, '--port', str(free_port()), '--threads', '-1') == \
+        (2, 'flowgrpo app: threads=-1: allowed an integer >= 0')
 
 def test_cli_exit_code():
-    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--port', '70000'], capture_output=True, text=True,
-                       timeout=300, env=os.environ | {'OMP_NUM_THREADS': '1'})
+    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--port', '70000'], capture_output=True,
+                       text=True, timeout=300, env=os.environ | {'OMP_NUM_THREADS': '1'})
     lines = [l for l in r.stderr.splitlines() if 'torchvision' not in l]
-    assert r.returncode == 2 and lines == ['flowgrpo app: port=70000: allowed an integer in [1, 65535]'], (r.returncode, r.stderr)
+    assert r.returncode == 2 and lines == ['flowgrpo app: port=70000: allowed an integer in [1, 65535]'], \
+        (r.returncode, r.stderr)
 
 def test_cli_serves_and_leaves_nothing(runs, tmp_path):
-    "`flowgrpo app` in its own process: it serves, refuses uploads, and on SIGTERM exits 143 with one sentence and its temporary folder gone."
+    """`flowgrpo app` in its own process: it serves, refuses uploads, and on SIGTERM exits 143 with one sentence and its
+    temporary folder gone."""
     from gradio_client import Client
     import httpx
     tmp = tmp_path/'tmp'; tmp.mkdir()
@@ -395,15 +420,18 @@ def test_cli_serves_and_leaves_nothing(runs, tmp_path):
         wait_port(port, proc)
         private = [p for p in tmp.iterdir() if p.name.startswith('flowgrpo-app-')]
         assert len(private) == 1, list(tmp.iterdir())
-        msg, images, *_ = Client(f'http://127.0.0.1:{port}/', verbose=False).predict('A Cross.', 0, 2, 4.0, 'ode', api_name='/generate')
+        msg, images, *_ = Client(f'http://127.0.0.1:{port}/', verbose=False).predict('A Cross.', 0, 2, 4.0, 'ode',
+                                                                                     api_name='/generate')
         assert len(images) == 4, msg
         assert any(private[0].rglob('*.webp')), 'the gallery images are written to the private folder'
-        assert httpx.post(f'http://127.0.0.1:{port}/gradio_api/upload', files={'files': ('x', b'x' * 100)}, timeout=30).status_code == 413
+        assert httpx.post(f'http://127.0.0.1:{port}/gradio_api/upload', files={'files': ('x', b'x' * 100)},
+                          timeout=30).status_code == 413
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, out[-2000:]
-    assert out.splitlines()[-1] == f'flowgrpo app: stopped by SIGTERM: the server on 127.0.0.1:{port} is closed', out[-2000:]
+    assert out.splitlines()[-1] == f'flowgrpo app: stopped by SIGTERM: the server on 127.0.0.1:{port} is closed', \
+        out[-2000:]
     assert not private[0].exists(), f'left behind: {list(private[0].rglob("*"))}'
 
 # --- a real browser ---
@@ -456,7 +484,8 @@ def test_browser_generate(chromium, served, bank, tmp_path):
     cut, rows = captions_cut(page)
     page.screenshot(path=str(tmp_path/'app.png'), full_page=True)
     assert imgs == n, (imgs, n)
-    assert max(h for _, h in sizes) - min(h for _, h in sizes) <= 1, sizes  # captions of any length: every image one size
+    # captions of any length: every image one size
+    assert max(h for _, h in sizes) - min(h for _, h in sizes) <= 1, sizes
     assert max(w for w, _ in sizes) < 1280 / app_mod.GALLERY_COLUMNS, sizes  # a thumbnail, not a 32-px image blown up
     assert rows == 1 and not cut, (rows, cut)
     page.set_viewport_size(dict(width=640, height=800))  # a narrow window: the gallery wraps its models over rows
@@ -488,7 +517,8 @@ def test_cli_flags():
     from fastcore.script import anno_parser
     from flowgrpo_nb.app import app_cli
     a = anno_parser(app_cli).parse_args(['--runs', 'runs/compare', '--port', '7861', '--base', 'tiny'])
-    assert (a.runs, a.base, a.host, a.port, a.threads, a.lanes, a.share) == ('runs/compare', 'tiny', '127.0.0.1', 7861, 1, 2, False)
+    assert (a.runs, a.base, a.host, a.port, a.threads, a.lanes, a.share) == \
+        ('runs/compare', 'tiny', '127.0.0.1', 7861, 1, 2, False)
 
 # --- the committed results: a study without checkpoints ---
 
@@ -500,20 +530,25 @@ def study_apps():
     return {str(p): make_app(bank=ModelBank(p, lanes=1)) for p in (STUDY, STUDY/'runs')}
 
 def test_committed_study_opens_on_its_report(study_apps):
-    finished = len(list((STUDY/'runs').rglob('summary.json')))  # the runs the study finished, their checkpoints not committed
+    # the runs the study finished, their checkpoints not committed
+    finished = len(list((STUDY/'runs').rglob('summary.json')))
     assert finished > 10
     for where, app in study_apps.items():
         bank = app.bank
         assert bank.names == ['base'] and len(bank.kept) == finished, (where, len(bank.kept))
         msg = bank.message()
-        assert f'{finished} runs kept without checkpoints' in msg and 'report and curves only' in msg and 'flowgrpo train' in msg
+        assert (f'{finished} runs kept without checkpoints' in msg and 'report and curves only' in msg
+                and 'flowgrpo train' in msg)
         assert 'skipped' not in msg and len(msg.splitlines()) <= 4, msg  # one line, not a bullet per run
         head, md, figs, tasks = report_view(bank.runs)
-        assert head.startswith(f'Report: `{STUDY/"report.json"}`') and md.startswith('- ') and figs[app_mod.REPORT_FIGURES.index('curve_steps')] is not None, head
+        assert (head.startswith(f'Report: `{STUDY/"report.json"}`') and md.startswith('- ')
+                and figs[app_mod.REPORT_FIGURES.index('curve_steps')] is not None), head
         controls = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'controls')
-        assert controls.visible is False, 'the prompt and sampling controls are hidden on the Report tab the app opens on'
+        assert controls.visible is False, \
+            'the prompt and sampling controls are hidden on the Report tab the app opens on'
         gen, rep = handler(app, 'tab_generate')(), handler(app, 'tab_report')()  # (controls, generate, report, credit)
-        assert gen[0]['visible'] is True and gen[1]['visible'] is True and rep[0]['visible'] is False and rep[2]['visible'] is True
+        assert (gen[0]['visible'] is True and gen[1]['visible'] is True and rep[0]['visible'] is False
+                and rep[2]['visible'] is True)
 
 @pytest.mark.chrome
 def test_browser_committed_study_first_screen(chromium, study_apps, tmp_path):
@@ -543,12 +578,14 @@ def test_help_says_how_to_open_the_committed_results():
     from fastcore.script import anno_parser
     from flowgrpo_nb.app import app_cli
     assert 'flowgrpo app --runs results/confirm' in ' '.join(anno_parser(app_cli).format_help().split())
-    assert 'flowgrpo app --runs runs/compare` browses the runs, `--runs results/confirm`' in (ROOT/'README.md').read_text()
+    assert ('flowgrpo app --runs runs/compare` browses the runs, '
+            '`--runs results/confirm`') in (ROOT/'README.md').read_text()
 
 def _api(served, name, data):
     "Call the app's HTTP API as any client would (no gradio_client): the server-sent events of one call, as text."
     import json as js, urllib.request
-    req = urllib.request.Request(f'{served}gradio_api/call/{name}', data=js.dumps(dict(data=data)).encode(), headers={'Content-Type': 'application/json'})
+    req = urllib.request.Request(f'{served}gradio_api/call/{name}', data=js.dumps(dict(data=data)).encode(),
+                                 headers={'Content-Type': 'application/json'})
     event = js.loads(urllib.request.urlopen(req, timeout=60).read())['event_id']
     return urllib.request.urlopen(f'{served}gradio_api/call/{name}/{event}', timeout=120).read().decode()
 
@@ -570,9 +607,12 @@ def test_api_refusals_say_why(served):
 @pytest.mark.parametrize('path,data,status,says', [
     ('call/generat', ['A Cross.'], 404, "no API name 'generat': allowed "),
     ('run/nothing', [], 404, "no API name 'nothing': allowed "),
-    ('call/generate', ['A Cross.'], 422, "/generate takes 6 arguments (prompt, seed (an integer), steps (1–100), CFG, sampler, "),
-    ('call/generate', ['A Cross.', 'abc', 2, 4.0, 'ode', ['base']], 422, "/generate: argument 2 (seed (an integer)) is 'abc', not a number"),
-    ('call/generate', ['A Cross.', 0, 2, 4.0, 'ode', 'base'], 422, "/generate: argument 6 (Tweedie previews of (the strips below)) is 'base', not a list of strings"),
+    ('call/generate', ['A Cross.'], 422,
+     "/generate takes 6 arguments (prompt, seed (an integer), steps (1–100), CFG, sampler, "),
+    ('call/generate', ['A Cross.', 'abc', 2, 4.0, 'ode', ['base']], 422,
+     "/generate: argument 2 (seed (an integer)) is 'abc', not a number"),
+    ('call/generate', ['A Cross.', 0, 2, 4.0, 'ode', 'base'], 422,
+     "/generate: argument 6 (Tweedie previews of (the strips below)) is 'base', not a list of strings"),
     ('call/credit', [1, 'base', 0, 2, 4.0, 'flow_sde'], 422, '/credit: argument 1 (prompt) is 1, not a string'),
     ('call/generate', {'prompt': 'A Cross.'}, 422, "/generate takes 6 arguments"),
 ])
@@ -584,13 +624,18 @@ def test_malformed_calls_refused_in_one_sentence(served, capfd, path, data, stat
     assert 'Traceback' not in capfd.readouterr().err
 
 def test_huge_input_is_not_echoed(served, capfd):
-    "A 20 MB string is refused by its size: neither the answer nor the log repeats it; a 5000-character one is named by its length."
+    """A 20 MB string is refused by its size: neither the answer nor the log repeats it; a 5000-character one is named
+    by its length."""
     s = 'x' * 20_000_000
-    got, text = _post(served, 'gradio_api/call/generate', json.dumps(dict(data=['A Cross.', 0, 2, 4.0, s, ['base']])).encode())
+    got, text = _post(served, 'gradio_api/call/generate',
+                      json.dumps(dict(data=['A Cross.', 0, 2, 4.0, s, ['base']])).encode())
     assert got == 413 and len(text) < 200 and 'allowed at most 65536' in text, (got, text[:300])
-    got, text = _post(served, 'gradio_api/call/generate', json.dumps(dict(data=['A Cross.', 0, 2, 4.0, 'y' * 5000, ['base']])).encode())
+    got, text = _post(served, 'gradio_api/call/generate',
+                      json.dumps(dict(data=['A Cross.', 0, 2, 4.0, 'y' * 5000, ['base']])).encode())
     assert got == 422 and len(text) < 200 and 'a string of 5000 characters' in text, (got, text[:300])
     out = capfd.readouterr()
     assert 'xxxxxxxxxx' not in out.out + out.err and 'yyyyyyyyyy' not in out.out + out.err
-    got, sampler = _post(served, 'gradio_api/call/generate', json.dumps(dict(data=['A Cross.', 0, 2, 4.0, 'z' * 900, ['base']])).encode())
-    assert got == 422 and sampler.count('z') < 100 and 'string of 900 characters that is none of its choices' in sampler, sampler[:3000]
+    got, sampler = _post(served, 'gradio_api/call/generate',
+                         json.dumps(dict(data=['A Cross.', 0, 2, 4.0, 'z' * 900, ['base']])).encode())
+    assert (got == 422 and sampler.count('z') < 100
+            and 'string of 900 characters that is none of its choices' in sampler), sampler[:3000]

@@ -15,7 +15,9 @@ def _docs():
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
     return mod
 
-def _tree() -> str: return subprocess.run(['git', 'status', '--porcelain', '--ignored'], cwd=ROOT, capture_output=True, text=True).stdout
+def _tree() -> str:
+    return subprocess.run(['git', 'status', '--porcelain', '--ignored'], cwd=ROOT, capture_output=True,
+                          text=True).stdout
 
 @pytest.fixture(scope='module')
 def site(tmp_path_factory):
@@ -29,12 +31,15 @@ def test_pages_and_navigation(site):
     assert [p.relative_to(out).as_posix() for p in written] == ['tutorials/quickstart.html', '05_credit.html']
     page = (out/'05_credit.html').read_text()
     order = [Path(p).with_suffix('.html').as_posix() for p in map(str, _docs().pages())]
-    assert order[0] == 'index.html' and order.index('00_flow.html') < order.index('05_credit.html') < order.index('tutorials/quickstart.html')
+    assert (order[0] == 'index.html'
+            and order.index('00_flow.html') < order.index('05_credit.html') < order.index('tutorials/quickstart.html'))
     hrefs = re.findall(r"<nav class='sidebar'>(.*?)</nav>", page, flags=re.S)[0]
     assert re.findall(r"href='([^']+)'", hrefs) == order  # the sidebar: every page, nbdev's order
     assert "href='tutorials/quickstart.html'>Quickstart</a>" in page  # the navbar of nbs/_quarto.yml
-    assert not re.search(r'''(src|href)=["']https?://[^"']*(plotly|unpkg|jsdelivr|cdn)''', page), 'a page loads from a CDN'
-    assert 'requires torchvision' not in page + (out/'tutorials'/'quickstart.html').read_text()  # third-party notices dropped
+    assert not re.search(r'''(src|href)=["']https?://[^"']*(plotly|unpkg|jsdelivr|cdn)''', page), \
+        'a page loads from a CDN'
+    # third-party notices dropped
+    assert 'requires torchvision' not in page + (out/'tutorials'/'quickstart.html').read_text()
 
 @pytest.mark.chrome
 def test_figures_draw_offline_within_the_output_area(chromium, site):
@@ -82,18 +87,22 @@ def test_the_step_slider_works_in_the_built_page(chromium, site):
     assert 'step k = 7 of 10' in title and set(marks) == {7}, (title, marks)
 
 def test_widgets_drawn_from_their_state():
-    "A dashboard as nbclient stores it (a Tab of an Output with a figure and a hidden slider, a Dropdown) drawn as static HTML."
+    """A dashboard as nbclient stores it (a Tab of an Output with a figure and a hidden slider, a Dropdown) drawn as
+    static HTML."""
     docs = _docs()
     fig = {'data': [{'type': 'bar', 'y': [1, 2]}], 'layout': {'title': {'text': 'in a tab'}}}
     W = lambda name, **st: {'model_name': name, 'model_module': '@jupyter-widgets/controls', 'state': st}
-    state = {'tab': W('TabModel', children=['IPY_MODEL_out', 'IPY_MODEL_box'], titles=['training', 'calibration'], selected_index=0),
-             'out': W('OutputModel', outputs=[{'output_type': 'display_data', 'data': {docs.PLOTLY_MIME: fig}, 'metadata': {}}]),
+    state = {'tab': W('TabModel', children=['IPY_MODEL_out', 'IPY_MODEL_box'], titles=['training', 'calibration'],
+                      selected_index=0),
+             'out': W('OutputModel',
+                      outputs=[{'output_type': 'display_data', 'data': {docs.PLOTLY_MIME: fig}, 'metadata': {}}]),
              'box': W('VBoxModel', children=['IPY_MODEL_hidden', 'IPY_MODEL_run']),
              'hidden': W('IntSliderModel', value=0, min=0, max=0, description='round', layout='IPY_MODEL_lay'),
              'lay': W('LayoutModel', display='none'),
              'run': W('DropdownModel', _options_labels=['dense', 'turning_point'], index=1, description='run')}
     html = docs.widget_html('tab', state)
-    assert html.count("<button class='w-tab-head") == 2 and '>training</button>' in html and '>calibration</button>' in html
+    assert (html.count("<button class='w-tab-head") == 2 and '>training</button>' in html
+            and '>calibration</button>' in html)
     assert 'Plotly.newPlot' in html and 'in a tab' in html  # the figure, drawn with the page's plotly.js
     assert 'round' not in html  # a hidden control is not drawn
     assert "<label>run</label> <span class='w-value'>turning_point</span>" in html
@@ -104,7 +113,8 @@ FIG_PX = 848  # the width of a notebook's output area in JupyterLab at a 1280-px
 RUN = ROOT/'results'/'study'/'runs'/'geneval'/'seed0'  # committed runs: metrics, calibration, no checkpoints
 
 def _figures() -> dict:
-    "gain_figure of one group of the shipped model (as the quickstart, 07_viz and the app's Credit tab draw it), the training dashboard, psi by round, gradient by step."
+    """gain_figure of one group of the shipped model (as the quickstart, 07_viz and the app's Credit tab draw it), the
+    training dashboard, psi by round, gradient by step."""
     import torch
     from flowgrpo_nb.task import load_task, load_policy
     from flowgrpo_nb.rollout import RolloutConfig, rollout, step_values
@@ -112,8 +122,8 @@ def _figures() -> dict:
     from flowgrpo_nb.viz import gain_figure, training_figure, calibration_figure, grad_share_figure
     torch.set_num_threads(1)
     policy, task = load_policy('tiny'), load_task('partial')
-    ro = rollout(policy, ['a red circle and a blue square'], RolloutConfig(K=6, group_size=4, sampler='flow_sde'), task.reward,
-                 torch.Generator().manual_seed(0))
+    ro = rollout(policy, ['a red circle and a blue square'], RolloutConfig(K=6, group_size=4, sampler='flow_sde'),
+                 task.reward, torch.Generator().manual_seed(0))
     values = {op: step_values(policy, ro, op, task.reward) for op in ('tweedie', 'ode:rest')}
     return dict(gain=gain_figure(ro, method_credits(ro, values)), training=training_figure(RUN/'dense'),
                 calibration=calibration_figure(RUN/'dense_calib'), gradient=grad_share_figure(RUN/'dense'))
@@ -122,14 +132,18 @@ def _figures() -> dict:
 def test_figure_titles_neither_collide_nor_are_cut(chromium, tmp_path):
     from plotly.offline import get_plotlyjs
     figs = _figures()
-    body = ''.join(f"<div class='fig' id='{k}'>{f.to_html(full_html=False, include_plotlyjs=False)}</div>" for k, f in figs.items())
+    body = ''.join(f"<div class='fig' id='{k}'>{f.to_html(full_html=False, include_plotlyjs=False)}</div>"
+                   for k, f in figs.items())
     page_file = tmp_path/'figures.html'
     page_file.write_text(f"<html><head><meta charset='utf-8'><script>{get_plotlyjs()}</script></head>"
                          f"<body style='margin:0'><div style='width:{FIG_PX}px'>{body}</div></body></html>")
-    boxes = """id => { const d = document.getElementById(id), svg = d.querySelector('.main-svg').getBoundingClientRect();
-        const r = e => { const b = e.getBoundingClientRect(); return [e.textContent, b.left, b.top, b.right, b.bottom]; };
+    boxes = """id => { const d = document.getElementById(id),
+                             svg = d.querySelector('.main-svg').getBoundingClientRect();
+        const r = e => { const b = e.getBoundingClientRect();
+                         return [e.textContent, b.left, b.top, b.right, b.bottom]; };
         return {svg: [svg.left, svg.top, svg.right, svg.bottom],
-                texts: [...d.querySelectorAll('.annotation-text, .gtitle, .xtitle, .ytitle')].filter(e => e.textContent.trim()).map(r),
+                texts: [...d.querySelectorAll('.annotation-text, .gtitle, .xtitle, .ytitle')]
+                           .filter(e => e.textContent.trim()).map(r),
                 xticks: [...d.querySelectorAll('.xtick text')].map(e => e.textContent)}; }"""
     page = chromium.new_page(viewport=dict(width=1280, height=800))
     page.route('**/*', lambda r: r.continue_() if r.request.url.startswith('file:') else r.abort())

@@ -9,8 +9,9 @@ from safetensors.torch import save_file, load_file
 
 import flowgrpo_nb.checkpoint as ck
 from flowgrpo_nb.checkpoint import (CheckpointError, MetricsLog, check_output_dir, clean_interrupted, flatten_optimizer,
-                                    latest_checkpoint, list_checkpoints, read_checkpoint, read_json, unflatten_optimizer,
-                                    verify_checkpoint, write_checkpoint, write_json, FolderLock, FolderLocked, LOCK_FILE, RunFolder)
+                                    latest_checkpoint, list_checkpoints, read_checkpoint, read_json,
+                                    unflatten_optimizer, verify_checkpoint, write_checkpoint, write_json, FolderLock,
+                                    FolderLocked, LOCK_FILE, RunFolder)
 
 torch.set_num_threads(1)
 LORA = {'to_q.lora_A.weight': torch.arange(24.).reshape(4, 6) / 100, 'to_q.lora_B.weight': torch.ones(6, 4)}
@@ -55,7 +56,8 @@ def test_rewriting_a_step_replaces_it_and_steps_sort_as_numbers(tmp_path):
     write_checkpoint(tmp_path, 5, _files(5))
     write_checkpoint(tmp_path, 5, _files(7))
     assert _entries(tmp_path) == ['ckpt-000005']
-    torch.testing.assert_close(read_checkpoint(list_checkpoints(tmp_path)[0])['lora.safetensors']['to_q.lora_B.weight'], LORA['to_q.lora_B.weight'] * 7)
+    torch.testing.assert_close(read_checkpoint(list_checkpoints(tmp_path)[0])['lora.safetensors']['to_q.lora_B.weight'],
+                               LORA['to_q.lora_B.weight'] * 7)
     write_checkpoint(tmp_path, 1_000_000, _files(1), keep_last=5)
     assert [c.name for c in list_checkpoints(tmp_path)] == ['ckpt-000005', 'ckpt-1000000']
 
@@ -64,8 +66,8 @@ def test_rewriting_a_step_replaces_it_and_steps_sort_as_numbers(tmp_path):
     (dict(step=-1), 'step=-1'), (dict(step=2.0), 'step=2.0'), (dict(keep_last=0), 'keep_last=0'),
     (dict(files={'a/b.json': {}}), "'a/b.json'"), (dict(files={'.hidden.json': {}}), "'.hidden.json'"),
     (dict(files={'w.safetensors': {'a': [1, 2]}}), 'dict of name -> tensor'), (dict(files={'w.pt': {}}), "'w.pt'"),
-    (dict(files={'state.json': dict(files=1)}), "without a 'files' key"), (dict(files={'state.json': lambda d: None}), 'not a writer'),
-    (dict(files=[('a.json', 1)]), 'must be a dict')])
+    (dict(files={'state.json': dict(files=1)}), "without a 'files' key"),
+    (dict(files={'state.json': lambda d: None}), 'not a writer'), (dict(files=[('a.json', 1)]), 'must be a dict')])
 def test_bad_arguments_are_refused_before_writing(tmp_path, kw, msg):
     args = dict(run_dir=tmp_path/'run', step=1, files=_files(1), keep_last=2) | kw
     with pytest.raises(ValueError, match=msg.replace('.', r'\.').replace('(', r'\(')): write_checkpoint(**args)
@@ -90,8 +92,10 @@ def test_disk_full_is_one_sentence_and_leaves_no_tmp_folder(tmp_path, monkeypatc
 def test_disk_full_inside_a_writer_raising_safetensors_error(tmp_path):
     def writer(d):
         (d/'pytorch_lora_weights.safetensors').write_bytes(b'half')
-        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
-    with pytest.raises(CheckpointError, match='No space left on device'): write_checkpoint(tmp_path, 3, _files(3, adapter=writer))
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                              '"No space left on device" })')
+    with pytest.raises(CheckpointError, match='No space left on device'):
+        write_checkpoint(tmp_path, 3, _files(3, adapter=writer))
     assert _entries(tmp_path) == []
 
 
@@ -107,7 +111,8 @@ def test_read_only_folder(tmp_path, monkeypatch):
     else:
         (run/'checkpoints').chmod(0o500); msg = 'Permission denied'
     try:
-        with pytest.raises(CheckpointError, match=f'cannot write checkpoint .*ckpt-000001: {msg}'): write_checkpoint(run, 1, _files(1))
+        with pytest.raises(CheckpointError, match=f'cannot write checkpoint .*ckpt-000001: {msg}'):
+            write_checkpoint(run, 1, _files(1))
     finally: (run/'checkpoints').chmod(0o700)
     assert _entries(run) == []
 
@@ -131,7 +136,9 @@ def test_failed_final_rename_puts_the_replaced_checkpoint_back(tmp_path, monkeyp
     with pytest.raises(CheckpointError, match='Input/output error'): write_checkpoint(tmp_path, 4, _files(9))
     monkeypatch.undo()
     assert _entries(tmp_path) == ['ckpt-000004'] and calls[0] == 'ckpt-000004'
-    torch.testing.assert_close(read_checkpoint(tmp_path/'checkpoints'/'ckpt-000004')['lora.safetensors']['to_q.lora_B.weight'], LORA['to_q.lora_B.weight'] * 4)
+    torch.testing.assert_close(
+        read_checkpoint(tmp_path/'checkpoints'/'ckpt-000004')['lora.safetensors']['to_q.lora_B.weight'],
+        LORA['to_q.lora_B.weight'] * 4)
 
 
 # ---------------------------------------------------------------- verifying and resuming
@@ -141,13 +148,15 @@ def test_bit_flip_in_a_payload_is_an_error_and_resume_falls_back(tmp_path):
     new = list_checkpoints(tmp_path)[-1]
     _flip(new/'lora.safetensors')
     assert set(load_file(new/'lora.safetensors')) == set(LORA)  # safetensors alone would not notice
-    with pytest.raises(CheckpointError, match='ckpt-000002: lora.safetensors is corrupt .its sha256 differs'): read_checkpoint(new)
+    with pytest.raises(CheckpointError, match='ckpt-000002: lora.safetensors is corrupt .its sha256 differs'):
+        read_checkpoint(new)
     read_checkpoint(new, ('config.json',))  # the other files still verify
     read_checkpoint(new, verify=False)
     with pytest.warns(UserWarning, match='lora.safetensors is corrupt.*resuming from ckpt-000001 instead'):
         assert latest_checkpoint(tmp_path).name == 'ckpt-000001'
     _flip(list_checkpoints(tmp_path)[0]/'config.json', at=3)
-    with pytest.raises(CheckpointError, match='no intact checkpoint in .*ckpt-000002.*ckpt-000001: config.json is corrupt'):
+    with pytest.raises(CheckpointError,
+                       match='no intact checkpoint in .*ckpt-000002.*ckpt-000001: config.json is corrupt'):
         latest_checkpoint(tmp_path)
     assert latest_checkpoint(tmp_path/'elsewhere') is None
 
@@ -155,10 +164,12 @@ def test_bit_flip_in_a_payload_is_an_error_and_resume_falls_back(tmp_path):
 def test_truncated_missing_and_unreadable_files(tmp_path):
     c = write_checkpoint(tmp_path, 1, _files(1))
     (c/'lora.safetensors').write_bytes((c/'lora.safetensors').read_bytes()[:40])
-    with pytest.raises(CheckpointError, match=r'lora.safetensors is corrupt \(40 bytes instead of'): verify_checkpoint(c)
+    with pytest.raises(CheckpointError, match=r'lora.safetensors is corrupt \(40 bytes instead of'):
+        verify_checkpoint(c)
     with pytest.raises(CheckpointError, match='cannot be read'): read_checkpoint(c, verify=False)
     (c/'config.json').unlink()
-    with pytest.raises(CheckpointError, match='incomplete: config.json is missing'): read_checkpoint(c, ('config.json',))
+    with pytest.raises(CheckpointError, match='incomplete: config.json is missing'):
+        read_checkpoint(c, ('config.json',))
     with pytest.raises(CheckpointError, match='has no ema.safetensors'): read_checkpoint(c, ('ema.safetensors',))
     (c/'state.json').write_text('{"step": 1, "fil')
     with pytest.raises(CheckpointError, match='ckpt-000001: state.json cannot be read'): read_checkpoint(c)
@@ -219,7 +230,8 @@ def _log(tmp_path, n=5):
 def test_partial_last_line_is_dropped_with_a_warning(tmp_path, tail):
     with open(_log(tmp_path).path, 'ab') as f: f.write(tail)  # the run is killed; a new process opens the log
     log = MetricsLog(tmp_path/'metrics.jsonl')
-    with pytest.warns(UserWarning, match='line 6: dropped a partial last line'): assert [r['step'] for r in log.read()] == list(range(5))
+    with pytest.warns(UserWarning, match='line 6: dropped a partial last line'):
+        assert [r['step'] for r in log.read()] == list(range(5))
     with pytest.warns(UserWarning): log.append(dict(step=5, reward=0.5))
     assert [r['step'] for r in log.read()] == list(range(6))  # the new row is not glued to the fragment
 
@@ -268,10 +280,13 @@ def test_read_json_names_the_file_and_what_it_is(tmp_path):
     assert read_json(f, 'run config') == dict(lr=1e-4)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith('.tmp-')]
     f.write_text('')
-    with pytest.raises(ValueError, match=r'run config .*config.json is not valid JSON \(Expecting value: line 1 column 1'): read_json(f, 'run config')
+    with pytest.raises(ValueError, match=r'run config .*config.json is not valid JSON \(Expecting value: line 1 '
+                                         r'column 1'):
+        read_json(f, 'run config')
     f.write_text('{"lr": 1e-4, "K"')
     with pytest.raises(ValueError, match='config.json is not valid JSON'): read_json(f)
-    with pytest.raises(ValueError, match='base record .*base.json does not exist'): read_json(tmp_path/'base.json', 'base record')
+    with pytest.raises(ValueError, match='base record .*base.json does not exist'):
+        read_json(tmp_path/'base.json', 'base record')
     with pytest.raises(ValueError, match='is a folder'): read_json(tmp_path)
     with pytest.raises(CheckpointError, match='cannot write summary .*No such file or directory'):
         write_json(tmp_path/'no'/'summary.json', {}, 'summary')
@@ -283,11 +298,13 @@ def test_check_output_dir(tmp_path, monkeypatch):
     (tmp_path/'f').write_text('x')
     with pytest.raises(ValueError, match='output folder .*f is a file'): check_output_dir(tmp_path/'f')
     with pytest.raises(ValueError, match=r'cannot be created: .*f is a file'): check_output_dir(tmp_path/'f'/'g'/'h')
-    with pytest.raises(ValueError, match=r'has .* free and the command needs about'): check_output_dir(tmp_path, need_bytes=10**18)
+    with pytest.raises(ValueError, match=r'has .* free and the command needs about'):
+        check_output_dir(tmp_path, need_bytes=10**18)
     monkeypatch.chdir(tmp_path)
     assert check_output_dir('runs/x') == Path('runs/x')
     monkeypatch.setattr(os, 'access', lambda p, mode: False)  # what a non-root user sees on a folder of someone else
-    with pytest.raises(ValueError, match='cannot be written: .* not writable by this user'): check_output_dir(tmp_path/'new')
+    with pytest.raises(ValueError, match='cannot be written: .* not writable by this user'):
+        check_output_dir(tmp_path/'new')
     class RO:
         f_flag = os.ST_RDONLY
     monkeypatch.setattr(os, 'statvfs', lambda p: RO())
@@ -299,13 +316,15 @@ def test_check_output_dir(tmp_path, monkeypatch):
 def test_lock_refuses_another_process_and_takes_over_after_it_is_killed(tmp_path, lock_holder):
     run = tmp_path/'run'
     child = lock_holder(run, 'a comparison')
-    with pytest.raises(FolderLocked, match=rf"^{run} is being written by another process \(a comparison, PID {child.pid}, since "):
+    with pytest.raises(FolderLocked,
+                       match=rf"^{run} is being written by another process \(a comparison, PID {child.pid}, since "):
         FolderLock(run, 'a trainer')
     child.kill(); child.wait()  # SIGKILL: the kernel drops its lock, the file with its record stays
     assert json.loads((run/LOCK_FILE).read_text())['pid'] == child.pid
     with pytest.warns(UserWarning, match=rf'\(a comparison, PID {child.pid}\) ended without letting go of it'):
         lock = FolderLock(run, 'a trainer')
-    assert json.loads((run/LOCK_FILE).read_text()) | dict(since=None) == dict(pid=os.getpid(), what='a trainer', since=None)
+    assert json.loads((run/LOCK_FILE).read_text()) | dict(since=None) == \
+        dict(pid=os.getpid(), what='a trainer', since=None)
     lock.release(); lock.release()  # a second release does nothing
     assert not (run/LOCK_FILE).exists() and run.is_dir()
 
@@ -321,7 +340,8 @@ def test_lock_is_reentrant_in_a_process_and_counts_its_holders(tmp_path):
 
 
 def _race(folder, start):
-    "A forked child: wait for `start`, try the lock; exit 0 holding it (for a while, then killed by os._exit), 3 when refused."
+    """A forked child: wait for `start`, try the lock; exit 0 holding it (for a while, then killed by os._exit), 3 when
+    refused."""
     while not start.exists(): time.sleep(0.001)
     try: lock = FolderLock(folder, 'a racer')  # kept: a lock nobody refers to is released
     except FolderLocked: os._exit(3)
@@ -349,7 +369,8 @@ def test_a_forked_child_shares_the_lock_and_leaves_its_file(tmp_path, lock_holde
     os.waitpid(pid, 0)
     assert lock.held and json.loads((tmp_path/LOCK_FILE).read_text())['pid'] == os.getpid()
     import subprocess, sys
-    r = subprocess.run([sys.executable, '-c', 'import sys; from flowgrpo_nb.checkpoint import FolderLock; FolderLock(sys.argv[1])', str(tmp_path)],
+    r = subprocess.run([sys.executable, '-c', 'import sys; from flowgrpo_nb.checkpoint import FolderLock; '
+                                              'FolderLock(sys.argv[1])', str(tmp_path)],
                        capture_output=True, text=True)
     assert r.returncode == 1 and f'(a comparison, PID {os.getpid()}' in r.stderr
     lock.release()
@@ -366,20 +387,24 @@ def test_run_folder_reads_an_older_run_as_the_trainer_wrote_it(tmp_path):
     write_checkpoint(tmp_path, 2, {'lora.safetensors': LORA, 'state.json': dict(step=2)})
     run = RunFolder(tmp_path)
     assert run.is_run() and run.config() == dict(method='dense', K=4) and run.fingerprint() is None
-    with pytest.warns(UserWarning, match='line 3: dropped a partial last line'): assert [m['step'] for m in run.metrics()] == [1, 2]
+    with pytest.warns(UserWarning, match='line 3: dropped a partial last line'):
+        assert [m['step'] for m in run.metrics()] == [1, 2]
     assert run.summary()['steps'] == 2 and run.calibration()['psi'][0] == 0.5
     assert [c.name for c in run.checkpoints()] == ['ckpt-000002'] == [run.latest_checkpoint().name]
     before = {f: (tmp_path/f).read_bytes() for f in ('config.json', 'calibration.json', 'summary.json')}
-    for name in ('config', 'calibration', 'summary'): run.write(name, run.read(name))  # the same bytes back: the format is kept
+    # the same bytes back: the format is kept
+    for name in ('config', 'calibration', 'summary'): run.write(name, run.read(name))
     assert {f: (tmp_path/f).read_bytes() for f in before} == before
 
 
 def test_run_folder_errors_name_the_file(tmp_path):
     run = RunFolder(tmp_path/'run')
-    assert (run.summary(), run.calibration(), run.fingerprint(), run.metrics(), run.checkpoints()) == (None, None, None, [], [])
+    assert (run.summary(), run.calibration(), run.fingerprint(), run.metrics(), run.checkpoints()) == \
+        (None, None, None, [], [])
     with pytest.raises(ValueError, match=r"not a trainer run folder \(.*config.json does not exist\)"): run.config()
     run.write('config', dict(K=4)); run.file('summary').write_text('[1, 2]')
-    with pytest.raises(ValueError, match=r'the run summary .*summary.json holds a list, not a JSON object'): run.summary()
+    with pytest.raises(ValueError, match=r'the run summary .*summary.json holds a list, not a JSON object'):
+        run.summary()
     run.file('base').write_text('{"fingerprint": ')
     with pytest.raises(ValueError, match=r'the run base .*base.json is not valid JSON'): run.fingerprint()
     assert RunFolder(RunFolder(run.path)).path == run.path and Path(run) == run.path  # a RunFolder is a path-like

@@ -51,7 +51,8 @@ def test_malformed_flag_is_argparse_status_2():
 def test_unknown_command():
     r = flowgrpo('fly', '--fast')
     assert r.returncode == 2
-    assert r.stderr.splitlines() == [f"flowgrpo: unknown command 'fly'; the commands are {', '.join(cli.COMMANDS)} (flowgrpo --help)"]
+    assert r.stderr.splitlines() == \
+        [f"flowgrpo: unknown command 'fly'; the commands are {', '.join(cli.COMMANDS)} (flowgrpo --help)"]
 
 
 def test_os_error_is_one_sentence(tmp_path):
@@ -63,11 +64,13 @@ def test_os_error_is_one_sentence(tmp_path):
 
 @pytest.mark.parametrize('how', ['flag', 'env'])
 def test_debug_shows_the_traceback(how):
-    args, env = (['eval-tiny', '--debug', '--guidance', 'nan'], None) if how == 'flag' else (['eval-tiny', '--guidance', 'nan'], dict(FLOWGRPO_DEBUG='1'))
+    args, env = ((['eval-tiny', '--debug', '--guidance', 'nan'], None) if how == 'flag'
+                 else (['eval-tiny', '--guidance', 'nan'], dict(FLOWGRPO_DEBUG='1')))
     r = flowgrpo(*args, env=env)
     assert r.returncode == 2
     lines = own_lines(r.stderr)
-    assert lines[0] == 'Traceback (most recent call last):' and 'ValueError: --guidance nan: must be a finite number' in lines
+    assert (lines[0] == 'Traceback (most recent call last):'
+            and 'ValueError: --guidance nan: must be a finite number' in lines)
     assert lines[-1] == 'flowgrpo eval-tiny: --guidance nan: must be a finite number'
 
 
@@ -108,7 +111,8 @@ def test_errors_become_one_line_and_bugs_keep_their_traceback(monkeypatch, capsy
     from flowgrpo_nb.checkpoint import CheckpointError
     for exc, line in [(CheckpointError('checkpoint /r/ckpt-000002: lora.safetensors is corrupt\n(sha256)'),
                        'checkpoint /r/ckpt-000002: lora.safetensors is corrupt (sha256)'),
-                      (OSError(28, 'No space left on device', '/runs/x/metrics.jsonl'), '/runs/x/metrics.jsonl: No space left on device')]:
+                      (OSError(28, 'No space left on device', '/runs/x/metrics.jsonl'),
+                       '/runs/x/metrics.jsonl: No space left on device')]:
         def fake(exc=exc): raise exc
         _fake(monkeypatch, fake)
         assert cli.main(['fake']) == 2
@@ -130,17 +134,20 @@ sys.exit(cli.main(['fake']))
 """)  # a file, not -c: fastcore's parser reads the command's source for its option help
     r = subprocess.run([sys.executable, str(tmp_path/'warns.py')], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0
-    assert r.stderr == 'flowgrpo fake: warning: runs/x/figures/a.png: PNG skipped: the export (kaleido) did not finish in 20 s\n'
+    assert r.stderr == ('flowgrpo fake: warning: runs/x/figures/a.png: PNG skipped: the export (kaleido) '
+                        'did not finish in 20 s\n')
 
 
 def test_compare_starts_the_fork_server_of_its_workers_first(monkeypatch):
-    "flowgrpo compare starts the server its workers fork from before its own imports; other commands, --help and --estimate do not."
+    """flowgrpo compare starts the server its workers fork from before its own imports; other commands, --help and
+    --estimate do not."""
     import multiprocessing.forkserver as fs
     from flowgrpo_nb import cli
     from flowgrpo_nb.study.pool import WORKER_PRELOAD, start_fork_server
     started = []
     monkeypatch.setattr(fs, 'ensure_running', lambda: started.append(list(fs._forkserver._preload_modules)))
-    for name, argv in (('train', []), ('compare', ['--help']), ('compare', ['--estimate'])): cli._start_fork_server(name, argv)
+    for name, argv in (('train', []), ('compare', ['--help']), ('compare', ['--estimate'])):
+        cli._start_fork_server(name, argv)
     assert started == []
     cli._start_fork_server('compare', ['--seeds', '0'])
     assert started == [WORKER_PRELOAD] and cli.FORK_SERVER['compare'] == start_fork_server.__module__
@@ -155,10 +162,13 @@ def test_a_stop_closes_open_progress_bars_first(monkeypatch, capsys):
     _fake(monkeypatch, fake)
     assert cli.main(['fake']) == 130
     err = capsys.readouterr().err
-    assert err.endswith('\nflowgrpo fake: stopped by Ctrl-C (SIGINT); continue with: flowgrpo fake\n') and 'training' in err, repr(err)  # the sentence on a line of its own
+    # the sentence on a line of its own
+    assert (err.endswith('\nflowgrpo fake: stopped by Ctrl-C (SIGINT); continue with: flowgrpo fake\n')
+            and 'training' in err), repr(err)
 
 def test_train_help_lists_every_preset(capsys):
-    "`flowgrpo train --help` names every key of `PRESETS` (flow_grpo_ddim, tempflow and flash included): the list is PRESETS'."
+    """`flowgrpo train --help` names every key of `PRESETS` (flow_grpo_ddim, tempflow and flash included): the list is
+    PRESETS'."""
     from flowgrpo_nb.config import PRESETS
     with pytest.raises(SystemExit): cli.main(['train', '--help'])
     text = ' '.join(capsys.readouterr().out.split())

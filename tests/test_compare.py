@@ -1,4 +1,5 @@
-"Checks of flowgrpo_nb.study.compare: its Task seam, its worker processes, its statistics and costs (the notebook nbs/06h_compare.ipynb runs the embedded default)."
+"""Checks of flowgrpo_nb.study.compare: its Task seam, its worker processes, its statistics and costs (the notebook
+nbs/06h_compare.ipynb runs the embedded default)."""
 import copy, dataclasses, json, os
 from pathlib import Path
 
@@ -44,30 +45,37 @@ def task():
 def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     policy = load_policy('tiny')
     before = {k: v.clone() for k, v in policy.module.state_dict().items()}
-    report = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=2, png=False)  # they travel to the workers
+    # they travel to the workers
+    report = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=2, png=False)
     after = policy.module.state_dict()  # every training got its own copy: the given policy is untouched
     assert set(after) == set(before) and all(torch.equal(after[k], v) for k, v in before.items())
     sec = report.tasks['geneval']
     cfg = CompareConfig(**ONE).train_config('flow_grpo', 0)  # the trainer's evaluation settings and noise of seed 0
-    base = evaluate_policy(copy.deepcopy(policy).set_fast(resolve_fast(cfg.fast)[0]), task, cfg.eval_images, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance, seed=cfg.seed + EVAL_SEED)
+    base = evaluate_policy(copy.deepcopy(policy).set_fast(resolve_fast(cfg.fast)[0]), task, cfg.eval_images, K=cfg.K,
+                           shift=cfg.shift, guidance=cfg.guidance, seed=cfg.seed + EVAL_SEED)
     assert sec.base['per_seed']['0'] == heldout(base) and sec.base['learned_score'] is None
     for m in ('flow_grpo', 'dense'):
         r, run = sec.arms[m], sec.per_seed['0'][m]
         assert r.per_category == {} and r.learned_score is None and r.heldout_strict.n == 1
         last = RunFolder(tmp_path/'geneval'/'seed0'/m).metrics()[-1]
         assert run.heldout['overall']['strict'] == last['eval_overall'] and run.curve[0].eval == base.overall
-        assert [p.step for p in run.curve] == [0, 2] and not (tmp_path/'figures'/'geneval_costs.png').exists()  # the base point, then the trainer's final evaluation
+        # the base point, then the trainer's final evaluation
+        assert [p.step for p in run.curve] == [0, 2] and not (tmp_path/'figures'/'geneval_costs.png').exists()
     assert RunFolder(tmp_path/'geneval'/'seed0'/'dense').config()['method'] == 'dense'
     assert not list(tmp_path.rglob('.lock'))  # every writer let go of its folder
     assert report.setup['tasks']['geneval']['name'] == 'brightness'
     assert (tmp_path/'report.html').exists() and report.findings
-    again = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=1, png=False)  # every run reused
+    # every run reused
+    again = compare(tmp_path, CompareConfig(**ONE), task=task, policy=policy, progress=False, workers=1, png=False)
     assert (report.timing['runs_reused'], again.timing['runs_reused'], again.timing['runs']) == (0, 2, 2)
-    assert [i['runs_trained'] for i in again.timing['invocations']] == [2, 0]  # the job's own wall time survives a rebuild
+    # the job's own wall time survives a rebuild
+    assert [i['runs_trained'] for i in again.timing['invocations']] == [2, 0]
     assert again.timing['invocations'][0]['wall_seconds'] == report.wall_seconds
     inv = again.timing['invocations']  # each with the command and the code that ran it (invocations.jsonl)
-    assert [i['command'] for i in inv] == [again.timing['command']] * 2 and again.timing['command'].startswith(f'flowgrpo compare --budget smoke --out {tmp_path}')
-    assert all(i['code']['version'] == flowgrpo_nb.__version__ for i in inv) and [i['runs_to_train'] for i in inv] == [2, 0]
+    assert ([i['command'] for i in inv] == [again.timing['command']] * 2
+            and again.timing['command'].startswith(f'flowgrpo compare --budget smoke --out {tmp_path}'))
+    assert (all(i['code']['version'] == flowgrpo_nb.__version__ for i in inv)
+            and [i['runs_to_train'] for i in inv] == [2, 0])
     assert all(i['cpu'] == {'cpu': cpu_name(), 'capability': torch.backends.cpu.get_cpu_capability()} for i in inv)
     assert f"on {cpu_name()} (" in (tmp_path/"report.html").read_text()  # the page says which CPU ran each invocation
     assert again.findings == report.findings and again.tasks['geneval'].base == sec.base
@@ -75,7 +83,8 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
 def test_base_eval_is_the_trainers_first_evaluation(task, tmp_path):
     "The base point of a seed is what a run of that seed would have evaluated before its first step (`evaluate_base`)."
     cfg = CompareConfig(budget='smoke').train_config('flow_grpo', 3)
-    tr = GRPOTrainer(GRPOConfig.from_dict(cfg.to_dict() | dict(log_with='none')), tmp_path/'run', policy=load_policy('tiny'), task=task, progress=False)
+    tr = GRPOTrainer(GRPOConfig.from_dict(cfg.to_dict() | dict(log_with='none')), tmp_path/'run',
+                     policy=load_policy('tiny'), task=task, progress=False)
     assert base_eval(load_policy('tiny'), task, cfg).overall == pytest.approx(tr.evaluate().overall, abs=1e-6)
 
 def test_base_eval_cache(task, tmp_path):
@@ -89,7 +98,8 @@ def test_base_eval_cache(task, tmp_path):
     assert base_eval(other_weights, task, cfg, path, progress=False).overall != -1.0
     d['overall'] = -1.0; path.write_text(json.dumps(d))
     other = Task('other', task.train_prompts, task.eval_prompts, task.reward, task.evaluate)
-    assert base_eval(load_policy('tiny'), other, cfg, path).overall != -1.0 and json.loads(path.read_text())['key']['task'] == 'other'
+    assert (base_eval(load_policy('tiny'), other, cfg, path).overall != -1.0
+            and json.loads(path.read_text())['key']['task'] == 'other')
     assert isinstance(a, EvalReport) and a.n == cfg.eval_images
 
 def test_finished_run_of_other_base_weights_is_not_reused(task, tmp_path):
@@ -101,12 +111,14 @@ def test_finished_run_of_other_base_weights_is_not_reused(task, tmp_path):
     d.write('base', dict(fingerprint=policy.base_fingerprint()))
     _train_one(cfg, d.path, policy, task, False)  # the same weights: reused, nothing trained
     assert not d.file('metrics').exists()
-    from flowgrpo_nb.study.compare import _check_reused, run_dir  # compare checks before any work, loading the config's model when none is given
+    # compare checks before any work, loading the config's model when none is given
+    from flowgrpo_nb.study.compare import _check_reused, run_dir
     ccfg = CompareConfig(budget='smoke')
     run = RunFolder(run_dir(tmp_path/'out', 'geneval', 0, 'flow_grpo'))
     run.write('base', dict(fingerprint='0' * 16))
     for given in (policy, None):
-        with pytest.raises(ValueError, match='other base weights'): _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, given)
+        with pytest.raises(ValueError, match='other base weights'):
+            _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, given)
     run.write('base', dict(fingerprint=policy.base_fingerprint()))
     _check_reused([('geneval', 0, 'flow_grpo')], tmp_path/'out', ccfg, None)
 
@@ -129,13 +141,16 @@ def test_compare_checks_before_it_starts(task, tmp_path):
     assert not (tmp_path/'out').exists()  # nothing written, nothing trained
 
 def test_a_second_job_on_the_same_out_is_refused_before_any_work(task, tmp_path, lock_holder):
-    "While another process writes --out (a comparison), a job on it is refused at once, naming that process; a run folder likewise."
+    """While another process writes --out (a comparison), a job on it is refused at once, naming that process; a run
+    folder likewise."""
     child = lock_holder(tmp_path/'out', 'a comparison')
-    with pytest.raises(ValueError, match=rf"out is being written by another process \(a comparison, PID {child.pid}, since "):
+    with pytest.raises(ValueError,
+                       match=rf"out is being written by another process \(a comparison, PID {child.pid}, since "):
         compare(tmp_path/'out', CompareConfig(**ONE), task=task, progress=False, workers=1)
     assert [p.name for p in (tmp_path/'out').iterdir()] == ['.lock']  # nothing of the refused job
     run = lock_holder(tmp_path/'run', 'a trainer')
-    with pytest.raises(ValueError, match=rf"run is being written by another process \(a trainer, PID {run.pid}, since "):
+    with pytest.raises(ValueError,
+                       match=rf"run is being written by another process \(a trainer, PID {run.pid}, since "):
         _train_one(CompareConfig(**ONE).train_config('flow_grpo', 0), tmp_path/'run', None, task, False)
 
 def test_a_folder_of_other_settings_is_not_reused(task, tmp_path):
@@ -146,7 +161,8 @@ def test_a_folder_of_other_settings_is_not_reused(task, tmp_path):
 
 def _tensors(run_dir):
     "Every tensor of a run's checkpoints: {(checkpoint, file, name): tensor}."
-    return {(c.name, f.name, k): v for c in sorted((run_dir/'checkpoints').iterdir()) for f in sorted(c.glob('*.safetensors'))
+    return {(c.name, f.name, k): v for c in sorted((run_dir/'checkpoints').iterdir())
+            for f in sorted(c.glob('*.safetensors'))
             for k, v in load_file(f).items()}
 
 def test_serial_and_parallel_runs_are_the_same(tmp_path):
@@ -167,12 +183,16 @@ def test_serial_and_parallel_runs_are_the_same(tmp_path):
             assert ta and ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta), (t, m)
     assert one.tasks['score'].arms['dense'].heldout_strict == two.tasks['score'].arms['dense'].heldout_strict
 
-@pytest.mark.parametrize('reward, why', [(failing_reward, 'this reward always fails'), (dying_reward, 'BrokenProcessPool')])
+@pytest.mark.parametrize('reward, why',
+                         [(failing_reward, 'this reward always fails'), (dying_reward, 'BrokenProcessPool')])
 def test_a_failing_worker_names_its_run(tmp_path, reward, why):
-    "A run that raises, or a worker process that dies, ends the comparison with one ValueError naming a (seed, arm) or the base evaluation."
-    with pytest.raises(ValueError, match=r"^the (run of seed 0, arm '(flow_grpo|dense)' \(task 'geneval'\)|base model's evaluation \(geneval, seed 0\)) "
+    """A run that raises, or a worker process that dies, ends the comparison with one ValueError naming a (seed, arm) or
+    the base evaluation."""
+    with pytest.raises(ValueError, match=r"^the (run of seed 0, arm '(flow_grpo|dense)' \(task 'geneval'\)"
+                                         r"|base model's evaluation \(geneval, seed 0\)) "
                                          r"failed in its worker process \(") as e:
-        compare(tmp_path, CompareConfig(**ONE), task=brightness_task(reward=reward), policy=load_policy('tiny'), progress=False, workers=2)
+        compare(tmp_path, CompareConfig(**ONE), task=brightness_task(reward=reward), policy=load_policy('tiny'),
+                progress=False, workers=2)
     assert why in str(e.value) and '\n' not in str(e.value)
 
 def test_workers_need_a_picklable_task(task, tmp_path):
@@ -186,11 +206,13 @@ def test_workers_need_a_picklable_task(task, tmp_path):
 def _fake_run(d, method, wall, cpu, nfe, final=0.5, steps=2, calibration=None, turning_points=None, score=None):
     "A run folder with `steps` steps of the given wall / CPU seconds and NFE per sample, and a final evaluation."
     run = RunFolder(d)
-    run.write('config', dict(prompts_per_step=2, group_size=4, minibatch=8, updates_per_rollout=1, method=method, eval_images=4))
+    run.write('config', dict(prompts_per_step=2, group_size=4, minibatch=8, updates_per_rollout=1, method=method,
+                             eval_images=4))
     run.write('summary', dict(steps=steps, calibration_cost=calibration))
     ms = [dict(step=i + 1, sec_total=(i + 1) * wall, reward=0.5, nfe_rollout=nfe, nfe_lookahead=0.0,
                **({} if turning_points is None else dict(turning_points=turning_points)),
-               **{f'{k}_{p}': v for k, v in (('sec', wall), ('cpu', cpu)) for p in ('rollout', 'values', 'credit', 'update', 'step')})
+               **{f'{k}_{p}': v for k, v in (('sec', wall), ('cpu', cpu))
+                  for p in ('rollout', 'values', 'credit', 'update', 'step')})
           for i in range(steps)]
     ms[-1] |= dict(eval_overall=final, eval_overall_se=0.1, **({} if score is None else dict(eval_score=score)))
     for m in ms: run.log.append(m)
@@ -201,14 +223,16 @@ def _report(runs:dict, levels='few', finals=None):
     base = EvalReport(0.4, 0.1, 4)
     per_seed = {'0': {a: run_report(d, base) for a, d in runs.items()}}
     sec = task_section('geneval', per_seed, {'0': (heldout(base), None)}, list(runs), levels)
-    arms = {a: arm_settings(a, arm_config(a), levels) | dict(controls=dict(geneval=ARMS[a].control_for(levels))) for a in runs}
+    arms = {a: arm_settings(a, arm_config(a), levels) | dict(controls=dict(geneval=ARMS[a].control_for(levels)))
+            for a in runs}
     correct(dict(geneval=sec))
     rep = Report(format=3, setup=dict(arms=arms), tasks=dict(geneval=sec), findings=[])
     rep.findings = findings(rep)
     return rep
 
 def test_step_time_ratio_is_cpu_time_and_calibration_counts(tmp_path):
-    "A run whose wall time was inflated by a busy machine: the ratio follows the CPU seconds; calibration adds to the run's NFE and seconds."
+    """A run whose wall time was inflated by a busy machine: the ratio follows the CPU seconds; calibration adds to the
+    run's NFE and seconds."""
     cal = dict(nfe=1000, rollouts=16, seconds=5.0, cpu_seconds=4.0)
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', wall=1.0, cpu=1.0, nfe=4),
                  'dense': _fake_run(tmp_path/'d', 'dense', wall=20.0, cpu=2.0, nfe=12, calibration=cal)})
@@ -219,121 +243,157 @@ def test_step_time_ratio_is_cpu_time_and_calibration_counts(tmp_path):
     assert [p.seconds for p in run.curve] == [4.0, 8.0]  # the seconds axis starts with the calibration
     assert [p.nfe for p in run.curve] == [1000, 1000 + 2 * 12 * 8]  # and so does the NFE axis
     assert d.cost_ratio.mean == 8.0 / 2.0
-    assert any("a step costs 2.00× Flow-GRPO's CPU seconds (wall 20.00×), 96 NFE (3.00×); calibration 1000 NFE and 4 CPU s; "
-               "the whole run 4.00× Flow-GRPO's CPU seconds." in f for f in r.findings)
+    assert any("a step costs 2.00× Flow-GRPO's CPU seconds (wall 20.00×), 96 NFE (3.00×); calibration "
+               "1000 NFE and 4 CPU s; the whole run 4.00× Flow-GRPO's CPU seconds." in f for f in r.findings)
 
 @pytest.mark.parametrize('fired', [0.0, 3.0])
 def test_turning_points_that_never_fire_are_said(tmp_path, fired):
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4),
                  'turning_point': _fake_run(tmp_path/'t', 'turning_point', 2.0, 2.0, 12, turning_points=fired)})
     said = [f for f in r.findings if 'fired no turning point' in f]
-    assert (len(said), r.tasks['geneval'].arms['turning_point'].turning_points) == ((1, 0.0) if fired == 0 else (0, 6.0))
+    assert (len(said), r.tasks['geneval'].arms['turning_point'].turning_points) == \
+        ((1, 0.0) if fired == 0 else (0, 6.0))
     assert any("turning_point's window-matched control flow_grpo_train4 did not run" in f for f in r.findings)
 
 def test_dense_credit_that_does_not_beat_its_control_is_said(tmp_path):
     r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4, final=0.50),
                  'flow_grpo_train4': _fake_run(tmp_path/'e', 'flow_grpo', 1.0, 1.0, 4, final=0.60),
                  'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12, final=0.61)})
-    f = next(f for f in r.findings if f.startswith('[geneval] dense vs flow_grpo_train4 (its window-matched control by its preset, unchecked: the runs logged no gradient shares)'))
+    f = next(f for f in r.findings
+             if f.startswith('[geneval] dense vs flow_grpo_train4 (its window-matched control by its preset, '
+                             'unchecked: the runs logged no gradient shares)'))
     assert 'not distinguishable' in f and 'does not beat' in f
-    assert r.findings.index(f) < next(i for i, f in enumerate(r.findings) if f.startswith('[geneval] dense vs flow_grpo: +0.110'))
+    assert r.findings.index(f) < next(i for i, f in enumerate(r.findings)
+                                      if f.startswith('[geneval] dense vs flow_grpo: +0.110'))
 
 def test_learned_score_is_compared_with_seeds(tmp_path):
-    "The score task is judged on strict mini-GenEval and on the learned score it trains; the latter, logged without SEs, needs seeds."
+    """The score task is judged on strict mini-GenEval and on the learned score it trains; the latter, logged without
+    SEs, needs seeds."""
     base = EvalReport(0.4, 0.1, 4, extra=dict(score=0.5))
     per_seed = {str(s): {a: run_report(_fake_run(tmp_path/f'{a}{s}', a, 1.0, 1.0, 4, score=sc), base)
                          for a, sc in (('flow_grpo', 0.6 + s / 100), ('dense', 0.7 + s / 50))} for s in range(3)}
-    sec = lambda n: task_section('score', dict(list(per_seed.items())[:n]), {str(s): (heldout(base), 0.5) for s in range(n)},
-                                 ['flow_grpo', 'dense'], 'continuous', ('strict', 'learned_score'))
+    sec = lambda n: task_section('score', dict(list(per_seed.items())[:n]),
+                                 {str(s): (heldout(base), 0.5) for s in range(n)}, ['flow_grpo', 'dense'], 'continuous',
+                                 ('strict', 'learned_score'))
     c = [c for c in sec(3).comparisons if c.metric == 'learned_score' and c.arm == 'dense' and c.other == 'flow_grpo']
-    assert len(c) == 1 and c[0].is_control and c[0].verdict == 'higher' and c[0].diffs == pytest.approx([0.1, 0.11, 0.12])
+    assert (len(c) == 1 and c[0].is_control and c[0].verdict == 'higher'
+            and c[0].diffs == pytest.approx([0.1, 0.11, 0.12]))
     assert {c.metric for c in sec(1).comparisons} == {'strict'}
 
 def test_readme_results_and_an_older_report_format(tmp_path):
-    "A report of this format renders; one of the one-task format before it is refused with the command that rebuilds it."
+    """A report of this format renders; one of the one-task format before it is refused with the command that rebuilds
+    it."""
     with pytest.raises(ValueError, match=r"report format 1 .*flowgrpo compare --out DIR"):
         Report.from_json(dict(budget={}, per_seed={}, methods={}, findings=[]))
-    r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4), 'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12)})
+    r = _report({'flow_grpo': _fake_run(tmp_path/'f', 'flow_grpo', 1.0, 1.0, 4),
+                 'dense': _fake_run(tmp_path/'d', 'dense', 2.0, 2.0, 12)})
     r.setup |= dict(budget='smoke', steps=2, prompts_per_step=2, group_size=4, seeds=[0], evaluation=dict(images=4),
                     tasks=dict(geneval=dict(about='a test', arms=['flow_grpo', 'dense'])))
     md = results_markdown(r)
-    assert md.startswith('`flowgrpo compare --budget smoke`') and '| arm | held-out strict' in md and r.findings[0] in md
+    assert (md.startswith('`flowgrpo compare --budget smoke`') and '| arm | held-out strict' in md
+            and r.findings[0] in md)
     assert results_markdown(Report.from_json(json.loads(json.dumps(r.to_json())))) == md  # its JSON renders the same
 
 def test_cli(capsys):
-    a = anno_parser(compare_cli).parse_args(['--seeds', '0', '1', '--tasks', 'geneval', '--arms', 'flow_grpo', 'dense', '--set', 'lr=1e-3', '--estimate'])
-    assert (a.seeds, a.tasks, a.arms, a.set, a.estimate) == ([0, 1], ['geneval'], ['flow_grpo', 'dense'], ['lr=1e-3'], True)
-    compare_cli.__wrapped__(seeds=[0, 1], tasks=['geneval'], arms=['flow_grpo', 'dense'], set=['lr=1e-3'], estimate=True)
-    e = estimate_cost(CompareConfig(seeds=(0, 1), tasks=('geneval',), arms=('flow_grpo', 'dense'), overrides=dict(lr=1e-3)))
+    a = anno_parser(compare_cli).parse_args(['--seeds', '0', '1', '--tasks', 'geneval', '--arms', 'flow_grpo', 'dense',
+                                             '--set', 'lr=1e-3', '--estimate'])
+    assert (a.seeds, a.tasks, a.arms, a.set, a.estimate) == \
+        ([0, 1], ['geneval'], ['flow_grpo', 'dense'], ['lr=1e-3'], True)
+    compare_cli.__wrapped__(seeds=[0, 1], tasks=['geneval'], arms=['flow_grpo', 'dense'], set=['lr=1e-3'],
+                            estimate=True)
+    e = estimate_cost(CompareConfig(seeds=(0, 1), tasks=('geneval',), arms=('flow_grpo', 'dense'),
+                                    overrides=dict(lr=1e-3)))
     assert capsys.readouterr().out.startswith(f"estimated {e['core_seconds']:.0f} core-seconds (4 runs, 6 jobs)")
-    compare_cli.__wrapped__(seeds=[0, 1], tasks=['geneval'], arms=['flow_grpo,dense'], set=['lr=1e-3'], estimate=True)  # as flowgrpo fidelity writes them
+    # as flowgrpo fidelity writes them
+    compare_cli.__wrapped__(seeds=[0, 1], tasks=['geneval'], arms=['flow_grpo,dense'], set=['lr=1e-3'], estimate=True)
     assert capsys.readouterr().out.startswith(f"estimated {e['core_seconds']:.0f} core-seconds (4 runs, 6 jobs)")
-    assert len(job_costs(CompareConfig('quick'))) == 5 * (6 + 5) + 5  # the quick one: 55 runs, a base evaluation per seed
+    # the quick one: 55 runs, a base evaluation per seed
+    assert len(job_costs(CompareConfig('quick'))) == 5 * (6 + 5) + 5
     assert len(job_costs(CompareConfig())) == 2 * 2 + 2  # the main job: 2 seeds of flow_grpo and dense, and their bases
 
 def test_the_quick_job_runs_the_seeds_that_fit(capsys, tmp_path, monkeypatch):
-    "On a machine too slow for all five seeds of the quick comparison in 30 minutes (an AVX2 CPU's committed probe), `flowgrpo compare --budget quick` runs the first seeds that fit and says so; given seeds run as given; the main job fits there."
+    """On a machine too slow for all five seeds of the quick comparison in 30 minutes (an AVX2 CPU's committed probe),
+    `flowgrpo compare --budget quick` runs the first seeds that fit and says so; given seeds run as given; the main job
+    fits there."""
     from flowgrpo_nb import precision
     from flowgrpo_nb.study.costs import limit_of
-    probe = json.loads((Path(flowgrpo_nb.__file__).parent.parent/'results/machines/amd-epyc-avx2.json').read_text())['probe_ms_per_row']
+    probe = json.loads((Path(flowgrpo_nb.__file__).parent.parent/'results/machines/amd-epyc-avx2.json')
+                       .read_text())['probe_ms_per_row']
     slow = {p: {k: None if v is None else v / 1000 for k, v in r.items()} for p, r in probe.items()}
     key = precision.machine_key()
-    monkeypatch.setitem(precision._MEMO, json.dumps(key, sort_keys=True), dict(key=key, timings=slow, fast=False, why='an AVX2 probe'))
+    monkeypatch.setitem(precision._MEMO, json.dumps(key, sort_keys=True),
+                        dict(key=key, timings=slow, fast=False, why='an AVX2 probe'))
     compare_cli.__wrapped__(out=str(tmp_path/'c'), budget='quick', estimate=True)
     line, est = capsys.readouterr().out.splitlines()[:2]
     fit = tuple(int(s) for s in line.split('running seeds ')[1].split(' (')[0].split())
     assert line.startswith("the quick job's 5 seeds would take") and line.endswith('--seeds 0 1 2 3 4 runs every one')
     assert 2 <= len(fit) < 5 and fit == tuple(range(len(fit)))
     e = estimate_cost(CompareConfig('quick', seeds=fit))
-    assert e['wall_seconds'] <= limit_of('quick') and est.startswith(f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs")
-    compare_cli.__wrapped__(out=str(tmp_path/'c'), budget='quick', seeds=[0, 1, 2, 3, 4], estimate=True)   # asked for: all five, with the warning
+    assert (e['wall_seconds'] <= limit_of('quick')
+            and est.startswith(f"estimated {e['core_seconds']:.0f} core-seconds ({e['runs']} runs"))
+    # asked for: all five, with the warning
+    compare_cli.__wrapped__(out=str(tmp_path/'c'), budget='quick', seeds=[0, 1, 2, 3, 4], estimate=True)
     line, est = capsys.readouterr().out.splitlines()[:2]
-    assert line.endswith(f"; --seeds {' '.join(map(str, fit))} would take {estimate_cost(CompareConfig('quick', seeds=fit))['wall_seconds'] / 60:.0f}")
-    assert est.startswith(f"estimated {estimate_cost(CompareConfig('quick'))['core_seconds']:.0f} core-seconds (55 runs")
+    assert line.endswith(f"; --seeds {' '.join(map(str, fit))} would take "
+                         f"{estimate_cost(CompareConfig('quick', seeds=fit))['wall_seconds'] / 60:.0f}")
+    assert est.startswith(f"estimated {estimate_cost(CompareConfig('quick'))['core_seconds']:.0f} "
+                          "core-seconds (55 runs")
     compare_cli.__wrapped__(out=str(tmp_path/'m'), estimate=True)   # the main job: no line over its limit there
-    assert capsys.readouterr().out.startswith(f"estimated {estimate_cost(CompareConfig())['core_seconds']:.0f} core-seconds (4 runs")
+    assert capsys.readouterr().out.startswith(f"estimated {estimate_cost(CompareConfig())['core_seconds']:.0f} "
+                                              "core-seconds (4 runs")
 
 def test_reach_ignores_the_base_point():
     "A seed where Flow-GRPO ends below the base model is not 'reached' at step 0: only trained evaluations count."
     from flowgrpo_nb.study.results import CurvePoint
-    curve = [CurvePoint(step=s, seconds=c, eval=e, se=0.01) for s, c, e in ((0, 0.0, 0.47), (12, 5.0, 0.45), (24, 9.0, 0.46))]
+    curve = [CurvePoint(step=s, seconds=c, eval=e, se=0.01)
+             for s, c, e in ((0, 0.0, 0.47), (12, 5.0, 0.45), (24, 9.0, 0.46))]
     assert first_reach(curve, 0.458) == dict(target=0.458, steps=24, nfe=None, seconds=9.0)
     assert first_reach(curve, 0.465) == dict(target=0.465, steps=None, nfe=None, seconds=None)
 
 def test_the_study_at_smoke_sizes(tmp_path):
-    "The study's arms of the few-level task at smoke sizes over two seeds, end to end: every arm trains and reports, every claim of that task gets a verdict."
+    """The study's arms of the few-level task at smoke sizes over two seeds, end to end: every arm trains and reports,
+    every claim of that task gets a verdict."""
     ccfg = CompareConfig('study', seeds=(0, 1), tasks=('geneval',), overrides=SMOKE)
     STUDY = STUDY_ARMS['geneval']  # every arm but those added after the study ran
     report = compare(tmp_path, ccfg, progress=False, png=False)
     sec = report.tasks['geneval']
     assert set(sec.arms) == set(STUDY) and all(r.heldout_strict.n == 2 and r.auc is not None for r in sec.arms.values())
-    for c in (c for c in sec.comparisons if c.is_control):  # every control is either measured against the arm's gradient or says why not
+    # every control is either measured against the arm's gradient or says why not
+    for c in (c for c in sec.comparisons if c.is_control):
         assert 0 <= (c.window_share if c.window_share is not None else -1) <= 1 + 1e-9 or c.window_unchecked, c
     claims = {c.id: c for c in report.contrasts}
     assert all(c.n == 2 and c.verdict != 'not run' for c in claims.values() if c.task == 'geneval')
     assert all(c.verdict == 'not run' for c in claims.values() if c.task == 'score')
     assert report.timing['runs'] == len(STUDY) * 2 and report.timing['runs_reused'] == 0
-    run = sec.per_seed['0']['flow_grpo']  # every point of a curve keeps its per-category scores: the report draws them over steps
-    assert all(set(p.categories) == set(run.heldout) - {'overall'} for p in run.curve) and run.curve[-1].categories['counting'] == run.heldout['counting']['strict']
+    # every point of a curve keeps its per-category scores: the report draws them over steps
+    run = sec.per_seed['0']['flow_grpo']
+    assert (all(set(p.categories) == set(run.heldout) - {'overall'} for p in run.curve)
+            and run.curve[-1].categories['counting'] == run.heldout['counting']['strict'])
     assert 'held-out strict score per category vs optimizer steps' in (tmp_path/'report.html').read_text()
     assert Report.from_json(json.loads((tmp_path/'report.json').read_text())).contrasts == report.contrasts
-    # item 5: each arm's credit fidelity on its own fine-tuned runs, put in the rebuilt report (runs reused, nothing retrained)
+    # item 5: each arm's credit fidelity on its own fine-tuned runs, put in the rebuilt report (runs reused, nothing
+    # retrained)
     from flowgrpo_nb.study.fidelity import FidelityConfig
     from flowgrpo_nb.study.fidelity_report import compare_fidelity
-    rows = compare_fidelity(tmp_path, None, FidelityConfig(prompts=4, batch_prompts=4, group=4, M=2, n_boot=20), seeds=(0,), progress=False)
+    rows = compare_fidelity(tmp_path, None, FidelityConfig(prompts=4, batch_prompts=4, group=4, M=2, n_boot=20),
+                            seeds=(0,), progress=False)
     assert sorted(r['arm'] for r in rows) == sorted(STUDY) and all(r['seed'] == 0 for r in rows)
-    again = compare(tmp_path, dataclasses.replace(ccfg, fidelity=str(tmp_path/'fidelity'/'fidelity.json')), progress=False, png=False)
+    again = compare(tmp_path, dataclasses.replace(ccfg, fidelity=str(tmp_path/'fidelity'/'fidelity.json')),
+                    progress=False, png=False)
     assert again.timing['runs_reused'] == len(STUDY) * 2
-    # an arm whose fidelity row has a Kendall tau (not NaN: at these sizes a batch can hold no true gain to rank) carries it
+    # an arm whose fidelity row has a Kendall tau (not NaN: at these sizes a batch can hold no true gain to rank)
+    # carries it
     finite = {r['arm'] for r in rows if r['kendall'] is not None and r['kendall'] == r['kendall']}
     assert len(finite) >= len(STUDY) // 2, rows
-    assert {a: (r.fidelity['seeds'], r.fidelity['kendall'] and r.fidelity['kendall'].n) for a, r in again.tasks['geneval'].arms.items()} == \
+    assert {a: (r.fidelity['seeds'], r.fidelity['kendall'] and r.fidelity['kendall'].n)
+            for a, r in again.tasks['geneval'].arms.items()} == \
         {a: ([0], 1 if a in finite else None) for a in STUDY}
     assert any(f.startswith('[geneval] credit fidelity of the fine-tuned runs') for f in again.findings)
     assert 'credit fidelity (Kendall tau-b) against training gain' in (tmp_path/'report.html').read_text()
 
 def test_a_format_2_report_of_an_earlier_version_reads_and_renders():
-    "tests/data/report_format2.json, written by the version before the split: it reads as records without the study's measures, and renders."
+    """tests/data/report_format2.json, written by the version before the split: it reads as records without the study's
+    measures, and renders."""
     from flowgrpo_nb.study.page import study_rows
     d = json.loads((Path(__file__).parent/'data'/'report_format2.json').read_text())
     rep = Report.from_json(d)
@@ -347,17 +407,19 @@ def test_a_report_json_that_is_not_an_object_is_one_sentence(task, tmp_path):
     from flowgrpo_nb.study.compare import earlier_invocations
     from flowgrpo_nb.study.record import read_invocations
     (tmp_path/'report.json').write_text('[1, 2]')
-    with pytest.raises(ValueError, match=r"report.json holds a JSON list, not a comparison report \(an object\); move it away or use another --out$"):
+    with pytest.raises(ValueError, match=r"report.json holds a JSON list, not a comparison report \(an object\); "
+                                         r"move it away or use another --out$"):
         compare(tmp_path, CompareConfig(**ONE), task=task, policy=load_policy('tiny'), progress=False, workers=1)
     assert not (tmp_path/'invocations.jsonl').exists()  # refused before any work
     (tmp_path/'report.json').write_text('{"timing": [3], "wall_seconds": 5}')  # an odd timing block is no timing
     assert earlier_invocations(tmp_path) == [dict(wall_seconds=5, runs_trained=0)]
-    (tmp_path/'invocations.jsonl').write_text('[1]\n{"id": "a", "wall_seconds": 2}\n')  # a line that is not an object is skipped
+    # a line that is not an object is skipped
+    (tmp_path/'invocations.jsonl').write_text('[1]\n{"id": "a", "wall_seconds": 2}\n')
     assert read_invocations(tmp_path) == [dict(wall_seconds=2, runs_trained=None, id='a')]
 
 def test_the_confirm_budget_at_smoke_sizes(tmp_path):
-    """The pre-registered study end to end at smoke sizes over two seeds: every arm its file names trains, and every claim of
-    the file gets a verdict, an effect with its interval, and an MDE at the Holm level of its own family."""
+    """The pre-registered study end to end at smoke sizes over two seeds: every arm its file names trains, and every
+    claim of the file gets a verdict, an effect with its interval, and an MDE at the Holm level of its own family."""
     from flowgrpo_nb.study.design import load_prereg, prereg_file
     pre = load_prereg(prereg_file())
     ccfg = CompareConfig('confirm', seeds=(0, 1), overrides=SMOKE)
@@ -369,26 +431,35 @@ def test_the_confirm_budget_at_smoke_sizes(tmp_path):
     for c in report.contrasts:
         if c.family == 'post hoc': continue
         assert c.n == 2 and c.verdict != 'not run' and c.ci and c.family in ('primary', 'secondary'), c
-        assert c.mde is not None or not c.sd, c  # at 2 steps two arms can score alike on both seeds: no spread, no MDE to state
+        # at 2 steps two arms can score alike on both seeds: no spread, no MDE to state
+        assert c.mde is not None or not c.sd, c
     assert any(c.mde is not None for c in report.contrasts)
     assert {c.family_size for c in report.contrasts if c.family == 'primary'} == {len(pre.primary)}
     page = (tmp_path/'report.html').read_text()
-    assert pre.claims[0].question in page and page.index('<h2>The pre-registered claims</h2>') < page.index('<h2>Setup</h2>')
+    assert (pre.claims[0].question in page
+            and page.index('<h2>The pre-registered claims</h2>') < page.index('<h2>Setup</h2>'))
     pr = report.setup['prereg']  # the registration: the file, and whether the code of every invocation came after it
     assert pr['file'] == 'design/confirm_prereg.toml' and len(pr['sha256']) == 64
     assert pr['commit'] is None or (len(pr['invocations']) == 1 and pr['invocations'][0]['after'] in (True, None))
 
 def test_the_main_job_opens_on_the_study_bands(tmp_path):
-    "The main job (budget default at smoke sizes, evaluated at step 25 as the confirmatory study was) opens its report on its curves drawn on the study's bands, with the sentence and, once, what two seeds decide: no verdict per comparison."
-    report = compare(tmp_path, CompareConfig(overrides=SMOKE | dict(steps=25, eval_every=25)), progress=False, png=False)
+    """The main job (budget default at smoke sizes, evaluated at step 25 as the confirmatory study was) opens its report
+    on its curves drawn on the study's bands, with the sentence and, once, what two seeds decide: no verdict per
+    comparison."""
+    report = compare(tmp_path, CompareConfig(overrides=SMOKE | dict(steps=25, eval_every=25)), progress=False,
+                     png=False)
     first, decides = report.findings[:2]
-    assert first.startswith("[geneval] This job's mean of 2 seeds against the confirmatory study's (14 seeds") and 'at step 25, Flow-GRPO ' in first
-    assert decides.startswith('[geneval] What this job decides: with 2 seeds per arm and 25 steps') and "over the study's 14 seeds" in decides
+    assert (first.startswith("[geneval] This job's mean of 2 seeds against the confirmatory study's (14 seeds")
+            and 'at step 25, Flow-GRPO ' in first)
+    assert (decides.startswith('[geneval] What this job decides: with 2 seeds per arm and 25 steps')
+            and "over the study's 14 seeds" in decides)
     assert not any('not distinguishable' in f for f in report.findings)
     page = (tmp_path/'report.html').read_text()
     head = page[:page.index('<h2>Setup')]
-    assert "id=\"headline\"" in head and 'this job, mean of 2 seeds' in head and "This job&#x27;s mean of 2 seeds" in head
+    assert ("id=\"headline\"" in head and 'this job, mean of 2 seeds' in head
+            and "This job&#x27;s mean of 2 seeds" in head)
     fig = json.loads((tmp_path/'figures'/'geneval_reference.json').read_text())
     assert sum(d.get('fill') == 'toself' for d in fig['data']) == 2   # a band per arm
     short = compare(tmp_path/'s', CompareConfig(overrides=SMOKE | dict(steps=2)), progress=False, png=False)
-    assert short.findings[0].startswith("[geneval] This job's runs are not placed on results/confirm's bands") and 'at steps 0, 2 and' in short.findings[0]
+    assert (short.findings[0].startswith("[geneval] This job's runs are not placed on results/confirm's bands")
+            and 'at steps 0, 2 and' in short.findings[0])

@@ -165,7 +165,8 @@ def test_turning_points_only_where_the_sign_rule_holds(b, constraint, balance, u
             assert bool(tp.interior[i, k]) == (fired.get(k) == 'interior'), (i, k, fired)
             assert bool(tp.first[i, k]) == (fired.get(k) == 'first'), (i, k, fired)
     assert not (tp.interior & tp.first).any()
-    assert all(torch.equal(x, y) for x, y in zip(find_turning_points(V, trained, constraint, untrained), (tp.interior, tp.first)))
+    assert all(torch.equal(x, y) for x, y in zip(find_turning_points(V, trained, constraint, untrained),
+                                                 (tp.interior, tp.first)))
     assert not (tp.kept & ~tp.found).any()
     # a kept turning point's reward is R - V_k (replace, not add); every other trained step keeps its gain
     r_agg = V[:, -1:] - V[:, :-1]
@@ -230,7 +231,8 @@ def test_credit_turning_point_agrees_with_compute_credit():
     trained = torch.arange(8) < 7
     tp = credit_turning_point(V, group, trained)
     c = compute_credit(V, group, trained, CreditConfig(method='turning_point'))
-    assert isinstance(c, Credit) and torch.equal(tp.advantages, c.advantages) and torch.equal(tp.turning_points.kept, c.turning_points.kept)
+    assert (isinstance(c, Credit) and torch.equal(tp.advantages, c.advantages)
+            and torch.equal(tp.turning_points.kept, c.turning_points.kept))
     assert compute_credit(V, group, trained).turning_points is None
 
 
@@ -321,13 +323,15 @@ def test_config_validation(kw, msg):
 # ---------------------------------------------------------------- exploration calibration
 
 @FAST
-@given(st.integers(1, 6), st.integers(0, 12), st.floats(0, 0.3), st.integers(1, 1000), st.sampled_from(['hold', 'raise']))
+@given(st.integers(1, 6), st.integers(0, 12), st.floats(0, 0.3), st.integers(1, 1000),
+       st.sampled_from(['hold', 'raise']))
 def test_calibration_rule(K, iters, clamp_min, seed, no_signal):
     gen = torch.Generator().manual_seed(seed)
     trained = torch.rand(K, generator=gen) < 0.6
     psi0 = torch.rand(K, generator=gen)
     fn = lambda psi: torch.randint(-1, 2, (5, K), generator=gen).float()
-    cal = calibrate_exploration(fn, psi0, iters, eps1=2, eps2=0.05, clamp_min=clamp_min, trained=trained, no_signal=no_signal)
+    cal = calibrate_exploration(fn, psi0, iters, eps1=2, eps2=0.05, clamp_min=clamp_min, trained=trained,
+                                no_signal=no_signal)
     assert len(cal.history) == iters
     assert torch.equal(cal.psi[~trained], psi0[~trained])
     psi = psi0.clone()
@@ -344,11 +348,13 @@ def test_calibration_bad_input():
     fn = lambda psi: torch.zeros(4, 3)
     with pytest.raises(ValueError, match="iters=-1"): calibrate_exploration(fn, torch.ones(3), -1)
     with pytest.raises(ValueError, match="eps2=0"): calibrate_exploration(fn, torch.ones(3), 2, eps2=0)
-    with pytest.raises(ValueError, match="trained="): calibrate_exploration(fn, torch.ones(3), 2, trained=torch.ones(2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="trained="):
+        calibrate_exploration(fn, torch.ones(3), 2, trained=torch.ones(2, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"returned torch.Size\(\[4, 3\]\) in round 0"):
         calibrate_exploration(fn, torch.ones(5), 2)
     cal = calibrate_exploration(fn, torch.ones(3), 2)  # all-zero rewards carry no signal: psi holds by default
     assert cal.to_dict()['psi'] == pytest.approx([1.0, 1.0, 1.0])
     cal = calibrate_exploration(fn, torch.ones(3), 2, no_signal='raise')  # the literal rule reads them as balanced
     assert cal.to_dict()['psi'] == pytest.approx([1.02, 1.02, 1.0])
-    with pytest.raises(ValueError, match="no_signal='never'"): calibrate_exploration(fn, torch.ones(3), 2, no_signal='never')
+    with pytest.raises(ValueError, match="no_signal='never'"):
+        calibrate_exploration(fn, torch.ones(3), 2, no_signal='never')

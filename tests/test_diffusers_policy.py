@@ -1,4 +1,5 @@
-"What SD3Policy and FluxPolicy share through DiffusersPolicy and Policy, checked on both tiny random pipelines (conftest's make_sd3, make_flux)."
+"""What SD3Policy and FluxPolicy share through DiffusersPolicy and Policy, checked on both tiny random pipelines
+(conftest's make_sd3, make_flux)."""
 import json
 from operator import attrgetter
 
@@ -42,7 +43,8 @@ def policy_images(pol, x, g, K=3):
     "The package's ODE rollout on the policy's schedule, decoded."
     cond = pol.encode(PROMPTS)
     with torch.no_grad():
-        z = sample_trajectory(lambda x, t: pol.velocity(x, t, cond, g), x, pol.sigmas(K, getattr(pol, 'shift', 1.0)), 'ode').x
+        z = sample_trajectory(lambda x, t: pol.velocity(x, t, cond, g), x, pol.sigmas(K, getattr(pol, 'shift', 1.0)),
+                              'ode').x
     return pol.decode(z)
 
 
@@ -76,7 +78,8 @@ def test_saved_lora_is_diffusers_format(backend, tmp_path):
 
 
 def test_saved_lora_loads_into_a_fresh_diffusers_pipeline(backend, tmp_path):
-    "pipe.load_lora_weights(folder) on a fresh pipeline samples the policy's images, at the adapter's scale alpha / r = 2."
+    """pipe.load_lora_weights(folder) on a fresh pipeline samples the policy's images, at the adapter's scale alpha / r
+    = 2."""
     make, g, _, _ = backend
     pol = moved_adapter(make)
     pol.save_lora(tmp_path)
@@ -88,7 +91,8 @@ def test_saved_lora_loads_into_a_fresh_diffusers_pipeline(backend, tmp_path):
     theirs = pipeline_images(pipe, pol, x, g)
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
     assert (theirs - base).abs().max() > 1e-2  # the adapter changes the images
-    pipe.set_adapters(pipe.get_list_adapters()['transformer'], 0.5)  # scale 1 (alpha = r, what a file without metadata gives)
+    # scale 1 (alpha = r, what a file without metadata gives)
+    pipe.set_adapters(pipe.get_list_adapters()['transformer'], 0.5)
     assert (pipeline_images(pipe, pol, x, g) - ours).abs().max() > 1e-3
 
 

@@ -1,7 +1,7 @@
 """Docs checks that need no Quarto: the notebooks go through nbdev's processors, README.md is in sync with
-nbs/index.ipynb and reads as a home page, and the offline site of `tools/docs.py` (a few pages built) reads from disk: no
-link to another host, every local link and anchor resolves, no prompts, one title a page, a progress bar and no warnings
-while it builds."""
+nbs/index.ipynb and reads as a home page, and the offline site of `tools/docs.py` (a few pages built) reads from disk:
+no link to another host, every local link and anchor resolves, no prompts, one title a page, a progress bar and no
+warnings while it builds."""
 import html, importlib.util, os, re, shutil, subprocess, sys
 from pathlib import Path
 import pytest
@@ -13,7 +13,8 @@ def _bin(name): return str(BIN/name) if (BIN/name).exists() else shutil.which(na
 
 def test_proc_nbs(tmp_path):
     """`nbdev-proc-nbs` (the step before Quarto in `nbdev-docs`) processes every notebook, tutorials included; on a copy
-    of the notebooks and settings, so that it writes nothing in the tree (the browser test checks the tree meanwhile)."""
+    of the notebooks and settings, so that it writes nothing in the tree (the browser test checks the tree
+    meanwhile)."""
     shutil.copytree(ROOT/'nbs', tmp_path/'nbs', ignore=shutil.ignore_patterns('.ipynb_checkpoints'))
     shutil.copy(ROOT/'pyproject.toml', tmp_path/'pyproject.toml')
     r = subprocess.run([_bin('nbdev-proc-nbs')], cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -31,7 +32,8 @@ def _readme_from_index(tmp_path) -> str:
         shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
     (tmp_path/'flowgrpo_nb').mkdir()
     shutil.copy(ROOT/'flowgrpo_nb'/'__init__.py', tmp_path/'flowgrpo_nb'/'__init__.py')
-    r = subprocess.run([sys.executable, str(tmp_path/'tools'/'readme.py')], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, str(tmp_path/'tools'/'readme.py')], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return (tmp_path/'README.md').read_text()
 
@@ -50,20 +52,22 @@ def test_readme_has_the_two_commands():
     for c in ('bash tools/main.sh', 'bash tools/test.sh'): assert c in readme, f"{c!r} is not in README.md"
 
 def test_readme_first_screen():
-    """The README's first screen: the two commands, where results land and how to open them; then the methods side by side
-    before what the studies found, which links to its own page and holds no verdict table (those are on the study's page)."""
+    """The README's first screen: the two commands, where results land and how to open them; then the methods side by
+    side before what the studies found, which links to its own page and holds no verdict table (those are on the study's
+    page)."""
     readme = (ROOT/'README.md').read_text()
     lines = readme.splitlines()
     top = '\n'.join(lines[:30])
-    for s in ('bash tools/main.sh', 'bash tools/test.sh', 'runs/compare/', 'report.html', 'flowgrpo app --runs runs/compare',
-              'glossary.ipynb'):
+    for s in ('bash tools/main.sh', 'bash tools/test.sh', 'runs/compare/', 'report.html',
+              'flowgrpo app --runs runs/compare', 'glossary.ipynb'):
         assert s in top, f"{s!r} is not in the README's first 30 lines"
     heads = [l for l in lines if l.startswith('## ')]
     methods, found = heads.index('## The four methods side by side'), heads.index('## What the studies found')
     assert methods < found, heads
     table = readme[readme.index('## The four methods side by side'):readme.index('## What the studies found')]
     assert '| method | preset | credit |' in table and table.count('\n| ') >= 5, table  # a header and a row per method
-    assert '| verdict |' not in readme and '| claim |' not in readme, 'verdict tables belong on nbs/study/findings.ipynb'
+    assert '| verdict |' not in readme and '| claim |' not in readme, \
+        'verdict tables belong on nbs/study/findings.ipynb'
     study = readme[readme.index('## What the studies found'):]
     assert 'study/findings.ipynb' in study and 'at equal optimizer steps' in study, study[:2000]
 
@@ -75,13 +79,15 @@ def test_readme_is_short():
 def test_home_page_imports_no_private_helper():
     "nbs/index.ipynb imports only public names (no `_name` from any module): a private helper has no contract to keep."
     import ast, json
-    cells = [''.join(c['source']) for c in json.loads((ROOT/'nbs'/'index.ipynb').read_text())['cells'] if c['cell_type'] == 'code']
+    cells = [''.join(c['source']) for c in json.loads((ROOT/'nbs'/'index.ipynb').read_text())['cells']
+             if c['cell_type'] == 'code']
     names = [a.name for src in cells for n in ast.walk(ast.parse(src)) if isinstance(n, (ast.Import, ast.ImportFrom))
              for a in n.names]
     assert names and not [n for n in names if n.split('.')[-1].startswith('_')], names
 
 def test_new_pages_are_in_the_navigation():
-    "The study's findings, Running it and Extending are pages of the site and in the navbar; every navbar link is a page."
+    """The study's findings, Running it and Extending are pages of the site and in the navbar; every navbar link is a
+    page."""
     docs = _docs()
     site = {p.as_posix() for p in docs.pages()}
     nav = dict((href, text) for text, href in docs.navbar())
@@ -126,7 +132,8 @@ def test_no_link_to_another_host(site):
     for page in _built(out):
         s = page.read_text()
         other = [u for _, u in URL_ATTR.findall(s) if OTHER_HOST.match(u)]
-        other += re.findall(r'''url\(\s*["']?\s*(?:https?:)?//[^)]*\)''', s) + re.findall(r'''@import\s+(?:url\()?["']?(?:https?:)?//[^"')]*''', s)
+        other += (re.findall(r'''url\(\s*["']?\s*(?:https?:)?//[^)]*\)''', s)
+                  + re.findall(r'''@import\s+(?:url\()?["']?(?:https?:)?//[^"')]*''', s))
         assert not other, (page.name, sorted(set(other))[:10])
 
 def test_local_links_and_anchors_resolve(site):
@@ -177,7 +184,8 @@ def test_one_title_a_page(site):
     assert name == 'flowgrpo_nb'
 
 def test_source_links_only_when_asked():
-    "show_doc's source links (to the code host) are dropped unless `--source-links`; a paper's link becomes its text and address."
+    """show_doc's source links (to the code host) are dropped unless `--source-links`; a paper's link becomes its text
+    and address."""
     docs = _docs()
     st = docs._settings()
     body = (f'<p><a href="{st["git"]}blob/main/flowgrpo_nb/credit.py#L82">source</a></p><h3>compute_credit</h3>'
@@ -187,18 +195,22 @@ def test_source_links_only_when_asked():
     off = docs.offline_links(body, Path('tutorials/quickstart.ipynb'), pages)
     assert st['git'] not in off and 'source' not in off and '<p>' not in off
     assert '<a href="../05_credit.html#compute_credit"><code>compute_credit</code></a>' in off
-    assert "Flow-GRPO</span> <span class='ext-url'>(arxiv.org/abs/2505.05470)</span>" in off and 'href="https://arxiv' not in off
-    assert f'{st["git"]}blob/main/flowgrpo_nb/credit.py#L82' in docs.offline_links(body, Path('index.ipynb'), pages, source_links=True)
+    assert ("Flow-GRPO</span> <span class='ext-url'>(arxiv.org/abs/2505.05470)</span>" in off
+            and 'href="https://arxiv' not in off)
+    assert f'{st["git"]}blob/main/flowgrpo_nb/credit.py#L82' in \
+        docs.offline_links(body, Path('index.ipynb'), pages, source_links=True)
 
 def test_heading_ids_are_quartos():
     docs = _docs()
-    assert [docs.slug(t) for t in ('GRPOTrainer', 'GRPOTrainer.step', "The workers' fork server", '2. Speed', 'step_spans')] == \
+    assert [docs.slug(t) for t in ('GRPOTrainer', 'GRPOTrainer.step', "The workers' fork server", '2. Speed',
+                                   'step_spans')] == \
         ['grpotrainer', 'grpotrainer.step', 'the-workers-fork-server', 'speed', 'step_spans']
     assert docs.heading_ids('<h2>Speed</h2><h2>Speed</h2><h3 id="x">X</h3>') == \
         '<h2 id="speed">Speed</h2><h2 id="speed-1">Speed</h2><h3 id="x">X</h3>'
 
 def test_the_kernel_client_waits_in_slices():
-    "The docs build's channels ask zmq for at most a slice at a time (a missed wakeup costs a slice, not the cell's timeout), and still time out."
+    """The docs build's channels ask zmq for at most a slice at a time (a missed wakeup costs a slice, not the cell's
+    timeout), and still time out."""
     import asyncio
     from queue import Empty
     docs = _docs()
@@ -212,7 +224,8 @@ def test_the_kernel_client_waits_in_slices():
     docs._Polled.SLICE = 0.05
     ch = Channel(); polled = docs._Polled(ch)
     assert asyncio.run(polled.get_msg(timeout=600)) == 'reply' and max(ch.asked) <= 0.05 and len(ch.asked) == 4
-    ch = Channel(); assert asyncio.run(docs._Polled(ch).get_msg()) == 'reply' and max(ch.asked) <= 0.05, 'no timeout: slices too'
+    ch = Channel()
+    assert asyncio.run(docs._Polled(ch).get_msg()) == 'reply' and max(ch.asked) <= 0.05, 'no timeout: slices too'
     class Never(Channel):
         async def get_msg(self, timeout=None): self.asked.append(timeout); await asyncio.sleep(timeout); raise Empty
     with pytest.raises(Empty): asyncio.run(docs._Polled(Never()).get_msg(timeout=0.2))

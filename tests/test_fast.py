@@ -20,9 +20,11 @@ def pair():
 def task(): return load_task('partial')
 
 def test_logprobs_agree(pair, task):
-    """The update's log-probs of the same transitions on either path: within 2e-3 up to step 4, within 0.05 at the last trained step.
+    """The update's log-probs of the same transitions on either path: within 2e-3 up to step 4, within 0.05 at the last
+    trained step.
 
-    They average over 3072 dims; the bf16 error of the mean grows as the step's std shrinks (x0-prediction divides by t)."""
+    They average over 3072 dims; the bf16 error of the mean grows as the step's std shrinks (x0-prediction divides by
+    t)."""
     eager, fast = pair
     cfg = preset_config('flow_grpo', prompts_per_step=2, group_size=4, minibatch=4)
     ro = rollout(eager, task.train_prompts[:2], cfg.rollout_config(), task.reward, step_generator(cfg, 0))
@@ -38,15 +40,18 @@ def test_step_values_of_a_few_level_reward_agree(pair, task):
     cfg = preset_config('dense', prompts_per_step=4, group_size=4, minibatch=8)
     same = total = 0
     for b in range(3):
-        ro = rollout(eager, task.train_prompts[4 * b:4 * b + 4], cfg.rollout_config(), task.reward, step_generator(cfg, b))
+        ro = rollout(eager, task.train_prompts[4 * b:4 * b + 4], cfg.rollout_config(), task.reward,
+                     step_generator(cfg, b))
         ve, vf = (step_values(p, ro, 'ode:rest', task.reward).V[:, :-1] for p in pair)
         same, total = same + int((ve == vf).sum()), total + ve.numel()
     assert same / total >= 0.99, (same, total)
 
 @pytest.mark.parametrize('updates', [1, 2])
 def test_update_ratio_on_the_fast_path(tmp_path, task, updates):
-    "The first update's ratio is exactly 1 (its old log-probs are its own); a second update of the same batch reads them from before the first step."
-    cfg = preset_config('flow_grpo+smoke', steps=1, eval_images=0, log_with='none', updates_per_rollout=updates, minibatch=4, diag_every=0,
+    """The first update's ratio is exactly 1 (its old log-probs are its own); a second update of the same batch reads
+    them from before the first step."""
+    cfg = preset_config('flow_grpo+smoke', steps=1, eval_images=0, log_with='none', updates_per_rollout=updates,
+                        minibatch=4, diag_every=0,
                         fast=True)  # the fast path, whatever fast='auto' would take on this machine
     tr = GRPOTrainer(cfg, tmp_path, task=task, progress=False)
     assert tr.policy.fast and tr.cfg.fast is True
@@ -65,8 +70,9 @@ def test_update_ratio_on_the_fast_path(tmp_path, task, updates):
     if updates == 2: assert 0 < stats['approx_kl'][1] < 1e-2  # the policy moved between the two updates, a little
 
 def test_the_ratio_sees_the_policy_not_rounding(pair, task):
-    """PPO's ratio compares one transition's log-probs under weights an optimizer step apart: on the fast path that change
-    is the eager path's to well inside the clip range (1e-4). Under bf16 autocast in the update it was off by up to ~1e-3."""
+    """PPO's ratio compares one transition's log-probs under weights an optimizer step apart: on the fast path that
+    change is the eager path's to well inside the clip range (1e-4). Under bf16 autocast in the update it was off by up
+    to ~1e-3."""
     eager, fast = (copy.deepcopy(p) for p in pair)
     cfg = preset_config('flow_grpo', prompts_per_step=2, group_size=4, minibatch=4)
     ro = rollout(eager, task.train_prompts[:2], cfg.rollout_config(), task.reward, step_generator(cfg, 0))
@@ -79,4 +85,5 @@ def test_the_ratio_sees_the_policy_not_rounding(pair, task):
             for q, d in zip(p.trainable_parameters(), step): q.add_(d)
     change = [logprob_pairs(p, ro, ii, kk).log_prob.detach() - b for p, b in zip((eager, fast), before)]
     assert change[0].abs().max() > 1e-6                            # the step moved the policy
-    assert (change[1] - change[0]).abs().max() < preset_config('flow_grpo').clip_range / 10, (change[1] - change[0]).abs().max()
+    assert (change[1] - change[0]).abs().max() < preset_config('flow_grpo').clip_range / 10, \
+        (change[1] - change[0]).abs().max()

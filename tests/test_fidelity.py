@@ -1,4 +1,5 @@
-"Dense checks of flowgrpo_nb.study.fidelity and flowgrpo_nb.study.fidelity_report (the notebooks nbs/06c_fidelity.ipynb and nbs/06i_fidelity_report.ipynb show the API)."
+"""Dense checks of flowgrpo_nb.study.fidelity and flowgrpo_nb.study.fidelity_report (the notebooks
+nbs/06c_fidelity.ipynb and nbs/06i_fidelity_report.ipynb show the API)."""
 import json, math, re, shutil, warnings
 from pathlib import Path
 
@@ -8,8 +9,9 @@ from fastcore.script import anno_parser
 
 from flowgrpo_nb.credit import CreditConfig, Credit, compute_credit, synthetic_values, METHODS
 from flowgrpo_nb.flow import flow_sde_scale, step_coefficients
-from flowgrpo_nb.study.fidelity import (Arm, MCValues, check_arms, arm_rollout, mc_values, true_gains, needed_states, arm_credits,
-                                  compare_arm, paired_differences, arm_fidelity, fidelity_nfe, fidelity_table, FidelityConfig)
+from flowgrpo_nb.study.fidelity import (Arm, MCValues, check_arms, arm_rollout, mc_values, true_gains, needed_states,
+                                        arm_credits, compare_arm, paired_differences, arm_fidelity, fidelity_nfe,
+                                        fidelity_table, FidelityConfig)
 from flowgrpo_nb.study.fidelity_report import run_arm, report_arms, fidelity_report, fidelity_cli, compare_fidelity
 from flowgrpo_nb.study.compare import read_fidelity
 from flowgrpo_nb.study.stats import STATS, cluster_draws, boot_stats, percentile_ci as ci
@@ -112,9 +114,11 @@ def test_kendall_tau_b_on_ties_equals_scipy(seed):
     assert math.isclose(bs['kendall'][0], stats.kendalltau(x, y, variant='b').statistic, abs_tol=1e-12)
     assert math.isclose(bs['spearman'][0], stats.spearmanr(x, y).statistic, abs_tol=1e-12)
     assert math.isclose(bs['pearson'][0], stats.pearsonr(x, y).statistic, abs_tol=1e-12)
-    for i, d in enumerate(draws):  # each resample: the statistic of the rows of the drawn clusters (duplicates included)
+    # each resample: the statistic of the rows of the drawn clusters (duplicates included)
+    for i, d in enumerate(draws):
         rows = np.concatenate([np.flatnonzero(cl == c) for c in d])
-        assert math.isclose(bs['kendall'][1][i], stats.kendalltau(x[rows], y[rows], variant='b').statistic, abs_tol=1e-10)
+        assert math.isclose(bs['kendall'][1][i], stats.kendalltau(x[rows], y[rows], variant='b').statistic,
+                            abs_tol=1e-10)
         assert math.isclose(bs['spearman'][1][i], stats.spearmanr(x[rows], y[rows]).statistic, abs_tol=1e-10)
         assert math.isclose(bs['pearson'][1][i], stats.pearsonr(x[rows], y[rows]).statistic, abs_tol=1e-10)
 
@@ -203,7 +207,8 @@ def test_check_arms():
     assert all(isinstance(a, Arm) and a.rollout.group_size == 3 and a.psi is None for a in arms.values())
     assert arms['flow_grpo'].key == arms['turning_point'].key == arms['dense'].key != arms['stepwise'].key
     # the same steps written two ways explore alike
-    assert check_arms({'a': preset_config('flow_grpo', K=6, window_size=5)})['a'].key == check_arms({'b': cfgs['flow_grpo']})['b'].key
+    assert check_arms({'a': preset_config('flow_grpo', K=6, window_size=5)})['a'].key == \
+        check_arms({'b': cfgs['flow_grpo']})['b'].key
     psi = torch.full((6,), 0.5)
     withpsi = check_arms({'dense': (cfgs['dense'], psi)})['dense']
     assert withpsi.key != arms['dense'].key and torch.equal(withpsi.psi, psi)
@@ -233,7 +238,8 @@ def test_stepwise_rollout_has_shared_noise_and_ddim_std(policy):
     torch.testing.assert_close(s.std[:, ks], step_coefficients(t[ks], t[ks + 1], 'ddim', 1.0)[2].expand(s.B, -1))
     assert (s.std[:, ~s.trained] == 0).all()
     kf = f.trained.nonzero().flatten()
-    torch.testing.assert_close(f.std[:, kf], (flow_sde_scale(t[kf], t[kf + 1], 0.7) * (t[kf] - t[kf + 1]).sqrt()).expand(f.B, -1))
+    torch.testing.assert_close(f.std[:, kf],
+                               (flow_sde_scale(t[kf], t[kf + 1], 0.7) * (t[kf] - t[kf + 1]).sqrt()).expand(f.B, -1))
 
 def test_dense_psi_drives_rollout_and_continuations(policy):
     cfg = preset_config('dense', K=4)
@@ -261,7 +267,8 @@ def test_arm_credits_share_lookahead(policy):
     ro = arm_rollout(policy, ['a red circle', 'two squares'], arms['dense'], brightness)
     n0 = policy.nfe.nfe['lookahead']
     cr = arm_credits(policy, ro, brightness, {n: a.cfg for n, a in arms.items()})
-    assert policy.nfe.nfe['lookahead'] - n0 == ro.B * sum(ro.K - 1 - k for k in range(ro.K - 1))  # one ode:rest for both
+    # one ode:rest for both
+    assert policy.nfe.nfe['lookahead'] - n0 == ro.B * sum(ro.K - 1 - k for k in range(ro.K - 1))
     torch.testing.assert_close(cr['flow_grpo'].rewards[:, 0], ro.reward)
     assert cr['turning_point'].turning_points is not None
 
@@ -269,10 +276,12 @@ def test_arm_credits_share_lookahead(policy):
 
 @pytest.fixture(scope='module')
 def small(policy):
-    arms = {'flow_grpo': preset_config('flow_grpo', K=4), 'stepwise': preset_config('stepwise', K=6),  # trimmed window: steps 1-3
+    # trimmed window: steps 1-3
+    arms = {'flow_grpo': preset_config('flow_grpo', K=4), 'stepwise': preset_config('stepwise', K=6),
             'dense': (preset_config('dense', K=4), torch.tensor([0.5, 0.4, 0.3, 0.0]))}
     task = load_task('partial')
-    return arms, task, arm_fidelity(policy, task, arms, FidelityConfig(prompts=6, batch_prompts=4, group=2, M=2, n_boot=50))
+    return arms, task, arm_fidelity(policy, task, arms,
+                                    FidelityConfig(prompts=6, batch_prompts=4, group=2, M=2, n_boot=50))
 
 def test_arm_fidelity_json_settings_and_pooling(small):
     arms, task, res = small
@@ -289,7 +298,8 @@ def test_arm_fidelity_json_settings_and_pooling(small):
     assert len(res['data']['dense']['truth']) == 12
     assert len(res['differences']) == 3 * 2 * 3
     assert {(r['arm'], r['step']) for r in res['stats'] if r['quantity'] == 'reward'} == \
-        {(a, k) for a, ks in [('flow_grpo', [0, 1, 2]), ('stepwise', [1, 2, 3]), ('dense', [0, 1, 2])] for k in [*ks, 'all']}
+        {(a, k) for a, ks in [('flow_grpo', [0, 1, 2]), ('stepwise', [1, 2, 3]), ('dense', [0, 1, 2])]
+         for k in [*ks, 'all']}
 
 def test_arm_fidelity_cost(small, policy):
     arms, task, res = small
@@ -306,24 +316,29 @@ def test_arm_fidelity_shares_rollouts_and_steps_cut_cost(policy):
     one = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=4), 'b': preset_config('turning_point', K=4)},
                        FidelityConfig(prompts=2, group=2, M=2, n_boot=10, keep_data=False))
     assert one['cost']['samplers'] == 1 and one['cost']['rollout']['nfe'] == 4 * 4 and 'data' not in one
-    few = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=4)}, FidelityConfig(prompts=2, group=2, M=2, n_boot=10, steps=[2]))
+    few = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=4)},
+                       FidelityConfig(prompts=2, group=2, M=2, n_boot=10, steps=[2]))
     assert few['cost']['mc']['nfe'] == 4 * 2 * (4 - 1 - 2) < one['cost']['mc']['nfe']
     assert {r['step'] for r in few['stats']} == {2, 'all'}
     assert few['settings']['arms']['a']['steps'] == [2]
 
 def test_arm_fidelity_prompts_list_and_heldout(policy):
     task = _task()
-    res = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=3)}, FidelityConfig(prompts=['a blue cross'] * 2, group=2, M=2, n_boot=10))
+    res = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=3)},
+                       FidelityConfig(prompts=['a blue cross'] * 2, group=2, M=2, n_boot=10))
     assert res['settings']['prompts'] == ['a blue cross'] * 2 and res['settings']['categories'] == {}
-    held = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=3)}, FidelityConfig(prompts=1, split='heldout', group=2, M=2, n_boot=10))
+    held = arm_fidelity(policy, task, {'a': preset_config('flow_grpo', K=3)},
+                        FidelityConfig(prompts=1, split='heldout', group=2, M=2, n_boot=10))
     assert held['settings']['prompts'] == ['a green square']
 
-@pytest.mark.parametrize('kw,msg', [(dict(M=1), 'M=1'), (dict(batch_prompts=0), 'batch_prompts=0'), (dict(n_boot=0), 'n_boot=0'),
-                                    (dict(steps='0'), "steps='0'"), (dict(prompts=0), 'prompts=0'), (dict(split='x'), "split='x'"),
-                                    (dict(level=1.5), 'level=1.5'), (dict(steps=[3]), 'none of steps=\\[3\\] is trained'),
-                                    (dict(group=1), 'group=1')])
+@pytest.mark.parametrize('kw,msg', [(dict(M=1), 'M=1'), (dict(batch_prompts=0), 'batch_prompts=0'),
+                                    (dict(n_boot=0), 'n_boot=0'), (dict(steps='0'), "steps='0'"),
+                                    (dict(prompts=0), 'prompts=0'), (dict(split='x'), "split='x'"),
+                                    (dict(level=1.5), 'level=1.5'),
+                                    (dict(steps=[3]), 'none of steps=\\[3\\] is trained'), (dict(group=1), 'group=1')])
 def test_arm_fidelity_errors(policy, kw, msg):
-    with pytest.raises(ValueError, match=msg): arm_fidelity(policy, _task(), {'a': preset_config('flow_grpo', K=4)}, FidelityConfig(**kw))
+    with pytest.raises(ValueError, match=msg):
+        arm_fidelity(policy, _task(), {'a': preset_config('flow_grpo', K=4)}, FidelityConfig(**kw))
 
 def test_fidelity_table_reads_the_older_format():
     old = json.loads((ROOT/'results'/'fidelity'/'fidelity.json').read_text())
@@ -385,7 +400,8 @@ def test_report_arms(tmp_path):
 
 def test_fidelity_report_files(run_dir, tmp_path):
     run, _ = run_dir
-    res = fidelity_report(tmp_path, FidelityConfig(prompts=2, batch_prompts=1, group=2, M=2, n_boot=20), run=run, arms='flow_grpo,stepwise', png=False)
+    res = fidelity_report(tmp_path, FidelityConfig(prompts=2, batch_prompts=1, group=2, M=2, n_boot=20), run=run,
+                          arms='flow_grpo,stepwise', png=False)
     assert list(res) == ['base', 'finetuned']
     assert res['finetuned']['settings']['checkpoint'].endswith('ckpt-000002')
     assert res['base']['settings']['prompts'] == res['finetuned']['settings']['prompts']
@@ -394,14 +410,16 @@ def test_fidelity_report_files(run_dir, tmp_path):
     assert set(d) == {'base', 'finetuned'} and d['finetuned']['settings']['reward'] == 'partial'
     assert d['base']['stats'] != d['finetuned']['stats']
     names = {p.name for p in tmp_path.iterdir()}
-    assert names == {'fidelity.json', 'overall.html', 'plotly.min.js'} | {f'{f}_{m}.html' for f in ('steps', 'differences', 'scatter') for m in ('base', 'finetuned')}
+    assert names == {'fidelity.json', 'overall.html', 'plotly.min.js'} | \
+        {f'{f}_{m}.html' for f in ('steps', 'differences', 'scatter') for m in ('base', 'finetuned')}
 
 def test_fidelity_report_run_arm_by_default(tmp_path, policy):
     "Without arms, the run's own method is the run's arm (its config and psi); the others are presets on its schedule."
     cfg, rf = preset_config('dense+smoke', log_with='none'), RunFolder(tmp_path)
     rf.write('config', cfg.to_dict())
     p = load_policy('tiny').add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
-    rf.write_checkpoint(1, {'lora.safetensors': p.lora_state_dict(), 'state.json': dict(step=1, psi=[0.4, 0.3, 0.2, 0.0])})
+    rf.write_checkpoint(1,
+                        {'lora.safetensors': p.lora_state_dict(), 'state.json': dict(step=1, psi=[0.4, 0.3, 0.2, 0.0])})
     res = fidelity_report(None, FidelityConfig(prompts=1, group=2, M=2, n_boot=10), run=tmp_path, base=False)
     arms = res['finetuned']['settings']['arms']
     assert list(arms) == list(METHODS) and arms['dense']['psi'] == pytest.approx([0.4, 0.3, 0.2, 0.0])
@@ -409,21 +427,24 @@ def test_fidelity_report_run_arm_by_default(tmp_path, policy):
 
 def test_fidelity_report_task_and_policy(policy):
     "A given policy and task are used as they are: the task's prompts (no categories: cycled) and its reward."
-    res = fidelity_report(None, FidelityConfig(prompts=4, group=2, K=3, M=2, n_boot=20), policy=policy, task=_task(), arms='flow_grpo')
+    res = fidelity_report(None, FidelityConfig(prompts=4, group=2, K=3, M=2, n_boot=20), policy=policy, task=_task(),
+                          arms='flow_grpo')
     s = res['base']['settings']
     assert list(res) == ['base'] and s['prompts'] == ['a red circle', 'two squares', 'a blue cross', 'a red circle']
     assert (s['task'], s['reward']) == ('brightness', 'brightness') and s['categories'] == {}
 
 def test_fidelity_report_sampler_of(policy):
-    res = fidelity_report(None, FidelityConfig(sampler_of='flow_grpo', prompts=1, group=2, K=4, M=2, n_boot=10), policy=policy, task=_task(),
-                          arms='flow_grpo,stepwise')['base']
+    res = fidelity_report(None, FidelityConfig(sampler_of='flow_grpo', prompts=1, group=2, K=4, M=2, n_boot=10),
+                          policy=policy, task=_task(), arms='flow_grpo,stepwise')['base']
     assert res['cost']['samplers'] == 1 and res['settings']['arms']['stepwise']['rollout']['sampler'] == 'flow_sde'
     assert res['settings']['sampler_of']['sampler'] == 'flow_sde'
 
 @pytest.mark.parametrize('kw,msg', [(dict(split='x'), "split='x'"), (dict(M=1), 'M=1'), (dict(group=1), 'group=1'),
                                     (dict(prompts=0), 'prompts=0'), (dict(run='/nonexistent'), 'not a trainer run'),
-                                    (dict(reward='clip'), "reward='clip'"), (dict(arms='flow_grpo,run'), "'run' is the run's own arm"),
-                                    (dict(arms='nope'), "preset 'nope' is unknown"), (dict(sampler_of='nope'), "preset 'nope'"),
+                                    (dict(reward='clip'), "reward='clip'"),
+                                    (dict(arms='flow_grpo,run'), "'run' is the run's own arm"),
+                                    (dict(arms='nope'), "preset 'nope' is unknown"),
+                                    (dict(sampler_of='nope'), "preset 'nope'"),
                                     (dict(task=Task('t', ['a'], ['a'], brightness), reward='partial'), 'not both')])
 def test_fidelity_report_errors(kw, msg):
     cfg = {k: kw.pop(k) for k in list(kw) if k in FidelityConfig.__dataclass_fields__}
@@ -440,7 +461,8 @@ def test_cli_flags():
     with pytest.raises(ValueError, match="steps='a,b'"): fn(out=None, steps='a,b')
 
 def _comparison(root:Path, run:Path, keys:list) -> Path:
-    "A comparison folder holding copies of `run` at (task, seed, arm) keys; the ones with True are finished (a summary)."
+    """A comparison folder holding copies of `run` at (task, seed, arm) keys; the ones with True are finished (a
+    summary)."""
     for t, s, a, done in keys:
         d = root/t/f'seed{s}'/a
         shutil.copytree(run, d)
@@ -453,16 +475,20 @@ def test_compare_fidelity(run_dir, tmp_path):
                                                    ('geneval', 5, 'flow_grpo', True), ('geneval', 0, 'dense', False)])
     cfg = FidelityConfig(prompts=2, batch_prompts=1, group=2, M=2, n_boot=20)
     rows = compare_fidelity(cmp, None, cfg, progress=False)
-    assert [(r['task'], r['seed'], r['arm']) for r in rows] == [('geneval', 0, 'flow_grpo'), ('geneval', 1, 'flow_grpo')]
+    assert [(r['task'], r['seed'], r['arm']) for r in rows] == [('geneval', 0, 'flow_grpo'),
+                                                                ('geneval', 1, 'flow_grpo')]
     assert all(r['kendall_window'] == r['kendall'] for r in rows)  # Flow-GRPO's loss covers every compared step
     assert {'kendall_nonzero', 'kendall_nonzero_lo', 'share_truth_zero', 'cpu_seconds'} <= set(rows[0])
     f = cmp/'fidelity'/'geneval'/'seed0'/'flow_grpo.json'
     assert json.loads(f.read_text())['settings']['checkpoint'].endswith('ckpt-000002')
     stamp = f.stat().st_mtime_ns
-    assert compare_fidelity(cmp, None, cfg, progress=False) == rows and f.stat().st_mtime_ns == stamp  # reused, not measured again
+    # reused, not measured again
+    assert compare_fidelity(cmp, None, cfg, progress=False) == rows and f.stat().st_mtime_ns == stamp
     assert read_fidelity(str(cmp/'fidelity'/'fidelity.json')) == rows
-    with pytest.raises(ValueError, match='measured with other settings'): compare_fidelity(cmp, None, FidelityConfig(prompts=3, group=2, M=2), progress=False)
-    with pytest.raises(ValueError, match='no finished run of seeds'): compare_fidelity(cmp, None, cfg, seeds=(7,), progress=False)
+    with pytest.raises(ValueError, match='measured with other settings'):
+        compare_fidelity(cmp, None, FidelityConfig(prompts=3, group=2, M=2), progress=False)
+    with pytest.raises(ValueError, match='no finished run of seeds'):
+        compare_fidelity(cmp, None, cfg, seeds=(7,), progress=False)
     fn = getattr(fidelity_cli, '__wrapped__', fidelity_cli)
     with pytest.raises(ValueError, match='not both'): fn(compare=str(cmp), run='r')
     with pytest.raises(ValueError, match="seeds='0,x'"): fn(compare=str(cmp), seeds='0,x')

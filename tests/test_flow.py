@@ -5,9 +5,9 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from flowgrpo_nb.flow import (SAMPLERS, GaussianMixture, compare_samplers, default_sde_steps, flow_sde_scale, flow_sigmas,
-                              gaussian_log_prob, sample_trajectory, sampler_figure, sampler_step, step_coefficients, x0_hat,
-                              x1_hat, demo)
+from flowgrpo_nb.flow import (SAMPLERS, GaussianMixture, compare_samplers, default_sde_steps, flow_sde_scale,
+                              flow_sigmas, gaussian_log_prob, sample_trajectory, sampler_figure, sampler_step,
+                              step_coefficients, x0_hat, x1_hat, demo)
 
 torch.set_num_threads(1)
 LEVELS = dict(ode=0.0, flow_sde=0.7, cps=0.5, ddim=0.5)
@@ -33,7 +33,8 @@ def test_flow_sigmas_are_diffusers(K, shift):
 
 
 @pytest.mark.parametrize('kw,msg', [(dict(K=0), 'K=0'), (dict(K=-3), 'K=-3'), (dict(K=2.5), 'K=2.5'),
-                                    (dict(K=10, shift=0.0), 'shift=0.0'), (dict(K=10, shift=float('nan')), 'shift=nan')])
+                                    (dict(K=10, shift=0.0), 'shift=0.0'),
+                                    (dict(K=10, shift=float('nan')), 'shift=nan')])
 def test_flow_sigmas_bad(kw, msg):
     with pytest.raises(ValueError, match=msg.replace('.', r'\.')): flow_sigmas(**kw)
 
@@ -46,7 +47,8 @@ def test_tweedie_per_row_matches_scalar_calls():
     torch.testing.assert_close(x0_hat(x, t, v), rows0)
     torch.testing.assert_close(x1_hat(x, t, v), rows1)
     # x_t is recovered from the two estimates: (1 - t) x0_hat + t x1_hat = x
-    torch.testing.assert_close((1 - t[:, None, None, None]) * x0_hat(x, t, v) + t[:, None, None, None] * x1_hat(x, t, v), x)
+    torch.testing.assert_close((1 - t[:, None, None, None]) * x0_hat(x, t, v)
+                               + t[:, None, None, None] * x1_hat(x, t, v), x)
     assert x0_hat(x.bfloat16(), t, v.bfloat16()).dtype == torch.float32
 
 
@@ -136,7 +138,8 @@ def _flow_grpo_reference(v, x, sigma, sigma_prev, sigma_max, noise_level, eps):
     "Flow-GRPO's sde_step_with_logprob (flow_grpo/diffusers_patch/sd3_sde_with_logprob.py), transcribed literally."
     dt = sigma_prev - sigma
     std_dev_t = torch.sqrt(sigma / (1 - torch.where(sigma == 1, sigma_max, sigma))) * noise_level
-    prev_sample_mean = x * (1 + std_dev_t ** 2 / (2 * sigma) * dt) + v * (1 + std_dev_t ** 2 * (1 - sigma) / (2 * sigma)) * dt
+    prev_sample_mean = (x * (1 + std_dev_t ** 2 / (2 * sigma) * dt)
+                        + v * (1 + std_dev_t ** 2 * (1 - sigma) / (2 * sigma)) * dt)
     prev_sample = prev_sample_mean + std_dev_t * torch.sqrt(-1 * dt) * eps
     log_prob = (-((prev_sample.detach() - prev_sample_mean) ** 2) / (2 * ((std_dev_t * torch.sqrt(-1 * dt)) ** 2))
                 - torch.log(std_dev_t * torch.sqrt(-1 * dt)) - torch.log(torch.sqrt(2 * torch.as_tensor(math.pi))))
@@ -148,7 +151,8 @@ def test_flow_sde_matches_published_formula():
     o = sampler_step(torch.tensor([[1.5]]), torch.tensor([[0.5]]), 0.8, 0.6, 'flow_sde', 0.7, noise=torch.ones(1, 1))
     torch.testing.assert_close(o.mean, torch.tensor([[0.004]]))
     torch.testing.assert_close(o.std, torch.tensor([1.4 * math.sqrt(0.2)]))
-    torch.testing.assert_close(o.log_prob, torch.tensor([-0.5 - math.log(1.4 * math.sqrt(0.2)) - 0.5 * math.log(2 * math.pi)]))
+    torch.testing.assert_close(o.log_prob,
+                               torch.tensor([-0.5 - math.log(1.4 * math.sqrt(0.2)) - 0.5 * math.log(2 * math.pi)]))
     # and the reference code on a whole schedule, including t = 1 where t_1 is the denominator
     ts = flow_sigmas(10, 3.0)
     x, v, eps = _batch(B=4)
@@ -188,8 +192,10 @@ def test_per_row_times_match_separate_calls(sampler):
         both = sampler_step(v, x, t, tn, sampler, noise=eps, t1=0.9, **kw)
         for i in range(5):
             kwi = {k: (float(a[i]) if isinstance(a, torch.Tensor) else a) for k, a in kw.items()}
-            one = sampler_step(v[i:i + 1], x[i:i + 1], float(t[i]), float(tn[i]), sampler, noise=eps[i:i + 1], t1=0.9, **kwi)
-            for got, want in zip((both.x_next, both.mean, both.std, both.log_prob), (one.x_next, one.mean, one.std, one.log_prob)):
+            one = sampler_step(v[i:i + 1], x[i:i + 1], float(t[i]), float(tn[i]), sampler, noise=eps[i:i + 1], t1=0.9,
+                               **kwi)
+            for got, want in zip((both.x_next, both.mean, both.std, both.log_prob),
+                                 (one.x_next, one.mean, one.std, one.log_prob)):
                 torch.testing.assert_close(got[i:i + 1], want)
 
 
@@ -198,7 +204,8 @@ def test_scale_override_reproduces_the_default_scales():
     t, tn = torch.tensor([0.9, 0.8, 0.6, 0.5, 0.3, 0.2]), torch.tensor([0.8, 0.6, 0.5, 0.3, 0.2, 0.1])
     s = 0.7 * (t / (1 - t)).sqrt()
     torch.testing.assert_close(flow_sde_scale(t, tn, 0.7), s)
-    for sampler, scale in (('flow_sde', s), ('cps', tn * math.sin(0.5 * math.pi / 2)), ('ddim', 0.5 * tn * (1 - t).sqrt())):
+    for sampler, scale in (('flow_sde', s), ('cps', tn * math.sin(0.5 * math.pi / 2)),
+                           ('ddim', 0.5 * tn * (1 - t).sqrt())):
         a = sampler_step(v, x, t, tn, sampler, LEVELS[sampler], noise=eps)
         b = sampler_step(v, x, t, tn, sampler, level=123.0 if sampler != 'cps' else 1.0, scale=scale, noise=eps)
         torch.testing.assert_close(a.x_next, b.x_next); torch.testing.assert_close(a.log_prob, b.log_prob)
@@ -210,9 +217,11 @@ def test_low_precision_inputs_give_finite_fp32_log_probs(dtype, sampler):
     ts = flow_sigmas(10, 3.0)
     x, v, _ = _batch(dtype=dtype)
     for k in (0, 8, 9):  # t = 1, the last stochastic step, the last step (deterministic except flow_sde)
-        o = sampler_step(v, x, float(ts[k]), float(ts[k + 1]), sampler, LEVELS[sampler], generator=torch.Generator().manual_seed(k))
+        o = sampler_step(v, x, float(ts[k]), float(ts[k + 1]), sampler, LEVELS[sampler],
+                         generator=torch.Generator().manual_seed(k))
         for a in (o.x_next, o.mean, o.std, o.log_prob): assert a.dtype == torch.float32 and a.isfinite().all(), (k, a)
-        ref = sampler_step(v.float(), x.float(), float(ts[k]), float(ts[k + 1]), sampler, LEVELS[sampler], x_next=o.x_next)
+        ref = sampler_step(v.float(), x.float(), float(ts[k]), float(ts[k + 1]), sampler, LEVELS[sampler],
+                           x_next=o.x_next)
         torch.testing.assert_close(o.log_prob, ref.log_prob)  # upcasting first = the fp32 computation
 
 
@@ -243,7 +252,8 @@ def _bad_cases():
         (dict(v=v, x=x, t=1.5, t_next=0.4), r't=1\.5'),
         (dict(v=v, x=x, t=0.0, t_next=0.0), 't=0.0'),
         (dict(v=v, x=x, t=0.5, t_next=0.5), '0 <= t_next < t'),
-        (dict(v=v, x=x, t=torch.tensor([0.5, 0.5, 0.3, 0.5]), t_next=torch.tensor([0.4, 0.4, 0.4, 0.4])), '0 <= t_next < t'),
+        (dict(v=v, x=x, t=torch.tensor([0.5, 0.5, 0.3, 0.5]), t_next=torch.tensor([0.4, 0.4, 0.4, 0.4])),
+         '0 <= t_next < t'),
         (dict(v=v, x=x, t=torch.tensor([0.5, 0.5]), t_next=0.4), r't has shape \(2,\)'),
         (dict(v=v, x=x, t=1.0, t_next=0.9, t1=1.0), 't1=1.0'),
     ]
@@ -254,7 +264,8 @@ def test_bad_input_raises_before_computing(i):
     kw, msg = _bad_cases()[i]
     g = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match=msg): sampler_step(generator=g, **kw)
-    assert torch.equal(torch.randn(3, generator=g), torch.randn(3, generator=torch.Generator().manual_seed(0)))  # no draw
+    # no draw
+    assert torch.equal(torch.randn(3, generator=g), torch.randn(3, generator=torch.Generator().manual_seed(0)))
 
 
 # ---------------------------------------------------------------- trajectories and marginals
@@ -270,7 +281,8 @@ def test_sample_trajectory_window():
     tr = sample_trajectory(gm.velocity, torch.randn(16, 2), ts, 'flow_sde', 0.7, sde_steps=win, keep_states=False)
     assert tr.xs is None and ((tr.std > 0) == win).all()
     assert torch.equal(default_sde_steps(3), torch.tensor([True, True, False]))
-    with pytest.raises(ValueError, match='sde_steps'): sample_trajectory(gm.velocity, torch.randn(4, 2), ts, sde_steps=win[:3])
+    with pytest.raises(ValueError, match='sde_steps'):
+        sample_trajectory(gm.velocity, torch.randn(4, 2), ts, sde_steps=win[:3])
 
 
 GAUSS = GaussianMixture([[1.0, -2.0, 1.5, -1.0, 2.0, -1.5, 1.0, -1.0]], stds=0.5)
@@ -309,7 +321,8 @@ def test_compare_samplers_and_demo(tmp_path, capsys):
     assert 'flow_sde' in capsys.readouterr().out
     assert (tmp_path / 'demo' / 'samplers.png').stat().st_size > 10_000
     page = (tmp_path / 'demo' / 'samplers.html').read_text()
-    assert re.search(r'<script[^>]* src="plotly.min.js"', page) and 'cdn.plot.ly' not in page  # opens offline: plotly.js beside it
+    # opens offline: plotly.js beside it
+    assert re.search(r'<script[^>]* src="plotly.min.js"', page) and 'cdn.plot.ly' not in page
     assert (tmp_path / 'demo' / 'plotly.min.js').stat().st_size > 1_000_000
 
 

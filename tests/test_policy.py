@@ -156,7 +156,8 @@ def test_lora_save_load_roundtrip(policy, small_config, tmp_path):
     with safe_open(str(tmp_path / LORA_FILE), 'pt') as fh:
         assert set(fh.keys()) == {f'transformer.{k}' for k in policy.lora_state_dict()}
         meta = json.loads(fh.metadata()['lora_adapter_metadata'])
-    assert (meta['transformer.r'], meta['transformer.lora_alpha'], sorted(meta['transformer.target_modules'])) == (3, 5, ['to_q', 'to_v'])
+    assert (meta['transformer.r'], meta['transformer.lora_alpha'], sorted(meta['transformer.target_modules'])) == \
+        (3, 5, ['to_q', 'to_v'])
     other = fresh(small_config).load_lora(tmp_path)
     assert other.lora_config == dict(rank=3, alpha=5, targets=['to_q', 'to_v'], dropout=0.0)
     mine = policy.lora_state_dict()
@@ -166,7 +167,8 @@ def test_lora_save_load_roundtrip(policy, small_config, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(other.velocity(x, 0.7, other.encode(['two squares'] * 2), 2.0),
                                    policy.velocity(x, 0.7, c, 2.0), atol=0, rtol=0)
-    same = fresh(small_config).add_lora(rank=3, alpha=5.0, targets=('to_v', 'to_q')).load_lora(tmp_path / LORA_FILE)  # a file, too
+    # a file, too
+    same = fresh(small_config).add_lora(rank=3, alpha=5.0, targets=('to_v', 'to_q')).load_lora(tmp_path / LORA_FILE)
     assert all(torch.equal(v, mine[k]) for k, v in same.lora_state_dict().items())
     wrong = fresh(small_config).add_lora(rank=4)
     with pytest.raises(ValueError, match='differs'): wrong.load_lora(tmp_path)
@@ -185,7 +187,8 @@ def test_old_lora_files_still_load(policy, small_config, tmp_path):
     save_file(sd, str(tmp_path / 'trainer' / OLD_LORA_FILE))
     a = fresh(small_config).load_lora(tmp_path / 'saved')
     assert a.lora_config == policy.lora_config and all(torch.equal(v, sd[k]) for k, v in a.lora_state_dict().items())
-    with pytest.raises(ValueError, match='records no adapter shape'): fresh(small_config).load_lora(tmp_path / 'trainer')
+    with pytest.raises(ValueError, match='records no adapter shape'):
+        fresh(small_config).load_lora(tmp_path / 'trainer')
     b = fresh(small_config).add_lora(rank=2, alpha=4).load_lora(tmp_path / 'trainer')
     assert all(torch.equal(v, sd[k]) for k, v in b.lora_state_dict().items())
     assert read_lora_file(tmp_path / 'trainer')[1] is None

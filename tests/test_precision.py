@@ -10,11 +10,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_train import ROOT, ENV, cmd, final_state, assert_same_run
 
 def faked(d:Path, fast:bool) -> dict:
-    "An environment whose cache says this machine runs bf16 faster (`fast`) or slower: the trainer reads it instead of timing."
-    t = dict(fp32=dict(forward=1e-3, update=2e-3), bf16=dict(forward=2.5e-4, update=5e-4) if fast else dict(forward=8e-3, update=None))
+    """An environment whose cache says this machine runs bf16 faster (`fast`) or slower: the trainer reads it instead of
+    timing."""
+    t = dict(fp32=dict(forward=1e-3, update=2e-3),
+             bf16=dict(forward=2.5e-4, update=5e-4) if fast else dict(forward=8e-3, update=None))
     why = f"{'bf16 fast' if fast else 'fp32 eager'} path: faked by the test"
     key = machine_key()
-    (d/'precision.json').write_text(json.dumps({json.dumps(key, sort_keys=True): dict(key=key, timings=t, fast=fast, why=why, measured='test')}))
+    (d/'precision.json').write_text(json.dumps({json.dumps(key, sort_keys=True):
+                                                dict(key=key, timings=t, fast=fast, why=why, measured='test')}))
     return {**ENV, 'FLOWGRPO_CACHE': str(d)}
 
 def run(out, env, *extra, steps=4, quiet=True):
@@ -36,7 +39,8 @@ def test_the_path_a_run_takes_is_recorded(tmp_path, machine, fast, path):
     assert recipe.startswith('recipe tiny') and f"{want} path (" in first, r.stdout
 
 def test_auto_resumes_on_the_recorded_path(tmp_path):
-    "A run started with fast=true, resumed with fast=auto on a machine that would take fp32: bf16 to the end, bitwise the straight run."
+    """A run started with fast=true, resumed with fast=auto on a machine that would take fp32: bf16 to the end, bitwise
+    the straight run."""
     env = faked(tmp_path, False)
     run(tmp_path/'straight', env, '--set', 'fast=true')
     run(tmp_path/'stopped', env, '--set', 'fast=true', steps=2)
@@ -59,7 +63,8 @@ def test_a_config_without_the_field_reads_as_eager(tmp_path):
     assert run_config(tmp_path).fast is False
 
 def test_base_evaluation_is_reused_under_auto(tmp_path, monkeypatch):
-    "A comparison's base evaluation made on one path is what fast=auto reuses (its runs ran on that path); an explicit other path evaluates anew."
+    """A comparison's base evaluation made on one path is what fast=auto reuses (its runs ran on that path); an explicit
+    other path evaluates anew."""
     import flowgrpo_nb.study.compare as C, flowgrpo_nb.precision as P
     from flowgrpo_nb.config import preset_config
     from flowgrpo_nb.task import load_policy, load_task
@@ -70,7 +75,8 @@ def test_base_evaluation_is_reused_under_auto(tmp_path, monkeypatch):
         assert P.resolve_fast('auto')[0] is False
         def refuse(*a, **k): raise AssertionError('evaluated anew')
         monkeypatch.setattr(C, 'evaluate_policy', refuse)
-        assert C.base_eval(pol, task, preset_config('flow_grpo+smoke', eval_images=4), f, progress=False).to_dict() == first.to_dict()
+        assert C.base_eval(pol, task, preset_config('flow_grpo+smoke', eval_images=4), f, progress=False).to_dict() == \
+            first.to_dict()
         with pytest.raises(AssertionError, match='evaluated anew'):
             C.base_eval(pol, task, preset_config('flow_grpo+smoke', eval_images=4, fast=False), f, progress=False)
     finally: P._MEMO.clear()

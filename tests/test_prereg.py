@@ -1,4 +1,5 @@
-"Checks of issue 38's statistics: the pre-registration file, power at the Holm level a claim's test uses, and the agreement of every verdict with its power statement (the notebooks 06a, 06b, 06e and 06g show each)."
+"""Checks of issue 38's statistics: the pre-registration file, power at the Holm level a claim's test uses, and the
+agreement of every verdict with its power statement (the notebooks 06a, 06b, 06e and 06g show each)."""
 import dataclasses, json, math
 from pathlib import Path
 
@@ -14,8 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def row(id, arm='dense', other='flow_grpo', metric='auc', claim='speed', test='superiority', margin=0.02, **kw):
     extra = ''.join(f"{k} = {json.dumps(v)}\n" for k, v in kw.items())
-    return (f'[[claim]]\nid = "{id}"\nquestion = "?"\narm = "{arm}"\nother = "{other}"\ntask = "geneval"\nclaim = "{claim}"\n'
-            f'metric = "{metric}"\ntest = "{test}"\nmargin = {margin}\n' + extra + '\n')
+    return (f'[[claim]]\nid = "{id}"\nquestion = "?"\narm = "{arm}"\nother = "{other}"\ntask = "geneval"\n'
+            f'claim = "{claim}"\nmetric = "{metric}"\ntest = "{test}"\nmargin = {margin}\n' + extra + '\n')
 
 def test_prereg_loads_and_sizes_the_primary_family(tmp_path):
     p = tmp_path/'confirm_prereg.toml'
@@ -26,15 +27,19 @@ def test_prereg_loads_and_sizes_the_primary_family(tmp_path):
     assert [c.id for c in pre.primary] == ['D1', 'T1'] and pre.endpoints == ('collapses', 'cost')
     plan = prereg_seeds(pre)
     assert plan['level'] == 0.05 / 2
-    assert [r['seeds'] for r in plan['rows']] == [seeds_for('superiority', 0.03, 0.02, 0.025), seeds_for('superiority', 0.05, 0.02, 0.025)]
+    assert [r['seeds'] for r in plan['rows']] == [seeds_for('superiority', 0.03, 0.02, 0.025),
+                                                  seeds_for('superiority', 0.05, 0.02, 0.025)]
     assert plan['task_seeds'] == {'geneval': max(r['seeds'] for r in plan['rows'])}
 
 def test_prereg_refuses_a_duplicate_contrast(tmp_path):
     p = tmp_path/'confirm_prereg.toml'
     p.write_text(row('D1') + row('D1s', arm='flow_grpo', other='dense'))  # the same question, arms the other way round
-    with pytest.raises(ValueError, match=r"confirm_prereg.toml: claim 2 \(D1s\) repeats the contrast of claim 1 \(D1\)"): load_prereg(p)
+    with pytest.raises(ValueError, match=r"confirm_prereg.toml: claim 2 \(D1s\) "
+                                         r"repeats the contrast of claim 1 \(D1\)"):
+        load_prereg(p)
     for bad, msg in ((row('X', arm='densest'), "arms 'densest'"), (row('X', metric='median'), "metric 'median'"),
-                     (row('X', test='tost'), "test 'tost'"), (row('X', metric='final'), "metric 'final' for a speed claim")):
+                     (row('X', test='tost'), "test 'tost'"),
+                     (row('X', metric='final'), "metric 'final' for a speed claim")):
         p.write_text(bad)
         with pytest.raises(ValueError, match=msg): load_prereg(p)
 
@@ -56,18 +61,23 @@ def test_the_study_verdicts_agree_with_their_power():
     assert power_agreement(dataclasses.asdict(dataclasses.replace(old, level=0.05, family_size=21)), 21)
 
 def test_the_confirm_budget_runs_the_prereg_seeds_and_arms(tmp_path, monkeypatch):
-    "Budget confirm takes its seeds and arms from the pre-registration file; without the file, one sentence that names it."
+    """Budget confirm takes its seeds and arms from the pre-registration file; without the file, one sentence that names
+    it."""
     from flowgrpo_nb.study import design
     from flowgrpo_nb.study.design import CompareConfig, budget_of
     p = tmp_path/'confirm_prereg.toml'
     monkeypatch.setattr(design, 'prereg_file', lambda *a, **k: p)
-    with pytest.raises(ValueError, match=f"budget 'confirm' runs the seeds and arms of the pre-registration {p}, which does not exist"):
+    with pytest.raises(ValueError, match=f"budget 'confirm' runs the seeds and arms of the pre-registration {p}, "
+                                         "which does not exist"):
         CompareConfig('confirm')
-    p.write_text('[seeds]\ngeneval = [2000, 2001, 2002]\n\n' + row('D1', arm='dense', sd=0.03) + row('T2', arm='turning_point', other='dense_nocal', family='secondary'))
+    p.write_text('[seeds]\ngeneval = [2000, 2001, 2002]\n\n' + row('D1', arm='dense', sd=0.03)
+                 + row('T2', arm='turning_point', other='dense_nocal', family='secondary'))
     c = CompareConfig('confirm')
     assert c.tasks == ('geneval',) and c.task_seeds('geneval') == (2000, 2001, 2002)
-    assert c.task_arms('geneval') == ('flow_grpo', 'dense', 'turning_point', 'dense_nocal'), 'the reference first, then the claims\' arms'
-    assert c.train_config('dense', 2000).steps == budget_of('confirm')['steps'] and not c.train_config('dense', 2000).fast
+    assert c.task_arms('geneval') == ('flow_grpo', 'dense', 'turning_point', 'dense_nocal'), \
+        'the reference first, then the claims\' arms'
+    assert (c.train_config('dense', 2000).steps == budget_of('confirm')['steps']
+            and not c.train_config('dense', 2000).fast)
     p.write_text('[seeds]\ngeneval = [2000]\n\n' + row('D3', other='dense_nocal').replace('"geneval"', '"score"'))
     with pytest.raises(ValueError, match=r"claim 1 \(D3\): task 'score' has no seeds in \[seeds\]"): load_prereg(p)
 
@@ -83,7 +93,8 @@ def test_a_budget_reads_each_arms_steps_from_its_claims(tmp_path):
                  + row('C1', other='flow_grpo_train4', metric='last_mean', claim='level', k=2, other_steps=100)
                  + row('C2', metric='last_mean', claim='level', k=2, other_steps=225))
     c = CompareConfig('credit', prereg=str(p))
-    assert [c.train_config(a, 5000, 'geneval').steps for a in ('flow_grpo', 'dense', 'flow_grpo_train4')] == [225, 100, 100]
+    assert [c.train_config(a, 5000, 'geneval').steps for a in ('flow_grpo', 'dense', 'flow_grpo_train4')] == \
+        [225, 100, 100]
     order = schedule(job_costs(c), 2, by_seed=True)[0]
     seed = lambda k: k[2] if k[0] == 'base' else k[1]
     assert [seed(k) for k in order] == sorted(seed(k) for k in order), 'every job of seed 5000 before any of 5001'
@@ -98,7 +109,8 @@ def test_a_budget_reads_each_arms_steps_from_its_claims(tmp_path):
     assert claim_diffs(sec, by['C2']) == [pytest.approx(last_mean(dense.curve, 2) - (.68 + .69) / 2)]
     assert by['C2'].read == 'flow_grpo to step 225'
     three = load_prereg(p).claims + [dataclasses.replace(by['C1'], id='C3', arm='flow_grpo_train4', other='flow_grpo')]
-    assert claim_diffs(sec, three[-1]) == [pytest.approx((.63 + .65) / 2 - (.62 + .64) / 2)], 'Flow-GRPO read to step 100'
+    assert claim_diffs(sec, three[-1]) == [pytest.approx((.63 + .65) / 2 - (.62 + .64) / 2)], \
+        'Flow-GRPO read to step 100'
     assert [r.read for r in judge({'geneval': sec}, three)] == ['flow_grpo_train4 to step 100', 'flow_grpo to step 225',
                                                                    'flow_grpo to step 100']
 
@@ -107,8 +119,10 @@ def test_equal_compute_reads_both_runs_at_what_the_cheaper_spent(tmp_path):
     from flowgrpo_nb.study.design import equal_compute, CONTRASTS
     from flowgrpo_nb.study.summary import claim_diffs, curve_at
     from flowgrpo_nb.study.results import fake_run, TaskSection
-    flow, dense = fake_run([.5, .55, .6, .62, .64], every=25, cpu=2.0), fake_run([.5, .6, .64, .66, .67], every=25, cpu=5.0)
-    sec = TaskSection('geneval', 'few', arms={}, base={}, comparisons=[], per_seed={'0': dict(flow_grpo=flow, dense=dense)})
+    flow, dense = (fake_run([.5, .55, .6, .62, .64], every=25, cpu=2.0),
+                   fake_run([.5, .6, .64, .66, .67], every=25, cpu=5.0))
+    sec = TaskSection('geneval', 'few', arms={}, base={}, comparisons=[],
+                      per_seed={'0': dict(flow_grpo=flow, dense=dense)})
     d1 = next(c for c in equal_compute(CONTRASTS) if c.id == 'D1@cpu')
     t = min(flow.total_cpu_seconds, dense.total_cpu_seconds)
     assert t == flow.total_cpu_seconds and 0 < t < dense.total_cpu_seconds
@@ -131,8 +145,8 @@ def test_confirm_equal_compute_equals_a_hand_recomputation():
         cal = summ.get('calibration_cost') or dict(cpu_seconds=0.0, nfe=0)
         base = json.loads((R/'runs'/'base'/'mini-geneval'/f'seed{seed}.json').read_text())['overall']
         cpu = cal['cpu_seconds'] + np.cumsum([r['cpu_step'] for r in rows])
-        nfe = cal['nfe'] + np.cumsum([(r['nfe_rollout'] + r['nfe_lookahead']) * cfg['prompts_per_step'] * cfg['group_size']
-                                      for r in rows])
+        nfe = cal['nfe'] + np.cumsum([(r['nfe_rollout'] + r['nfe_lookahead']) * cfg['prompts_per_step']
+                                      * cfg['group_size'] for r in rows])
         ev = [i for i, r in enumerate(rows) if 'eval_overall' in r]
         pts = dict(cpu=[cal['cpu_seconds'], *cpu[ev]], nfe=[cal['nfe'], *nfe[ev]])
         return pts, [base, *(rows[i]['eval_overall'] for i in ev)], dict(cpu=cpu[-1], nfe=nfe[-1])
@@ -142,4 +156,5 @@ def test_confirm_equal_compute_equals_a_hand_recomputation():
         for i, s in enumerate(seeds[:2]):
             (xd, yd, td), (xf, yf, tf) = curve(s, 'dense'), curve(s, 'flow_grpo')
             t = min(td[unit], tf[unit])
-            assert c['diffs'][i] == pytest.approx(np.interp(t, xd[unit], yd) - np.interp(t, xf[unit], yf), abs=1e-9), (unit, s)
+            assert c['diffs'][i] == pytest.approx(np.interp(t, xd[unit], yd) - np.interp(t, xf[unit], yf), abs=1e-9), \
+                (unit, s)

@@ -37,7 +37,8 @@ print(json.dumps(dict(ok=ok, sec=sec, alive=descendants(), warnings=[str(m.messa
 
 def _write_png_in_subreaper(path, timeout, tries):
     import json, subprocess, sys
-    r = subprocess.run([sys.executable, '-c', _NO_STRAYS, str(path), str(timeout), str(tries)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, '-c', _NO_STRAYS, str(path), str(timeout), str(tries)], capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -55,7 +56,8 @@ def test_write_png_timeout_returns_quickly_with_a_message(tmp_path):
     r = _write_png_in_subreaper(tmp_path/'hung.png', 0.3, tries=1)
     assert not r['ok'] and not (tmp_path/'hung.png').exists()
     assert r['sec'] < 5, r
-    assert len(r['warnings']) == 1 and 'hung.png: PNG skipped' in r['warnings'][0] and 'did not finish in 0.3 s' in r['warnings'][0]
+    assert (len(r['warnings']) == 1 and 'hung.png: PNG skipped' in r['warnings'][0]
+            and 'did not finish in 0.3 s' in r['warnings'][0])
     assert r['alive'] == []
 
 
@@ -66,7 +68,8 @@ def test_write_png_failure_is_retried_then_a_warning(tmp_path, monkeypatch):
     child = f"import sys; open({str(tmp_path/'count')!r}, 'a').write('x'); sys.exit('kaleido: no renderer')"
     monkeypatch.setattr(processes, '_PNG_CHILD', child)
     monkeypatch.setattr(processes, 'find_browser', lambda: 'a browser')  # the fake child needs none
-    with pytest.warns(UserWarning, match=r'bad.png: PNG skipped: the export failed \(kaleido: no renderer\) \(2 tries\)'):
+    with pytest.warns(UserWarning,
+                      match=r'bad.png: PNG skipped: the export failed \(kaleido: no renderer\) \(2 tries\)'):
         assert processes.write_png(go.Figure(), tmp_path/'bad.png') is False
     assert (tmp_path/'count').read_text() == 'xx' and not (tmp_path/'bad.png').exists()
     with pytest.raises(ValueError, match='tries=0'): processes.write_png(go.Figure(), tmp_path/'bad.png', tries=0)
@@ -78,11 +81,13 @@ def test_write_pngs_keeps_what_a_failed_try_finished_and_retries_only_the_rest(t
     log = tmp_path/'tries'
     child = (f"import json, sys; from pathlib import Path; items = json.loads(Path(sys.argv[1]).read_text()); "
              f"open({str(log)!r}, 'a').write(f'{{len(items)}} '); "
-             "[Path(o).write_bytes(b'\\x89PNG first') for s, o in items if o.endswith('0.png')]; sys.exit('kaleido: the second one fails')")
+             "[Path(o).write_bytes(b'\\x89PNG first') for s, o in items if o.endswith('0.png')]; "
+             "sys.exit('kaleido: the second one fails')")
     monkeypatch.setattr(processes, '_PNG_CHILD', child)
     monkeypatch.setattr(processes, 'find_browser', lambda: 'a browser')
     a, b = tmp_path/'a.png', tmp_path/'b.png'
-    with pytest.warns(UserWarning, match=r'b.png: PNG skipped: the export failed \(kaleido: the second one fails\) \(2 tries\)') as w:
+    with pytest.warns(UserWarning, match=r'b.png: PNG skipped: the export failed \(kaleido: the second one fails\) '
+                                         r'\(2 tries\)') as w:
         assert processes.write_pngs({a: go.Figure(), b: go.Figure()}) == {a: True, b: False}
     assert log.read_text() == '2 1 ' and a.read_bytes() == b'\x89PNG first' and not b.exists()  # the second try: only b
     assert len([m for m in w if 'PNG skipped' in str(m.message)]) == 1
@@ -98,10 +103,13 @@ if __name__ == '__main__':
 '''
 
 def test_the_package_drops_the_torchvision_notice_in_its_processes_and_workers(tmp_path):
-    "transformers prints its torchvision notice on a plain import of a diffusers pipeline; not in a process of the package, nor in its workers."
+    """transformers prints its torchvision notice on a plain import of a diffusers pipeline; not in a process of the
+    package, nor in its workers."""
     import subprocess
-    plain = subprocess.run([sys.executable, '-c', 'from diffusers import StableDiffusion3Pipeline'], capture_output=True, text=True, timeout=300)
-    if _NOTICE not in plain.stderr: pytest.skip('this transformers prints no torchvision notice (torchvision installed?)')
+    plain = subprocess.run([sys.executable, '-c', 'from diffusers import StableDiffusion3Pipeline'],
+                           capture_output=True, text=True, timeout=300)
+    if _NOTICE not in plain.stderr:
+        pytest.skip('this transformers prints no torchvision notice (torchvision installed?)')
     (tmp_path/'job.py').write_text(_IN_WORKERS)
     r = subprocess.run([sys.executable, str(tmp_path/'job.py')], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -112,9 +120,11 @@ def test_the_package_drops_the_torchvision_notice_in_its_processes_and_workers(t
 # its browser with the child, and the next export removes the temporary folder nobody could remove.
 _KILLED_MID_EXPORT = r'''
 import ctypes, json, os, signal, subprocess, sys, time
-ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of the killed command stay visible here
+# PR_SET_CHILD_SUBREAPER: orphans of the killed command stay visible here
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
 import psutil
-cmd = subprocess.Popen([sys.executable, '-c', "import plotly.graph_objects as go, sys; from flowgrpo_nb.processes import write_png; "
+cmd = subprocess.Popen([sys.executable, '-c', "import plotly.graph_objects as go, sys; "
+                        "from flowgrpo_nb.processes import write_png; "
                         "write_png(go.Figure(go.Bar(y=[1, 2])), sys.argv[1], timeout=300)", sys.argv[1]])
 t0 = time.monotonic()
 def tree():
@@ -140,7 +150,8 @@ def test_a_command_killed_mid_export_leaves_no_process_and_its_folder_is_swept(t
     import json, subprocess, tempfile
     from pathlib import Path
     from flowgrpo_nb.processes import _sweep_png_folders
-    r = subprocess.run([sys.executable, '-c', _KILLED_MID_EXPORT, str(tmp_path/'k.png')], capture_output=True, text=True, timeout=400)
+    r = subprocess.run([sys.executable, '-c', _KILLED_MID_EXPORT, str(tmp_path/'k.png')], capture_output=True,
+                       text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert d['had'] >= 2 and d['left'] == [] and d['sec'] < 10, d  # the child and its browser were there, and are gone
@@ -154,8 +165,10 @@ def test_without_kaleido_1_the_png_warning_says_to_install_it(tmp_path, monkeypa
     import importlib.metadata, plotly.graph_objects as go
     import flowgrpo_nb.processes as processes
     monkeypatch.setattr(processes, 'find_browser', lambda: None)
-    monkeypatch.setattr(importlib.metadata, 'version', lambda name: '0.2.1')  # an environment made before the package needed kaleido 1.x
-    with pytest.warns(UserWarning, match=r"a.png: PNG skipped: this environment has kaleido 0.2.1; PNGs need kaleido 1.x: pip install 'kaleido>=1.1,<2'"):
+    # an environment made before the package needed kaleido 1.x
+    monkeypatch.setattr(importlib.metadata, 'version', lambda name: '0.2.1')
+    with pytest.warns(UserWarning, match=r"a.png: PNG skipped: this environment has kaleido 0.2.1; PNGs need kaleido "
+                                         r"1.x: pip install 'kaleido>=1.1,<2'"):
         assert processes.write_png(go.Figure(), tmp_path/'a.png') is False
     monkeypatch.setattr(importlib.metadata, 'version', lambda name: '1.5.1')
     with pytest.warns(UserWarning, match=r'a.png: PNG skipped: kaleido needs Chrome or Chromium and none was found'):

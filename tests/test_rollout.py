@@ -30,7 +30,8 @@ def run(policy, seed=0, prompts=PROMPTS, **kw):
 @pytest.mark.parametrize('kw,msg', [
     (dict(K=10, window_start=10), 'window_start=10: allowed 0..9'),
     (dict(K=10, window_start=-1), 'window_start=-1'),
-    (dict(K=10, window_start=3, window_size=7), 'window_size=7: allowed 0..6: the SDE window [3, 3+7) must end by step 9'),
+    (dict(K=10, window_start=3, window_size=7),
+     'window_size=7: allowed 0..6: the SDE window [3, 3+7) must end by step 9'),
     (dict(K=5, window_size=-1), 'allowed 0..4'),
     (dict(K=0), 'K=0'), (dict(K=2.0), 'K=2.0'), (dict(group_size=0), 'group_size=0'),
     (dict(max_batch=0), 'max_batch=0'), (dict(sampler='euler'), "sampler='euler'"),
@@ -96,7 +97,8 @@ def test_rollout_nfe_and_chunking(policy):
 
 def test_rollout_psi(policy):
     psi = torch.tensor([0.3, 0.2, 0.0])
-    ro = rollout(policy, PROMPTS, RolloutConfig(K=3, group_size=2), brightness, torch.Generator().manual_seed(0), psi=psi)
+    ro = rollout(policy, PROMPTS, RolloutConfig(K=3, group_size=2), brightness, torch.Generator().manual_seed(0),
+                 psi=psi)
     dt = -(ro.t[1:] - ro.t[:-1])
     torch.testing.assert_close(ro.std[:, :2], (psi[:2] * dt[:2].sqrt()).expand(4, 2))
     with pytest.raises(ValueError, match='psi'): rollout(policy, PROMPTS, RolloutConfig(K=3), brightness, psi=-psi)
@@ -224,7 +226,8 @@ def test_logprob_of_reproduces_rollout(policy, sampler, level):
     ro = run(policy, K=4, group_size=2, sampler=sampler, level=level)
     out = logprob_of(policy, ro, [0, 1, 2])
     assert out.log_prob.shape == (4, 3) and out.mean.shape == (4, 3, 3, 32, 32)
-    torch.testing.assert_close(out.log_prob, ro.log_prob[:, :3], atol=5e-5, rtol=0)  # fp32 rounding of a mean over 3072 dims
+    # fp32 rounding of a mean over 3072 dims
+    torch.testing.assert_close(out.log_prob, ro.log_prob[:, :3], atol=5e-5, rtol=0)
     torch.testing.assert_close(out.std, ro.std[:, :3])
     torch.testing.assert_close(out.mean, ro.mean[:, :3], atol=1e-5, rtol=1e-5)
     one = logprob_of(policy, ro, 2, rows=[3, 0])

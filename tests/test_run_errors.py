@@ -1,4 +1,5 @@
-"Every failure of `flowgrpo train` is one sentence naming its cause, with exit status 2, before any work, leaving nothing that blocks the next try."
+"""Every failure of `flowgrpo train` is one sentence naming its cause, with exit status 2, before any work, leaving
+nothing that blocks the next try."""
 import errno, json, os, shutil, signal, subprocess, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,8 +40,10 @@ def run(tmp_path_factory):
     ('window_size=0', ['GRPOConfig.window_size=0', 'trains no step']),
     ('minibatch=3', ['GRPOConfig.minibatch=3', 'divisor']),
     ('learning_rate=1', ["override 'learning_rate=1'"]),
-    ('log_with=tensorbord', ["GRPOConfig.log_with='tensorbord'", 'wandb']),                       # a typo: accelerate's trackers listed
-    ('gradient_checkpointing=true', ['GRPOConfig.gradient_checkpointing=True', "model='tiny'"]),  # the diffusers backends' option
+    # a typo: accelerate's trackers listed
+    ('log_with=tensorbord', ["GRPOConfig.log_with='tensorbord'", 'wandb']),
+    # the diffusers backends' option
+    ('gradient_checkpointing=true', ['GRPOConfig.gradient_checkpointing=True', "model='tiny'"]),
 ])
 def test_bad_config_is_refused_before_any_work(tmp_path, override, words):
     out = tmp_path/'x'
@@ -82,8 +85,8 @@ def test_bit_flip_in_adapter_falls_back_to_previous_checkpoint(run, tmp_path):
 def test_rerun_before_first_checkpoint_starts_over(tmp_path):
     "A run killed before its first checkpoint neither blocks the next run nor leaves duplicate steps in its log."
     out = tmp_path/'r'
-    p = subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(out), *SMOKE, 'save_every=10', 'steps=10'],
-                         cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(out), *SMOKE, 'save_every=10',
+                          'steps=10'], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t0 = time.time()
     while not ((out/'metrics.jsonl').exists() and len((out/'metrics.jsonl').read_text().splitlines()) >= 2):
         assert p.poll() is None and time.time() - t0 < 300
@@ -128,24 +131,29 @@ GATED = ("import pathlib, sys, time, flowgrpo_nb.train as t, flowgrpo_nb.cli as 
 
 def test_one_trainer_per_folder_and_a_killed_ones_lock_is_taken_over(tmp_path):
     """Two trainers on one folder: a new run (another lr) and a --resume are refused at once, naming the first's PID;
-    the first, killed by SIGKILL, leaves its lock file, which --resume takes over; the folder holds one run, each step once."""
+    the first, killed by SIGKILL, leaves its lock file, which --resume takes over; the folder holds one run, each step
+    once."""
     out = tmp_path/'r'
-    first = subprocess.Popen([sys.executable, '-c', GATED, str(tmp_path/'gate'), 'train', '--out', str(out), *SMOKE, 'steps=4'],
-                             cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen([sys.executable, '-c', GATED, str(tmp_path/'gate'), 'train', '--out', str(out), *SMOKE,
+                              'steps=4'], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
     t0 = time.time()
     while not (out/'checkpoints'/'ckpt-000002').exists():  # it holds the folder, waiting before step 2
         assert first.poll() is None and time.time() - t0 < 300, first.stderr.read()[-3000:]
         time.sleep(0.05)
     with ThreadPoolExecutor(2) as ex:
-        rivals = list(ex.map(lambda a: flowgrpo('train', '--out', out, *a), [[*SMOKE, 'steps=4', 'lr=0.001'], ['--resume', *SMOKE, 'steps=4']]))
+        rivals = list(ex.map(lambda a: flowgrpo('train', '--out', out, *a),
+                             [[*SMOKE, 'steps=4', 'lr=0.001'], ['--resume', *SMOKE, 'steps=4']]))
     for r in rivals: refused(r, f'{out} is being written by another process (a trainer, PID {first.pid}, since ')
     first.kill(); first.wait(); first.stderr.close()
     assert json.loads((out/LOCK_FILE).read_text())['pid'] == first.pid  # the kernel dropped the lock; its file stays
     r = flowgrpo('train', '--out', out, '--resume', *SMOKE, 'steps=4')
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f'(a trainer, PID {first.pid}) ended without letting go of it (killed, or stopped by an error such as a full disk); taking it over' in r.stderr
+    assert (f'(a trainer, PID {first.pid}) ended without letting go of it (killed, or stopped by an error such as a '
+            'full disk); taking it over') in r.stderr
     run = RunFolder(out)
-    assert [m['step'] for m in run.metrics()] == [1, 2, 3, 4] and run.config()['lr'] == preset_config('flow_grpo+smoke').lr
+    assert ([m['step'] for m in run.metrics()] == [1, 2, 3, 4]
+            and run.config()['lr'] == preset_config('flow_grpo+smoke').lr)
     assert not (out/LOCK_FILE).exists()
 
 
@@ -168,23 +176,26 @@ def user(tmp_path, monkeypatch):
     return tmp_path
 
 def train_here(capsys, out, *args) -> tuple[int, str]:
-    "`flowgrpo train` in this process: its exit status and its one error line (asserting there is exactly one, without traceback)."
+    """`flowgrpo train` in this process: its exit status and its one error line (asserting there is exactly one, without
+    traceback)."""
     status = cli.main(['train', '--out', str(out), '--preset', 'flow_grpo+smoke', '--quiet', *map(str, args)])
     err = capsys.readouterr().err
-    lines = [l for l in err.splitlines() if l.startswith('flowgrpo train: ') and not l.startswith('flowgrpo train: warning:')]
+    lines = [l for l in err.splitlines() if l.startswith('flowgrpo train: ')
+             and not l.startswith('flowgrpo train: warning:')]
     assert 'Traceback' not in err and len(lines) == 1, err[-3000:]
     return status, lines[0]
 
 def test_reward_factory_that_raises_exits_2_with_one_line(user):
     r = flowgrpo('train', '--out', user/'r', *SMOKE, '--reward', 'py:json:dumps', '--prompts', user/'prompts.txt')
-    refused(r, "reward 'py:json:dumps': json.dumps() raised TypeError (dumps() missing 1 required positional argument: 'obj'); "
-               "expected it to return a callable reward(images [B, 3, H, W] in [0, 1], prompts) -> Tensor[B]")
+    refused(r, "reward 'py:json:dumps': json.dumps() raised TypeError (dumps() missing 1 required positional argument: "
+               "'obj'); expected it to return a callable reward(images [B, 3, H, W] in [0, 1], prompts) -> Tensor[B]")
 
 @pytest.mark.parametrize('fn,words', [
-    ('returns_str', "step 0: reward 'py:user_rewards:returns_str': reward(images [8, 3, 32, 32], 8 prompts) returned a str ('high'); "
-                    "expected a Tensor[8] of real numbers, one score per image"),
+    ('returns_str', "step 0: reward 'py:user_rewards:returns_str': reward(images [8, 3, 32, 32], 8 prompts) "
+                    "returned a str ('high'); expected a Tensor[8] of real numbers, one score per image"),
     ('returns_none', "reward(images [8, 3, 32, 32], 8 prompts) returned None; expected a Tensor[8] of real numbers"),
-    ('forty_two', "reward 'py:user_rewards:forty_two': user_rewards.forty_two() returned an int (42); expected a callable reward(images")])
+    ('forty_two', "reward 'py:user_rewards:forty_two': user_rewards.forty_two() returned an int (42); "
+                  "expected a callable reward(images")])
 def test_reward_that_returns_the_wrong_thing_exits_2_with_one_line(user, capsys, fn, words):
     status, line = train_here(capsys, user/'r', '--reward', f'py:user_rewards:{fn}', '--prompts', user/'prompts.txt',
                               '--set', 'log_with=none', 'eval_images=0')
@@ -192,13 +203,15 @@ def test_reward_that_returns_the_wrong_thing_exits_2_with_one_line(user, capsys,
 
 def test_nan_in_an_evaluation_stops_the_run_and_records_no_nan(user, capsys):
     out = user/'r'
-    status, line = train_here(capsys, out, '--reward', 'py:user_rewards:nan_on_eval', '--prompts', user/'prompts.txt', '--set',
-                              'log_with=none', 'eval_images=6', 'save_every=1', 'steps=3', '--no-base-eval')
-    assert status == 2 and line.startswith("flowgrpo train: evaluation at step 3: the evaluation reward 'py:user_rewards:nan_on_eval' "
-                                           "is nan for sample 0 (prompt 'a red circle')"), line
+    status, line = train_here(capsys, out, '--reward', 'py:user_rewards:nan_on_eval', '--prompts', user/'prompts.txt',
+                              '--set', 'log_with=none', 'eval_images=6', 'save_every=1', 'steps=3', '--no-base-eval')
+    assert status == 2 and line.startswith("flowgrpo train: evaluation at step 3: the evaluation reward "
+                                           "'py:user_rewards:nan_on_eval' is nan for sample 0 "
+                                           "(prompt 'a red circle')"), line
     assert 'checkpoints up to ckpt-000002 are kept' in line
     run = RunFolder(out)
-    assert run.summary() is None and [m['step'] for m in run.metrics()] == [1, 2] and 'NaN' not in run.file('metrics').read_text()
+    assert (run.summary() is None and [m['step'] for m in run.metrics()] == [1, 2]
+            and 'NaN' not in run.file('metrics').read_text())
     assert not (out/LOCK_FILE).exists()
 
 def test_prompt_files_are_checked_before_any_model_loads(user, capsys, monkeypatch):
@@ -206,11 +219,14 @@ def test_prompt_files_are_checked_before_any_model_loads(user, capsys, monkeypat
     monkeypatch.setattr('flowgrpo_nb.train.load_policy', no_model)
     gz = user/'prompts.txt.gz'; gz.write_bytes(b'\x1f\x8b\x08\x00' + bytes(range(256)))
     status, line = train_here(capsys, user/'r', '--reward', 'py:user_rewards:returns_str', '--prompts', gz)
-    assert status == 2 and line == f"flowgrpo train: prompt file {gz}, line 1: byte 0x8b is not UTF-8; expected a UTF-8 text file (one prompt per line, or JSONL)"
+    assert status == 2 and line == (f"flowgrpo train: prompt file {gz}, line 1: byte 0x8b is not UTF-8; "
+                                    "expected a UTF-8 text file (one prompt per line, or JSONL)")
     long = user/'long.txt'; long.write_text('a red circle\n' + 'a red circle and ' * 600 + '\n')
     status, line = train_here(capsys, user/'r', '--reward', 'py:user_rewards:returns_str', '--prompts', long)
-    assert status == 2 and line == f"flowgrpo train: prompt file {long}, line 2: a prompt of 10199 characters; at most 2000 are allowed"
-    words = user/'words.txt'; words.write_text('a red circle left of a blue square today\n')  # 9 words: the tiny model reads 8
+    assert status == 2 and line == (f"flowgrpo train: prompt file {long}, line 2: a prompt of 10199 characters; "
+                                    "at most 2000 are allowed")
+    # 9 words: the tiny model reads 8
+    words = user/'words.txt'; words.write_text('a red circle left of a blue square today\n')
     status, line = train_here(capsys, user/'r', '--reward', 'py:user_rewards:returns_str', '--prompts', words)
     assert status == 2 and line.endswith('words.txt, line 1: a prompt of 9 words; the model reads at most 8')
     assert not (user/'r').exists()  # nothing left that blocks the next try

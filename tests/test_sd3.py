@@ -1,4 +1,5 @@
-"Dense checks of the SD3 backend (flowgrpo_nb.sd3) and the local-weight rewards (flowgrpo_nb.rewards), on a tiny random SD3 pipeline."
+"""Dense checks of the SD3 backend (flowgrpo_nb.sd3) and the local-weight rewards (flowgrpo_nb.rewards), on a tiny
+random SD3 pipeline."""
 import importlib.util, math
 from pathlib import Path
 
@@ -30,11 +31,13 @@ def xt(policy, n=2, seed=0):
 def test_encode_cached(policy, monkeypatch):
     calls = []
     orig = policy.pipe.encode_prompt
-    monkeypatch.setattr(policy.pipe, 'encode_prompt', lambda prompt, **kw: calls.append(list(prompt)) or orig(prompt, **kw))
+    monkeypatch.setattr(policy.pipe, 'encode_prompt',
+                        lambda prompt, **kw: calls.append(list(prompt)) or orig(prompt, **kw))
     policy.clear_cache()
     a = policy.encode(PROMPTS + PROMPTS[:1])
     b = policy.encode(PROMPTS[::-1])
-    assert calls == [[''], PROMPTS[:1], PROMPTS[1:]]  # each distinct string encoded once and alone, the empty prompt included
+    # each distinct string encoded once and alone, the empty prompt included
+    assert calls == [[''], PROMPTS[:1], PROMPTS[1:]]
     assert a.embeds.shape == (3, 32 + 8, 32) and a.pooled.shape == (3, 32)
     assert torch.equal(a.embeds[0], b.embeds[1]) and torch.equal(a.neg_embeds[0], b.neg_embeds[0])
     assert not a.embeds.requires_grad
@@ -75,7 +78,8 @@ def test_decode_range_and_batching(policy):
 
 
 def test_bad_arguments(policy):
-    with pytest.raises(ValueError, match='resolution=30: must be a positive multiple of 4'): SD3Policy(policy.pipe, resolution=30)
+    with pytest.raises(ValueError, match='resolution=30: must be a positive multiple of 4'):
+        SD3Policy(policy.pipe, resolution=30)
     with pytest.raises(ValueError, match='decode_batch=0'): SD3Policy(policy.pipe, resolution=32, decode_batch=0)
     with pytest.raises(ValueError, match='no model_index.json'): SD3Policy.from_pretrained('/nonexistent', device='cpu')
 
@@ -83,9 +87,11 @@ def test_bad_arguments(policy):
 def test_a_damaged_model_index_is_said(policy, tmp_path):
     policy.pipe.save_pretrained(tmp_path)
     index = (tmp_path/'model_index.json').read_text()
-    (tmp_path/'model_index.json').write_text(index[:len(index) // 2])  # cut short, as by a full disk or an interrupted copy
+    # cut short, as by a full disk or an interrupted copy
+    (tmp_path/'model_index.json').write_text(index[:len(index) // 2])
     for t5 in (True, False):
-        with pytest.raises(ValueError, match=r'model_index.json: not readable as JSON \(.*\); the folder is damaged or incomplete') as e:
+        with pytest.raises(ValueError, match=r'model_index.json: not readable as JSON \(.*\); the folder is '
+                                             r'damaged or incomplete') as e:
             SD3Policy.from_pretrained(tmp_path, device='cpu', t5=t5)
         assert '\n' not in str(e.value) and 'T5' not in str(e.value)
     (tmp_path/'model_index.json').write_text('[1, 2]')
@@ -97,13 +103,16 @@ def test_from_pretrained_local_folder(policy, tmp_path):
     policy.pipe.save_pretrained(tmp_path)  # the tiny pipeline has no T5
     with pytest.raises(ValueError, match='has no text_encoder_3 \\(T5\\): pass t5=False'):
         SD3Policy.from_pretrained(tmp_path, device='cpu')
-    loaded = SD3Policy.from_pretrained(tmp_path, dtype=torch.bfloat16, device='cpu', t5=False, resolution=32, max_sequence_length=8)
+    loaded = SD3Policy.from_pretrained(tmp_path, dtype=torch.bfloat16, device='cpu', t5=False, resolution=32,
+                                       max_sequence_length=8)
     assert loaded.dtype == torch.bfloat16 and loaded.pipe.vae.dtype == torch.float32
     assert loaded.pipe.text_encoder.dtype == torch.bfloat16
-    same = SD3Policy.from_pretrained(tmp_path, dtype=torch.float32, device='cpu', t5=False, resolution=32, max_sequence_length=8)
+    same = SD3Policy.from_pretrained(tmp_path, dtype=torch.float32, device='cpu', t5=False, resolution=32,
+                                     max_sequence_length=8)
     x, t = xt(policy)
     with torch.no_grad():
-        assert torch.equal(same.velocity(x, t, same.encode(PROMPTS), 4.5), policy.velocity(x, t, policy.encode(PROMPTS), 4.5))
+        assert torch.equal(same.velocity(x, t, same.encode(PROMPTS), 4.5),
+                           policy.velocity(x, t, policy.encode(PROMPTS), 4.5))
 
 
 # ---- LoRA
@@ -129,7 +138,8 @@ def test_lora_zero_init_and_disable(make_sd3):
 
 
 def test_user_round_trip_from_the_folder(tmp_path):
-    "As a user writes it: the pipeline from its folder, the run's LoRA with load_lora_weights; it changes the image, disable_lora restores it exactly."
+    """As a user writes it: the pipeline from its folder, the run's LoRA with load_lora_weights; it changes the image,
+    disable_lora restores it exactly."""
     from diffusers import StableDiffusion3Pipeline
     from flowgrpo_nb.sd3 import tiny_sd3_pipeline
     trained = SD3Policy(tiny_sd3_pipeline(), resolution=32, max_sequence_length=8).add_lora(rank=4, alpha=8)
@@ -161,11 +171,13 @@ def test_tiny_clip_reward(policy, clip):
     assert r.shape == (4,) and r.dtype == torch.float32 and torch.isfinite(r).all()
     inputs = clip.processor(text=prompts, images=[im for im in (images * 255).round().to(torch.uint8)], padding=True,
                             return_tensors='pt')
-    with torch.no_grad(): torch.testing.assert_close(r, clip.model(**inputs).logits_per_image.diag(), atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(r, clip.model(**inputs).logits_per_image.diag(), atol=1e-4, rtol=1e-4)
     mix = WeightedSum({'clip': clip, 'bright': lambda im, p: im.mean((1, 2, 3))}, {'clip': 0.5, 'bright': 2.0})
     torch.testing.assert_close(mix(images, prompts), 0.5 * r + 2 * images.mean((1, 2, 3)))
     bad = images.clone(); bad[2] = float('nan')
-    with pytest.raises(ValueError, match=r"images has NaN or infinite values for sample 2 \(prompt 'a red apple'\)"): clip(bad, prompts)
+    with pytest.raises(ValueError, match=r"images has NaN or infinite values for sample 2 \(prompt 'a red apple'\)"):
+        clip(bad, prompts)
 
 
 # ---- the round trip through rollout and credit
@@ -241,16 +253,18 @@ def test_gpu_bench_sd35_sized_pipeline_on_meta():
                                                        ('sd3', 'pickscore:/p', 'sd35m_pickscore', 0.01),
                                                        ('flux', 'clip:/c', 'flux_pickscore', 0.0)])
 def test_diffusers_backends_default_to_the_published_recipe(model, reward, name, beta):
-    "A config for SD3/FLUX starts from Flow-GRPO's released recipe; presets then --set replace it; the tiny model's is as it was."
+    """A config for SD3/FLUX starts from Flow-GRPO's released recipe; presets then --set replace it; the tiny model's is
+    as it was."""
     from flowgrpo_nb.config import GRPOConfig, PRESETS, preset_config
     task = dict(model=model, model_path='/m', reward=reward, prompts='/p.txt')
     cfg = preset_config('flow_grpo', **task)
     K, rank, alpha, guidance, level = (10, 32, 64.0, 4.5, 0.7) if model == 'sd3' else (6, 64, 128.0, 3.5, 0.9)
-    assert (cfg.recipe, cfg.lr, cfg.beta, cfg.group_size, cfg.prompts_per_step, cfg.K, cfg.lora_rank, cfg.lora_alpha) == (
-        name, 3e-4, beta, 24, 48, K, rank, alpha)
+    assert (cfg.recipe, cfg.lr, cfg.beta, cfg.group_size, cfg.prompts_per_step, cfg.K, cfg.lora_rank,
+            cfg.lora_alpha) == (name, 3e-4, beta, 24, 48, K, rank, alpha)
     assert (cfg.guidance, cfg.level, cfg.resolution, cfg.ema, cfg.updates_per_rollout, cfg.clip_range) == (
         guidance, level, 512, True, 2, 1e-4)
-    assert preset_config('flow_grpo+smoke', **task, lr=5e-5).lr == 5e-5 and preset_config('flow_grpo+smoke', **task).K == 4
+    assert (preset_config('flow_grpo+smoke', **task, lr=5e-5).lr == 5e-5
+            and preset_config('flow_grpo+smoke', **task).K == 4)
     assert preset_config('flow_grpo', **task, recipe='tiny') == GRPOConfig(**PRESETS['flow_grpo'], **task)
     tiny = preset_config('flow_grpo')
     assert (tiny.recipe, tiny.lr, tiny.beta, tiny.prompts_per_step, tiny.group_size, tiny.lora_rank, tiny.level) == (

@@ -266,7 +266,8 @@ def test_tempflow_nfe_per_prompt_of_the_trainers_own_run_is_the_formula(base, tm
 
 
 def test_flash_trains_only_its_one_sde_step_per_sample(base, tmp_path, monkeypatch):
-    "With beta > 0 and no skipping (every pair kept), the update still scores only each sample's k*, never an Euler step."
+    """With beta > 0 and no skipping (every pair kept), the update still scores only each sample's k*, never an Euler
+    step."""
     import flowgrpo_nb.train as train_mod
     seen = []
     def spy(policy, ro, ii, kk):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flowgrpo_nb.tiny import (ASSETS, TinyConfig, TinyFlowModel, check_config, export_tiny, flow_loss, generate, load_tiny,
-                              pretrain, read_log, save_tiny, tiny_meta)
+from flowgrpo_nb.tiny import (ASSETS, TinyConfig, TinyFlowModel, check_config, export_tiny, flow_loss, generate,
+                              load_tiny, pretrain, read_log, save_tiny, tiny_meta)
 from flowgrpo_nb.card import eval_prompts, base_scores, model_card
 from flowgrpo_nb.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
 from flowgrpo_nb.world import CATEGORIES, VOCAB, parse_prompt, prompt_split, sample_batch
@@ -28,17 +28,20 @@ def test_config_errors_name_the_field(kw, field):
 
 def test_shapes_and_velocity(small, small_config):
     hidden, pooled = small.encode(['a red circle and a blue square', ''])
-    assert hidden.shape == (2, small_config.max_words, small_config.text_dim) and pooled.shape == (2, small_config.pooled_dim)
+    assert (hidden.shape == (2, small_config.max_words, small_config.text_dim)
+            and pooled.shape == (2, small_config.pooled_dim))
     x, t = torch.randn(2, 3, 32, 32), torch.tensor([0.9, 0.0])
     with torch.no_grad(): v, x0 = small.velocity(x, t, hidden, pooled), small.predict_x0(x, t, hidden, pooled)
     torch.testing.assert_close(v, (x - x0) / torch.tensor([0.9, small_config.t_min]).view(-1, 1, 1, 1))
     with torch.no_grad():  # a float t equals the same t per row
-        torch.testing.assert_close(small.velocity(x, 0.3, hidden, pooled), small.velocity(x, torch.full((2,), 0.3), hidden, pooled))
+        torch.testing.assert_close(small.velocity(x, 0.3, hidden, pooled),
+                                   small.velocity(x, torch.full((2,), 0.3), hidden, pooled))
 
 
 def test_bf16_velocity(small, small_config):
     m = TinyFlowModel(small_config).to(torch.bfloat16)
-    with torch.no_grad(): v = m.velocity(torch.randn(2, 3, 32, 32, dtype=torch.bfloat16), 0.5, *m.encode(['a circle', '']))
+    with torch.no_grad():
+        v = m.velocity(torch.randn(2, 3, 32, 32, dtype=torch.bfloat16), 0.5, *m.encode(['a circle', '']))
     assert v.dtype == torch.bfloat16 and torch.isfinite(v.float()).all()
 
 
@@ -81,7 +84,8 @@ def test_mismatch_raises_before_building(monkeypatch, tmp_path, small, small_con
 
 
 def test_check_config_names_first_difference(small_config):
-    with pytest.raises(ValueError, match="'text_dim' = 64"): check_config({**small_config.__dict__, 'text_dim': 64}, small_config)
+    with pytest.raises(ValueError, match="'text_dim' = 64"):
+        check_config({**small_config.__dict__, 'text_dim': 64}, small_config)
     check_config(dict(small_config.__dict__), small_config)
 
 
@@ -99,7 +103,8 @@ def test_pretrain_resume_is_exact_and_loss_falls(tmp_path, small_config):
     pretrain(tmp_path / 'b', steps=10, **kw)
     assert [c.name for c in list_checkpoints(tmp_path / 'a')] == ['ckpt-000005', 'ckpt-000010']  # keep_last=2
     a, b = (read_checkpoint(latest_checkpoint(tmp_path / r)) for r in 'ab')
-    assert a.keys() == b.keys() == {'model.safetensors', 'ema.safetensors', 'optimizer.safetensors', 'optimizer.json', 'state.json'}
+    assert a.keys() == b.keys() == {'model.safetensors', 'ema.safetensors', 'optimizer.safetensors', 'optimizer.json',
+                                    'state.json'}
     for f in ('model.safetensors', 'ema.safetensors', 'optimizer.safetensors'):
         assert a[f].keys() == b[f].keys()
         for k in a[f]: torch.testing.assert_close(a[f][k], b[f][k], rtol=0, atol=0)

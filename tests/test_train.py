@@ -1,4 +1,5 @@
-"Trainer runs through the CLI: exact resume after clean stops and SIGKILLs for every method, run-twice equality, two processes."
+"""Trainer runs through the CLI: exact resume after clean stops and SIGKILLs for every method, run-twice equality, two
+processes."""
 import json, os, random, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
@@ -10,14 +11,15 @@ METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
 STEPS = 20
 # 20 steps of 2 prompts x 4 samples, K = 4, a checkpoint every step, all kept
 def args(method, steps=STEPS):
-    return ['--preset', f'{method}+smoke', '--quiet', '--set', f'steps={steps}', 'save_every=1', 'keep_last=50', 'log_with=none',
-            'calib_iters=1', 'eval_images=8', 'eval_every=5']
+    return ['--preset', f'{method}+smoke', '--quiet', '--set', f'steps={steps}', 'save_every=1', 'keep_last=50',
+            'log_with=none', 'calib_iters=1', 'eval_images=8', 'eval_every=5']
 
 def cmd(out, method, *extra, steps=STEPS):
     return [sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(out), *args(method, steps), *extra]
 
 def train(out, method, *extra, steps=STEPS):
-    r = subprocess.run(cmd(out, method, *extra, steps=steps), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(cmd(out, method, *extra, steps=steps), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -26,7 +28,8 @@ def final_state(out, step=STEPS) -> dict:
     ck = Path(out)/'checkpoints'/f'ckpt-{step:06d}'
     st = {f.name: load_file(f) for f in ck.glob('*.safetensors')}
     st['state.json'] = {k: v for k, v in json.loads((ck/'state.json').read_text()).items() if k != 'files'}
-    for k in ('seconds', 'cpu_seconds'): ((st['state.json'].get('calibration') or {}).get('cost') or {}).pop(k, None)  # timings
+    # timings
+    for k in ('seconds', 'cpu_seconds'): ((st['state.json'].get('calibration') or {}).get('cost') or {}).pop(k, None)
     # the log's training rows without timings (a clean stop adds an evaluation at its last step: evaluations read the
     # state, they never change it, so they are left out of the comparison)
     st['metrics'] = [{k: v for k, v in json.loads(l).items() if not k.startswith(('sec_', 'cpu_', 'eval_'))}
@@ -46,7 +49,8 @@ def assert_same_run(a:dict, b:dict):
 def straight(tmp_path_factory):
     "The uninterrupted 20-step run of each method (and, for flow_grpo, the same command a second time)."
     outs = {m: tmp_path_factory.mktemp(f'straight_{m}') for m in METHODS}
-    procs = {m: subprocess.Popen(cmd(o, m), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for m, o in outs.items()}
+    procs = {m: subprocess.Popen(cmd(o, m), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for m, o in outs.items()}
     for m, p in procs.items():
         _, err = p.communicate(timeout=900)
         assert p.returncode == 0, err.decode()[-3000:]
@@ -59,25 +63,30 @@ def test_resume_after_clean_stop_is_exact(straight, tmp_path, method, stop):
     train(tmp_path, method, '--resume')
     assert_same_run(final_state(straight[method]), final_state(tmp_path))
 
-SAFEGUARDS = ('ema=true', 'updates_per_rollout=2', 'beta=0.04', 'weight_decay=1e-4', 'lr_warmup=3')  # appended to args()'s --set
+# appended to args()'s --set
+SAFEGUARDS = ('ema=true', 'updates_per_rollout=2', 'beta=0.04', 'weight_decay=1e-4', 'lr_warmup=3')
 
 def test_resume_with_the_safeguards_is_exact(tmp_path):
     """EMA, two optimizer steps per batch, a KL term and an lr warmup: a run stopped after 7 steps and resumed ends
-    bitwise where the straight run ends (the EMA's weights and step count, Adam's state and the warmup's step all restored).
-    A decaying schedule depends on `steps`, so there a resume with other `steps` is refused."""
+    bitwise where the straight run ends (the EMA's weights and step count, Adam's state and the warmup's step all
+    restored). A decaying schedule depends on `steps`, so there a resume with other `steps` is refused."""
     a, b = tmp_path/'straight', tmp_path/'resumed'
     train(a, 'flow_grpo', *SAFEGUARDS, steps=12)
     train(b, 'flow_grpo', *SAFEGUARDS, steps=7)
     train(b, 'flow_grpo', *SAFEGUARDS, '--resume', steps=12)
     sa, sb = final_state(a, 12), final_state(b, 12)
-    assert 'live.safetensors' in sa and any(m['clipfrac'] > 0 for m in sa['metrics']) and all(m.get('kl') is not None for m in sa['metrics'])
+    assert ('live.safetensors' in sa and any(m['clipfrac'] > 0 for m in sa['metrics'])
+            and all(m.get('kl') is not None for m in sa['metrics']))
     assert_same_run(sa, sb)
-    r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', steps=2), cwd=ROOT, env=ENV, capture_output=True, text=True)
+    r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', steps=2), cwd=ROOT, env=ENV,
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', '--resume', steps=4), cwd=ROOT, env=ENV, capture_output=True, text=True)
+    r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', '--resume', steps=4), cwd=ROOT, env=ENV,
+                       capture_output=True, text=True)
     assert r.returncode == 2 and 'differing fields: steps (run: 2, now: 4)' in r.stderr, r.stderr[-2000:]
 
-# the child of a kill test: the CLI with every checkpoint file write slowed by 0.3 s, so that a kill can land inside a write
+# the child of a kill test: the CLI with every checkpoint file write slowed by 0.3 s, so that a kill can land
+# inside a write
 SLOW_WRITES = ("import sys, time, flowgrpo_nb.checkpoint as c, flowgrpo_nb.cli as cli\n"
                "w = c._fsync_write\n"
                "def slow(*a): w(*a); time.sleep(0.3)\n"
@@ -85,7 +94,8 @@ SLOW_WRITES = ("import sys, time, flowgrpo_nb.checkpoint as c, flowgrpo_nb.cli a
                "sys.exit(cli.main(sys.argv[1:]))")
 
 def _kill_at(out, method, when):
-    "Start a run and SIGKILL it: `when` = ('ckpt', n) once checkpoint n exists, or ('write', n) while checkpoint n is being written."
+    """Start a run and SIGKILL it: `when` = ('ckpt', n) once checkpoint n exists, or ('write', n) while checkpoint n is
+    being written."""
     kind, n = when
     child = cmd(out, method) if kind == 'ckpt' else [sys.executable, '-c', SLOW_WRITES, *cmd(out, method)[3:]]
     p = subprocess.Popen(child, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -107,7 +117,8 @@ KILLS = [('flow_grpo', ('ckpt', _rng.randint(2, 15))), ('flow_grpo', ('write', _
 
 @pytest.mark.parametrize('method,when', KILLS)
 def test_resume_after_sigkill_is_exact(straight, tmp_path, method, when):
-    "SIGKILL once a checkpoint exists or in the middle of writing one, resume: the same final state as the straight run."
+    """SIGKILL once a checkpoint exists or in the middle of writing one, resume: the same final state as the straight
+    run."""
     seen = _kill_at(tmp_path, method, when)
     if when[0] == 'write': assert any(x.startswith('.tmp-') for x in seen), seen  # the kill did land inside a write
     assert not (tmp_path/'checkpoints'/f'ckpt-{STEPS:06d}').exists()
@@ -116,7 +127,8 @@ def test_resume_after_sigkill_is_exact(straight, tmp_path, method, when):
     assert not list((tmp_path/'checkpoints').glob('.tmp-*')), 'the interrupted write was not cleaned up'
 
 def test_same_command_twice_is_bitwise_equal(straight, tmp_path):
-    "Every tensor equal, and every file of the final checkpoint byte-identical: state.json's checksums compare two runs."
+    """Every tensor equal, and every file of the final checkpoint byte-identical: state.json's checksums compare two
+    runs."""
     train(tmp_path, 'flow_grpo')
     assert_same_run(final_state(straight['flow_grpo']), final_state(tmp_path))
     files = lambda out: json.loads((Path(out)/'checkpoints'/f'ckpt-{STEPS:06d}'/'state.json').read_text())['files']
@@ -145,23 +157,28 @@ def test_loss_steps_apart_from_the_exploration_window(tmp_path):
     assert full.cfg.rollout_config().window == four.cfg.rollout_config().window == (0, 9)
     assert four.cfg.loss_steps().nonzero().flatten().tolist() == [0, 1, 2, 3]
     a, b = full.collect(0), four.collect(0)
-    for name in ('x', 'log_prob', 'reward'): assert torch.equal(getattr(a['rollout'], name), getattr(b['rollout'], name)), name
+    for name in ('x', 'log_prob', 'reward'):
+        assert torch.equal(getattr(a['rollout'], name), getattr(b['rollout'], name)), name
     assert torch.equal(a['advantages'][:, :4], b['advantages'][:, :4]) and not b['advantages'][:, 4:].any()
     assert a['advantages'][:, 4:9].any()  # the control has credit there
-    shares_full, shares_four = full.grad_shares(a['rollout'], a['advantages']), four.grad_shares(b['rollout'], b['advantages'])
-    assert all(shares_four[f'grad_share_{k}'] == 0 for k in range(4, 9)) and sum(shares_four[f'grad_share_{k}'] for k in range(4)) == pytest.approx(1)
+    shares_full, shares_four = (full.grad_shares(a['rollout'], a['advantages']),
+                                four.grad_shares(b['rollout'], b['advantages']))
+    assert (all(shares_four[f'grad_share_{k}'] == 0 for k in range(4, 9))
+            and sum(shares_four[f'grad_share_{k}'] for k in range(4)) == pytest.approx(1))
     assert sum(shares_full[f'grad_share_{k}'] for k in range(4, 9)) > 0.05
     for t in (full, four): t.lock.release()
 
 def _train_cmd(out, *sets):
-    return [sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(out), '--preset', 'flow_grpo+smoke', '--quiet',
-            '--set', 'steps=2', 'eval_images=8', *sets]
+    return [sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(out), '--preset', 'flow_grpo+smoke',
+            '--quiet', '--set', 'steps=2', 'eval_images=8', *sets]
 
 def test_log_with_wandb_offline(tmp_path):
-    "`--set log_with=wandb` logs each step into the run folder, offline when no API key is at hand (nothing is online here)."
+    """`--set log_with=wandb` logs each step into the run folder, offline when no API key is at hand (nothing is online
+    here)."""
     pytest.importorskip('wandb')
     env = {k: v for k, v in ENV.items() if k not in ('WANDB_MODE', 'WANDB_API_KEY')} | dict(HOME=str(tmp_path/'home'))
-    r = subprocess.run(_train_cmd(tmp_path/'run', 'log_with=wandb'), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(_train_cmd(tmp_path/'run', 'log_with=wandb'), cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     logs = list((tmp_path/'run'/'wandb').glob('offline-run-*/*.wandb'))
     assert len(logs) == 1, list((tmp_path/'run').rglob('*'))[:20]
@@ -174,8 +191,11 @@ def test_log_with_a_tracker_not_installed_is_one_sentence(tmp_path):
     from flowgrpo_nb.config import trackers
     have = [str(t.value) for t in get_available_trackers()]
     missing = next(t for t in trackers() if t not in have + ['none'])
-    r = subprocess.run(_train_cmd(tmp_path/'run', f'log_with={missing}'), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith('[transformers]') and 'torchvision' not in l]
-    assert r.returncode == 2 and lines == [f"flowgrpo train: log_with={missing!r}: the {missing} package is not installed; install it "
-                                           f"(pip install {missing}) or pick one that is: {', '.join(have + ['none'])}"], r.stderr
+    r = subprocess.run(_train_cmd(tmp_path/'run', f'log_with={missing}'), cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=300)
+    lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith('[transformers]')
+             and 'torchvision' not in l]
+    assert r.returncode == 2 and lines == [f"flowgrpo train: log_with={missing!r}: the {missing} package is not "
+                                           f"installed; install it (pip install {missing}) or pick one that is: "
+                                           f"{', '.join(have + ['none'])}"], r.stderr
     assert not (tmp_path/'run').exists(), 'nothing written'

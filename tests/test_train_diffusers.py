@@ -1,4 +1,5 @@
-"The real path on the CPU: `flowgrpo train --model sd3|flux --model-path DIR --prompts FILE --reward clip:DIR` for every method, with evaluation, resume and the run's LoRA in a diffusers pipeline."
+"""The real path on the CPU: `flowgrpo train --model sd3|flux --model-path DIR --prompts FILE --reward clip:DIR` for
+every method, with evaluation, resume and the run's LoRA in a diffusers pipeline."""
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
@@ -10,34 +11,39 @@ METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point', 'tempflow', 'flash
 
 @pytest.fixture(scope='module')
 def folders(tmp_path_factory):
-    "Tiny random SD3 and FLUX pipelines, a tiny random CLIP and a prompt folder, saved locally as a user would have them."
+    """Tiny random SD3 and FLUX pipelines, a tiny random CLIP and a prompt folder, saved locally as a user would have
+    them."""
     from flowgrpo_nb.sd3 import tiny_sd3_pipeline
     from flowgrpo_nb.flux import tiny_flux_pipeline
     from flowgrpo_nb.rewards import tiny_clip_folder
     d = tmp_path_factory.mktemp('models')
-    tiny_sd3_pipeline().save_pretrained(d/'sd3'); tiny_flux_pipeline().save_pretrained(d/'flux'); tiny_clip_folder(d/'clip')
+    tiny_sd3_pipeline().save_pretrained(d/'sd3'); tiny_flux_pipeline().save_pretrained(d/'flux')
+    tiny_clip_folder(d/'clip')
     (d/'prompts').mkdir()
     (d/'prompts'/'train.txt').write_text('a photo of a cat\ntwo dogs on a bench\na red car\na blue umbrella\n')
     (d/'prompts'/'test.txt').write_text('a green apple\na sign that says "open"\n')
     return d
 
 def train(folders, model, method, out, *extra, steps=2):
-    return subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', f'{method}+smoke', '--out', str(out),
-                           '--model', model, '--model-path', str(folders/model), '--prompts', str(folders/'prompts'),
-                           '--reward', f'clip:{folders/"clip"}', '--quiet',
+    return subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', f'{method}+smoke', '--out',
+                           str(out), '--model', model, '--model-path', str(folders/model), '--prompts',
+                           str(folders/'prompts'), '--reward', f'clip:{folders/"clip"}', '--quiet',
                            '--set', f'steps={steps}', 'save_every=1', 'resolution=16', 't5=false', 'eval_images=4',
-                           'log_with=none', 'calib_iters=1', *extra], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+                           'log_with=none', 'calib_iters=1', *extra], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=900)
 
 def assert_loads_into_the_pipeline(folders, model, ckpt, lora):
-    "As a user loads it: the base folder's diffusers pipeline takes the run's LoRA with `load_lora_weights`, trained weights and all."
+    """As a user loads it: the base folder's diffusers pipeline takes the run's LoRA with `load_lora_weights`, trained
+    weights and all."""
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
-    pipe = (StableDiffusion3Pipeline.from_pretrained(folders/'sd3', text_encoder_3=None, tokenizer_3=None) if model == 'sd3'
-            else FluxPipeline.from_pretrained(folders/'flux'))
+    pipe = (StableDiffusion3Pipeline.from_pretrained(folders/'sd3', text_encoder_3=None, tokenizer_3=None)
+            if model == 'sd3' else FluxPipeline.from_pretrained(folders/'flux'))
     pipe.load_lora_weights(ckpt)
     (name,) = pipe.get_list_adapters()['transformer']
     loaded = {k: v for k, v in pipe.transformer.state_dict().items() if f'.{name}.' in k}
     assert len(loaded) == len(lora) and sum(v.abs().sum() for k, v in loaded.items() if 'lora_B' in k) > 0
-    assert sorted(v.abs().sum().item() for v in loaded.values()) == pytest.approx(sorted(v.abs().sum().item() for v in lora.values()))
+    assert sorted(v.abs().sum().item() for v in loaded.values()) == \
+        pytest.approx(sorted(v.abs().sum().item() for v in lora.values()))
 
 @pytest.mark.parametrize('model', ['sd3', 'flux'])
 @pytest.mark.parametrize('method', METHODS)
@@ -47,7 +53,8 @@ def test_train_eval_resume(folders, tmp_path, model, method):
     assert f'results in {tmp_path}' in r.stdout
     rows = [json.loads(l) for l in (tmp_path/'metrics.jsonl').read_text().splitlines()]
     evals = [h for h in rows if 'eval_overall' in h]
-    assert [h['step'] for h in evals] == [0, 2]  # evaluated on the task's own reward (the CLIP score of the test prompts)
+    # evaluated on the task's own reward (the CLIP score of the test prompts)
+    assert [h['step'] for h in evals] == [0, 2]
     lora = load_file(tmp_path/'checkpoints'/'ckpt-000002'/'pytorch_lora_weights.safetensors')
     assert all(k.startswith('transformer.') for k in lora)  # diffusers' LoRA naming
     assert_loads_into_the_pipeline(folders, model, tmp_path/'checkpoints'/'ckpt-000002', lora)
@@ -57,22 +64,27 @@ def test_train_eval_resume(folders, tmp_path, model, method):
 
 def test_grid_reward_on_sd3_is_refused_early(folders, tmp_path):
     r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(tmp_path/'x'), '--model', 'sd3',
-                        '--model-path', str(folders/'sd3'), '--quiet'], cwd=ROOT, env=ENV, capture_output=True, text=True)
+                        '--model-path', str(folders/'sd3'), '--quiet'], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True)
     assert r.returncode == 2 and "reward='partial' is the grid world's" in r.stderr and 'Traceback' not in r.stderr
     assert not (tmp_path/'x').exists()
 
 def test_gradient_checkpointing(folders, tmp_path):
-    "`--set gradient_checkpointing=true` reaches diffusers' transformer and changes no result; a run resumes with it switched off."
+    """`--set gradient_checkpointing=true` reaches diffusers' transformer and changes no result; a run resumes with it
+    switched off."""
     from flowgrpo_nb.config import preset_config
     from flowgrpo_nb.task import load_policy
     cfg = preset_config('flow_grpo+smoke', model='sd3', model_path=str(folders/'sd3'), prompts=str(folders/'prompts'),
                         reward=f'clip:{folders/"clip"}', resolution=16, t5=False, gradient_checkpointing=True)
-    assert load_policy(device='cpu', **cfg.backend(train=True)).transformer.gradient_checkpointing is True  # what the trainer loads
-    assert load_policy(device='cpu', **cfg.backend()).transformer.gradient_checkpointing is False           # what evaluation loads
+    # what the trainer loads
+    assert load_policy(device='cpu', **cfg.backend(train=True)).transformer.gradient_checkpointing is True
+    # what evaluation loads
+    assert load_policy(device='cpu', **cfg.backend()).transformer.gradient_checkpointing is False
     for name, flag in (('plain', 'false'), ('ckpt', 'true')):
         r = train(folders, 'sd3', 'flow_grpo', tmp_path/name, f'gradient_checkpointing={flag}')
         assert r.returncode == 0, r.stderr[-3000:]
-    a, b = (load_file(tmp_path/n/'checkpoints'/'ckpt-000002'/'pytorch_lora_weights.safetensors') for n in ('plain', 'ckpt'))
+    a, b = (load_file(tmp_path/n/'checkpoints'/'ckpt-000002'/'pytorch_lora_weights.safetensors')
+            for n in ('plain', 'ckpt'))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert any(a[k].abs().sum() > 0 for k in a if 'lora_B' in k), 'the adapter was trained'
     r = train(folders, 'sd3', 'flow_grpo', tmp_path/'ckpt', 'gradient_checkpointing=false', '--resume', steps=3)
@@ -80,13 +92,15 @@ def test_gradient_checkpointing(folders, tmp_path):
 
 @pytest.mark.parametrize('model', ['sd3', 'flux'])
 def test_published_recipe_by_default(folders, tmp_path, model):
-    "`--model sd3|flux` trains with Flow-GRPO's released recipe: named on the first line, recorded in config.json; --set wins."
+    """`--model sd3|flux` trains with Flow-GRPO's released recipe: named on the first line, recorded in config.json;
+    --set wins."""
     from flowgrpo_nb.config import RECIPES
     small = ['prompts_per_step=1', 'group_size=2', 'minibatch=1', 'K=2', 'max_batch=2']  # sizes only, for a CPU
     r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(tmp_path), '--model', model,
-                        '--model-path', str(folders/model), '--prompts', str(folders/'prompts'), '--reward', f'clip:{folders/"clip"}',
-                        '--quiet', '--set', 'steps=1', 'resolution=16', 't5=false', 'eval_images=0', 'log_with=none',
-                        'lr=2e-4', *small], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+                        '--model-path', str(folders/model), '--prompts', str(folders/'prompts'), '--reward',
+                        f'clip:{folders/"clip"}', '--quiet', '--set', 'steps=1', 'resolution=16', 't5=false',
+                        'eval_images=0', 'log_with=none', 'lr=2e-4', *small], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     name = {'sd3': 'sd35m_geneval', 'flux': 'flux_pickscore'}[model]
     first = r.stdout.splitlines()[0]

@@ -29,7 +29,8 @@ WIDGET_VIEW = 'application/vnd.jupyter.widget-view+json'
 WIDGET_STATE = 'application/vnd.jupyter.widget-state+json'
 
 def pages(nbs:Path=NBS) -> list[Path]:
-    "The notebooks of the site in the sidebar's order (nbdev's): index first, then files, then each folder's (paths relative to `nbs`)."
+    """The notebooks of the site in the sidebar's order (nbdev's): index first, then files, then each folder's (paths
+    relative to `nbs`)."""
     def key(p:Path): return (len(p.parts) > 1, p.parts[:-1], p.name != 'index.ipynb', p.name)
     found = [p.relative_to(nbs) for p in nbs.rglob('*.ipynb')
              if not any(part.startswith(('_', '.')) for part in p.relative_to(nbs).parts)]
@@ -50,18 +51,20 @@ def run_cells(path:Path) -> set:
     return {c.id for c in nb_test_cells(path, skip_flags=get_config().tst_flags.split())}
 
 def execute(path:Path, timeout:int=600, tries:int=2):
-    "The notebook at `path` executed in a kernel (cwd: its folder), widget state stored; cells nbdev-test skips are not run."
+    """The notebook at `path` executed in a kernel (cwd: its folder), widget state stored; cells nbdev-test skips are
+    not run."""
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     for i in range(tries):
         try: return _execute(path, timeout)
-        except (CellTimeoutError, DeadKernelError):  # a kernel that stalls (seen now and then on a loaded machine): once more
+        # a kernel that stalls (seen now and then on a loaded machine): once more
+        except (CellTimeoutError, DeadKernelError):
             if i == tries - 1: raise
 
 class _Polled:
-    """A kernel client's channel whose `get_msg` waits in slices of `SLICE` seconds. zmq's asyncio poll now and then misses
-    the event of a message that has arrived: on 07_viz's dashboard cells the client and the kernel both sat idle for the
-    whole cell timeout (150 s of 150, 600 of 600), then the reply was read at once. A wait that looks at the socket again
-    every slice loses at most a slice."""
+    """A kernel client's channel whose `get_msg` waits in slices of `SLICE` seconds. zmq's asyncio poll now and then
+    misses the event of a message that has arrived: on 07_viz's dashboard cells the client and the kernel both sat idle
+    for the whole cell timeout (150 s of 150, 600 of 600), then the reply was read at once. A wait that looks at the
+    socket again every slice loses at most a slice."""
     SLICE = 1.0
     def __init__(self, channel): self._channel = channel
     def __getattr__(self, name): return getattr(self._channel, name)
@@ -75,7 +78,8 @@ class _Polled:
                 if end is not None and time.monotonic() >= end: raise
 
 def PollingClient(*args, **kw):
-    "An nbclient `NotebookClient` whose shell and IOPub channels wait in slices (`_Polled`); `execute()` only (the async path)."
+    """An nbclient `NotebookClient` whose shell and IOPub channels wait in slices (`_Polled`); `execute()` only (the
+    async path)."""
     from nbclient import NotebookClient
     class Client(NotebookClient):
         async def async_start_new_kernel_client(self):
@@ -94,7 +98,8 @@ def _execute(path:Path, timeout:int):
         if c.cell_type == 'code' and c.id not in keep: skipped[c.id], c.source = c.source, ''
     from traitlets.config import Config
     with tempfile.TemporaryDirectory(prefix='docs-kernel-') as sockets:
-        c = Config()  # the kernel talks over local sockets (ipc), not unencrypted TCP: no port open, nothing to warn about
+        # the kernel talks over local sockets (ipc), not unencrypted TCP: no port open, nothing to warn about
+        c = Config()
         if os.name == 'posix': c.KernelManager.transport, c.KernelManager.ip = 'ipc', str(Path(sockets)/'k')
         PollingClient(nb, timeout=timeout, kernel_name='python3', store_widget_state=True, allow_errors=False, config=c,
                       resources={'metadata': {'path': str(path.parent)}}).execute()
@@ -112,7 +117,8 @@ def process(nb, path:Path):
     d = dict2nb(json.loads(nbformat.writes(nb)))
     d.path_ = path
     with warnings.catch_warnings():
-        warnings.simplefilter('ignore')  # nbdev's advice on cells mixing imports and code is for authors, not for a build
+        # nbdev's advice on cells mixing imports and code is for authors, not for a build
+        warnings.simplefilter('ignore')
         FilterDefaults()(d)
     d.pop('path_', None)
     keys = ('cell_type', 'id', 'metadata', 'source', 'outputs', 'execution_count', 'attachments')
@@ -138,7 +144,8 @@ def directives(cell) -> dict:
     return d
 
 def tag_cells(nb):
-    "Quarto's cell options as nbconvert tags: `echo: false` hides the code, `output: false` the outputs, `include: false` both."
+    """Quarto's cell options as nbconvert tags: `echo: false` hides the code, `output: false` the outputs, `include:
+    false` both."""
     for c in nb.cells:
         if c.cell_type != 'code': continue
         d, tags = directives(c), set(c.metadata.get('tags', []))
@@ -152,7 +159,8 @@ def tag_cells(nb):
 # ---------------------------------------------------------------------------------------------- 3. figures and widgets
 
 def figure_html(fig:dict) -> str:
-    "A plotly figure's JSON as HTML drawn with the page's plotly.js, as wide as its container unless the figure fixes a width."
+    """A plotly figure's JSON as HTML drawn with the page's plotly.js, as wide as its container unless the figure fixes
+    a width."""
     import plotly.io as pio
     return pio.to_html(fig, include_plotlyjs=False, include_mathjax=False, full_html=False, default_width='100%',
                        config={'responsive': True, 'displaylogo': False}, validate=False, auto_play=False)
@@ -160,7 +168,8 @@ def figure_html(fig:dict) -> str:
 def output_html(o:dict, state:dict) -> str:
     "One output (of a cell or of an Output widget) as HTML."
     if o.get('output_type') == 'stream': return f"<pre class='stream'>{html.escape(''.join(o.get('text', '')))}</pre>"
-    if o.get('output_type') == 'error': return f"<pre class='error'>{html.escape(o.get('ename', ''))}: {html.escape(o.get('evalue', ''))}</pre>"
+    if o.get('output_type') == 'error':
+        return f"<pre class='error'>{html.escape(o.get('ename', ''))}: {html.escape(o.get('evalue', ''))}</pre>"
     data = o.get('data', {})
     if PLOTLY_MIME in data: return figure_html(data[PLOTLY_MIME])
     if WIDGET_VIEW in data: return widget_html(data[WIDGET_VIEW]['model_id'], state)
@@ -176,7 +185,8 @@ def output_html(o:dict, state:dict) -> str:
 _TAB_IDS = iter(range(10**9))
 
 def widget_html(model_id:str, state:dict) -> str:
-    "A widget drawn from its stored state: boxes and tabs around their children, an Output's outputs, a control's value."
+    """A widget drawn from its stored state: boxes and tabs around their children, an Output's outputs, a control's
+    value."""
     w = state.get(model_id)
     if w is None: return ''
     s, kind = w['state'], w['model_name']
@@ -187,9 +197,11 @@ def widget_html(model_id:str, state:dict) -> str:
     if kind == 'TabModel':
         t, titles = next(_TAB_IDS), s.get('titles') or [str(i) for i in range(len(kids))]
         sel = s.get('selected_index') or 0
-        heads = ''.join(f"<button class='w-tab-head{' on' * (i == sel)}' onclick='wTab(this, {i})'>{html.escape(str(h))}</button>"
+        heads = ''.join(f"<button class='w-tab-head{' on' * (i == sel)}' onclick='wTab(this, {i})'>"
+                        f"{html.escape(str(h))}</button>"
                         for i, h in enumerate(titles))
-        panels = ''.join(f"<div class='w-tab-panel' style='display:{'block' if i == sel else 'none'}'>{k}</div>" for i, k in enumerate(kids))
+        panels = ''.join(f"<div class='w-tab-panel' style='display:{'block' if i == sel else 'none'}'>{k}</div>"
+                         for i, k in enumerate(kids))
         return f"<div class='w-tab' id='w-tab-{t}'><div class='w-tab-heads'>{heads}</div>{panels}</div>"
     if kind in ('VBoxModel', 'HBoxModel', 'BoxModel', 'GridBoxModel'):
         return f"<div class='w-box {'w-hbox' if kind == 'HBoxModel' else 'w-vbox'}'>{''.join(kids)}</div>"
@@ -197,11 +209,13 @@ def widget_html(model_id:str, state:dict) -> str:
     if kind in ('DropdownModel', 'SelectModel', 'RadioButtonsModel', 'ToggleButtonsModel'):
         labels, i = s.get('_options_labels', []), s.get('index')
         value = labels[i] if isinstance(i, int) and i < len(labels) else ''
-        return f"<div class='w-control'><label>{label}</label> <span class='w-value'>{html.escape(str(value))}</span></div>"
+        return (f"<div class='w-control'><label>{label}</label> "
+                f"<span class='w-value'>{html.escape(str(value))}</span></div>")
     if 'value' in s and not isinstance(s['value'], (dict, list)):
         rng = f" ({s['min']}–{s['max']})" if 'min' in s and 'max' in s else ''
         if kind in ('HTMLModel', 'HTMLMathModel'): return f"<div>{s['value']}</div>"
-        return f"<div class='w-control'><label>{label}</label> <span class='w-value'>{html.escape(str(s['value']))}</span>{rng}</div>"
+        return (f"<div class='w-control'><label>{label}</label> "
+                f"<span class='w-value'>{html.escape(str(s['value']))}</span>{rng}</div>")
     return ''
 
 def render_outputs(nb):
@@ -222,8 +236,10 @@ body{margin:0;font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#2
 header{background:#2780e3;color:#fff;padding:.5em 1.5em;display:flex;gap:1.5em;align-items:center;flex-wrap:wrap}
 header a{color:#fff;text-decoration:none} header .site{font-weight:600;font-size:1.15em}
 .layout{display:flex;align-items:flex-start}
-nav.sidebar{flex:0 0 230px;padding:1em;font-size:.9em;position:sticky;top:0;max-height:100vh;overflow:auto;box-sizing:border-box}
-nav.sidebar a{display:block;padding:.15em 0;color:#333;text-decoration:none} nav.sidebar a.on{font-weight:600;color:#2780e3}
+nav.sidebar{flex:0 0 230px;padding:1em;font-size:.9em;position:sticky;top:0;max-height:100vh;overflow:auto;
+box-sizing:border-box}
+nav.sidebar a{display:block;padding:.15em 0;color:#333;text-decoration:none}
+nav.sidebar a.on{font-weight:600;color:#2780e3}
 nav.sidebar .section{margin-top:.8em;font-weight:600;color:#555}
 main{flex:1 1 auto;min-width:0;max-width:1000px;padding:1em 2em;box-sizing:border-box}
 main .description{font-size:1.1em;color:#555}
@@ -234,7 +250,8 @@ table{border-collapse:collapse} th,td{border:1px solid #ddd;padding:.2em .5em}
 main table{display:block;max-width:100%;overflow-x:auto;width:max-content}
 .ext-url{color:#666;font-size:.9em}
 .w-hbox{display:flex;gap:1em;flex-wrap:wrap} .w-control{margin:.2em 0;color:#444} .w-control label{font-weight:600}
-.w-tab-heads{border-bottom:1px solid #ccc;margin:.5em 0} .w-tab-head{border:1px solid #ccc;border-bottom:none;background:#f3f3f3;
+.w-tab-heads{border-bottom:1px solid #ccc;margin:.5em 0}
+.w-tab-head{border:1px solid #ccc;border-bottom:none;background:#f3f3f3;
 padding:.3em .8em;cursor:pointer} .w-tab-head.on{background:#fff;font-weight:600}
 """
 
@@ -269,24 +286,28 @@ def page_html(rel:Path, title:str, desc:str, body:str, all_pages:list, titles:di
     for p in all_pages:
         if len(p.parts) > 1 and p.parts[0] != section:
             section = p.parts[0]; side.append(f"<div class='section'>{html.escape(section)}</div>")
-        side.append(f"<a href='{href(p)}' class='{'on' if p == rel else ''}'>{html.escape(titles.get(p) or p.stem)}</a>")
+        side.append(f"<a href='{href(p)}' class='{'on' if p == rel else ''}'>"
+                    f"{html.escape(titles.get(p) or p.stem)}</a>")
     top = ''.join(f"<a href='{href(h)}'>{html.escape(t)}</a>" for t, h in nav)
     body = re.sub(r'''(href=["'])(?!https?:|#|mailto:)([^"'#]+?)\.ipynb(#[^"']*)?(["'])''', r'\1\2.html\3\4', body)
     body = re.sub(r'\{target="_blank"[^}]*\}', '', body)  # Quarto's link attributes in show_doc's markdown
     body = offline_links(heading_ids(body), rel, all_pages, source_links)
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width,initial-scale=1'>"
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width,initial-scale=1'>"
             f"<title>{html.escape(page_title(rel, title, site))}</title><script src='{up}plotly.min.js'></script>"
             f"<style>{CSS}{figure_css()}</style><script>{TAB_JS}</script></head><body>"
-            f"<header><a class='site' href='{href('index.ipynb')}'>{html.escape(site)}</a>{top}</header><div class='layout'>"
-            f"<nav class='sidebar'>{''.join(side)}</nav><main><h1>{html.escape(title)}</h1>"
-            + (f"<p class='description'>{html.escape(desc)}</p>" if desc else '') + f"{body}</main></div></body></html>")
+            f"<header><a class='site' href='{href('index.ipynb')}'>{html.escape(site)}</a>{top}</header>"
+            f"<div class='layout'><nav class='sidebar'>{''.join(side)}</nav><main><h1>{html.escape(title)}</h1>"
+            + (f"<p class='description'>{html.escape(desc)}</p>" if desc else '')
+            + f"{body}</main></div></body></html>")
 
 # ---------------------------------------------------------------------------------------------- 5. links, offline
 
 IDS = re.compile(r'''\sid=["']([^"']+)["']''')
 
 def slug(text:str) -> str:
-    "Pandoc's (so Quarto's) id of a heading's text: lower case, words joined by '-', only letters, digits and `_-.` kept."
+    """Pandoc's (so Quarto's) id of a heading's text: lower case, words joined by '-', only letters, digits and `_-.`
+    kept."""
     s = '-'.join(unicodedata.normalize('NFC', text).lower().split())
     s = ''.join(ch for ch in s if ch.isalnum() or ch in '_-.')
     i = next((i for i, ch in enumerate(s) if ch.isalpha()), len(s))  # an id starts with a letter
@@ -306,7 +327,8 @@ def heading_ids(body:str) -> str:
     return re.sub(r'<h([1-6])(\s[^>]*)?>(.*?)</h\1>', add, body, flags=re.S)
 
 def nbpath2html(p) -> Path:
-    "nbdev's name of a notebook's page on the published site (numeric prefix dropped): `05_credit.ipynb` -> `credit.html`."
+    """nbdev's name of a notebook's page on the published site (numeric prefix dropped): `05_credit.ipynb` ->
+    `credit.html`."""
     from nbdev.config import nbpath2html as f
     return f(p)
 
@@ -314,7 +336,8 @@ def _settings() -> dict:
     "The addresses nbdev made the links with: the published site's (`doc_host` + `doc_baseurl`), the code host's."
     from nbdev.config import get_config
     cfg = get_config(ROOT)
-    return {'doc': urljoin(cfg.doc_host.rstrip('/') + '/', cfg.doc_baseurl.strip('/') + '/'), 'git': cfg.git_url.rstrip('/') + '/'}
+    return {'doc': urljoin(cfg.doc_host.rstrip('/') + '/', cfg.doc_baseurl.strip('/') + '/'),
+            'git': cfg.git_url.rstrip('/') + '/'}
 
 OTHER_HOST = re.compile(r'^\s*(?:[a-z][a-z0-9+.-]*:)?//', re.I)
 HREF = re.compile(r'''\shref=(["'])(.*?)\1''', re.S)
@@ -396,10 +419,12 @@ def build_page(rel:Path, out:Path, all_pages:list, titles:dict, nav:list, nbs:Pa
     body = notebook_body(render_outputs(tag_cells(nb)))
     dest = out/rel.with_suffix('.html')
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(page_html(rel, title or titles.get(rel, ''), desc, body, all_pages, titles, nav, site, source_links))
+    dest.write_text(page_html(rel, title or titles.get(rel, ''), desc, body, all_pages, titles, nav, site,
+                              source_links))
     return dest
 
-def build(out:Path, only:list|None=None, nbs:Path=NBS, log=None, progress:bool=False, source_links:bool=False) -> list[Path]:
+def build(out:Path, only:list|None=None, nbs:Path=NBS, log=None, progress:bool=False,
+          source_links:bool=False) -> list[Path]:
     """The static site in `out` (every page, or those in `only`); the pages written. `progress`: a progress bar, one
     step per page; `log`: called with a line per page built; `source_links`: keep the links to the code host."""
     from tqdm.auto import tqdm
@@ -410,7 +435,9 @@ def build(out:Path, only:list|None=None, nbs:Path=NBS, log=None, progress:bool=F
     titles, site = {p: title_of(nbs/p) for p in all_pages}, site_name(nbs)
     todo = [Path(p) for p in only] if only else all_pages
     unknown = [str(p) for p in todo if p not in all_pages]
-    if unknown: raise SystemExit(f"--only {' '.join(unknown)}: not a notebook of the site; allowed: {' '.join(map(str, all_pages))}")
+    if unknown:
+        raise SystemExit(f"--only {' '.join(unknown)}: not a notebook of the site; allowed: "
+                         f"{' '.join(map(str, all_pages))}")
     written = []
     bar = tqdm(todo, desc='pages', unit='page', disable=not progress, dynamic_ncols=True)
     for p in bar:
@@ -428,9 +455,12 @@ def build(out:Path, only:list|None=None, nbs:Path=NBS, log=None, progress:bool=F
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--out', default=str(ROOT/'_docs'), help='folder of the site (default: _docs)')
-    ap.add_argument('--only', nargs='+', help='build only these notebooks, e.g. tutorials/quickstart.ipynb 07_viz.ipynb')
-    ap.add_argument('--quarto', action='store_true', help='use Quarto (nbdev-docs); the default where quarto is installed')
-    ap.add_argument('--source-links', action='store_true', help="keep show_doc's 'source' links to the code host (off: the pages are for reading offline)")
+    ap.add_argument('--only', nargs='+',
+                    help='build only these notebooks, e.g. tutorials/quickstart.ipynb 07_viz.ipynb')
+    ap.add_argument('--quarto', action='store_true',
+                    help='use Quarto (nbdev-docs); the default where quarto is installed')
+    ap.add_argument('--source-links', action='store_true',
+                    help="keep show_doc's 'source' links to the code host (off: the pages are for reading offline)")
     a = ap.parse_args(argv)
     if a.quarto or shutil.which('quarto'):
         return subprocess.run([str(Path(sys.executable).parent/'nbdev-docs')], cwd=ROOT, check=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from .results import FIDELITY_MEASURES, Report, TaskSection
 from .summary import WINDOW_MATCH, fidelity_gain
 from ..task import COLLAPSE_DROP, GRID_REWARDS, load_task
-from ..tiny import model_version, tiny_meta
 from .reference import reference_findings
 
 # %% auto #0
@@ -187,11 +186,13 @@ CATEGORY_NAMES = dict(single_object='single object', two_object='two objects', c
 
 def _prompt_finding(report:Report, t:str) -> list[str]:
     """How many distinct held-out prompts each category of a grid-world task is judged on, and which are few; nothing
-    for another task or base model, or when the split is not the report's."""
-    s, fp = report.setup['tasks'][t], (report.setup.get('base') or {}).get('fingerprint')
+    for another task or base model, or when the split is not the report's. The study never imports the grid world:
+    the report's base record (the shipped model, its version recorded since version 2) and the size of the split the
+    library's task holds now tell whether that split is the report's."""
+    s, base = report.setup['tasks'][t], report.setup.get('base') or {}
     grid = [k for k, v in report.setup['tasks'].items() if v.get('reward') in GRID_REWARDS]
     if not grid or t != grid[0]: return []  # the tasks share the world's split: said once, under the first
-    if fp is None or model_version(fp) != tiny_meta().get('version', 1): return []
+    if base.get('model') != 'tiny' or base.get('version') is None: return []
     counts = dict(sorted(load_task(s['reward']).prompt_counts().items(), key=lambda x: -x[1]))
     if sum(counts.values()) != s.get('eval_prompts'): return []
     few, name = [c for c, n in counts.items() if n < FEW_PROMPTS], lambda c: CATEGORY_NAMES.get(c, c)
