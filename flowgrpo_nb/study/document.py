@@ -18,8 +18,8 @@ from flowgrpo_nb.study.page import (
 
 
 # %% auto #0
-__all__ = ['CSS', 'QUESTION', 'setup_html', 'answer_lines', 'where_read', 'headline_html', 'report_html', 'question_answer',
-           'question_table']
+__all__ = ['CSS', 'QUESTION', 'setup_html', 'answer_lines', 'arm_steps', 'where_read', 'headline_html', 'report_html',
+           'question_answer', 'question_table']
 
 # %% ../../nbs/study/06c_document.ipynb #ee6bc571
 CSS = (
@@ -45,12 +45,18 @@ def _precision_items(s:dict) -> list[str]:
     ]
 
 
-def _setup_items(s:dict) -> list[str]:
+def _budget_steps(s:dict, b:dict|None) -> str:
+    "The budget's optimizer steps, and each arm a study trains longer: '100 (flow_grpo 225 on geneval)'."
+    n = (b or {}).get('steps') or s['steps']
+    longer = [f"{a} {k} on {t}" for t, d in ((b or {}).get('steps_of') or {}).items() for a, k in d.items() if k != n]
+    return f"{n}" + (f" ({', '.join(longer)})" if longer else '')
+
+def _setup_items(s:dict, b:dict|None=None) -> list[str]:
     ev, base, per = s['evaluation'], s['base'], task_seeds(s)
     return [
         f"base model: {base['model']}{f' version {v}' if (v := base.get('version')) else ''} "
         f"({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
-        f"budget {s['budget']}: {s['steps']} optimizer steps of {s['prompts_per_step']} prompts × {s['group_size']} "
+        f"budget {s['budget']}: {_budget_steps(s, b)} optimizer steps of {s['prompts_per_step']} prompts × {s['group_size']} "
         f"samples, lr {s['lr']}, "
         f"LoRA rank {s['lora_rank']}" + (f", overrides {s['overrides']}" if s['overrides'] else ''),
         "seeds: "
@@ -78,7 +84,7 @@ def setup_html(report:Report) -> str:
     tables = html_table(*arms_rows(report)) + (html_table(*study_arms_rows(report)) if report.contrasts else '')
     return (
         '<h2>Setup</h2><ul>'
-        + ''.join(f'<li>{html.escape(i)}</li>' for i in _setup_items(report.setup))
+        + ''.join(f'<li>{html.escape(i)}</li>' for i in _setup_items(report.setup, report.budget))
         + '</ul><h3>Arms</h3>'
         + tables
     )
@@ -175,14 +181,20 @@ def answer_lines(report:Report, most:int=8) -> list[str]:
             f"at {r.read.removeprefix('at ')}: {_reading(r)}" for k in ('cpu', 'nfe') if (r := post.get(f'{c.id}@{k}'))
         ]
         out.append(
-            f"{c.id} — {c.claim.rstrip('?.')}: {where_read(c, report.setup.get('steps'))}, {_reading(c)}"
+            f"{c.id} — {c.claim.rstrip('?.')}: {where_read(c, arm_steps(report, c))}, {_reading(c)}"
             + ('; ' + '; '.join(at) if at else '') + '.'
         )
     return out
 
+def arm_steps(report:Report, c) -> int|None:
+    """The optimizer steps claim `c`'s arm trained in its task: the budget's `steps_of` (a study training one arm
+    longer, as the credit study's Flow-GRPO to 225 steps), else the budget's steps."""
+    b = report.budget or {}
+    return (b.get('steps_of') or {}).get(c.task, {}).get(c.arm) or b.get('steps') or report.setup.get('steps')
+
 def where_read(c, steps:int|None=None) -> str:
-    """Where a claim reads its runs, in words: 'at equal optimizer steps' when each is read at its end, or both at the
-    budget's `steps`; else the reading (`Claim.read`, the other's step against the arm's, or `at`)."""
+    """Where a claim reads its runs, in words: 'at equal optimizer steps' when each is read at its end, or the other at
+    the arm's `steps` (`arm_steps`); else the reading (`Claim.read`, the other's step against the arm's, or `at`)."""
     if c.at: return f"{c.arm} at {c.at[1]:.2g} × {c.other}'s {AT_UNITS[c.at[0]]}"
     m = re.fullmatch(r'\S+ to step (\d+)', c.read or '')
     if not c.read or (m and steps and int(m.group(1)) == steps): return 'at equal optimizer steps'
@@ -279,7 +291,7 @@ def question_answer(report:Report) -> str|None:
 def question_table(report:Report) -> str:
     "The registered claims of a pre-registered report as a short markdown table: family, reading, effect, verdict, MDE."
     rows = [
-        [(f"{c.id} ({c.family})", None), (f"{c.arm} − {c.other}, {where_read(c, report.setup.get('steps'))}", None),
+        [(f"{c.id} ({c.family})", None), (f"{c.arm} − {c.other}, {where_read(c, arm_steps(report, c))}", None),
          (c.task, None), (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]", None), (verdict_text(c), c.verdict),
          ('—' if c.mde is None else f"{c.mde:.3f}", None)]
         for c in with_power(report.contrasts) if c.n and c.family in ('primary', 'secondary')
