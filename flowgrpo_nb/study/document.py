@@ -289,10 +289,11 @@ def question_answer(report:Report) -> str|None:
 
 # %% ../../nbs/study/06c_document.ipynb #a3cf6a23
 def question_table(report:Report) -> str:
-    "The registered claims of a pre-registered report as a short markdown table: family, reading, effect, verdict, MDE."
+    """The registered claims of a pre-registered report as a short markdown table: family, reading, effect, verdict
+    (whether a lower bound clears the claimed size is on the claims table), MDE."""
     rows = [
         [(f"{c.id} ({c.family})", None), (f"{c.arm} − {c.other}, {where_read(c, arm_steps(report, c))}", None),
-         (c.task, None), (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]", None), (verdict_text(c), c.verdict),
+         (c.task, None), (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]", None), (verdict_text(c).split(';')[0], c.verdict),
          ('—' if c.mde is None else f"{c.mde:.3f}", None)]
         for c in with_power(report.contrasts) if c.n and c.family in ('primary', 'secondary')
     ]
