@@ -189,8 +189,8 @@ def _prompt_finding(report:Report, t:str) -> list[str]:
     for another task or base model, or when the split is not the report's. The study never imports the grid world:
     the report's base record (the shipped model, its version recorded since version 2) and the size of the split the
     library's task holds now tell whether that split is the report's."""
-    s, base = report.setup['tasks'][t], report.setup.get('base') or {}
-    grid = [k for k, v in report.setup['tasks'].items() if v.get('reward') in GRID_REWARDS]
+    tasks, base = report.setup.get('tasks') or {}, report.setup.get('base') or {}
+    grid, s = [k for k, v in tasks.items() if v.get('reward') in GRID_REWARDS], tasks.get(t) or {}
     if not grid or t != grid[0]: return []  # the tasks share the world's split: said once, under the first
     if base.get('model') != 'tiny' or base.get('version') is None: return []
     counts = dict(sorted(load_task(s['reward']).prompt_counts().items(), key=lambda x: -x[1]))
