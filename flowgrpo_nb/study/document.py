@@ -56,7 +56,8 @@ def _setup_items(s:dict, b:dict|None=None) -> list[str]:
     return [
         f"base model: {base['model']}{f' version {v}' if (v := base.get('version')) else ''} "
         f"({base['model_path'] or 'the shipped checkpoint'}; weights {str(base['fingerprint'])[:12]})",
-        f"budget {s['budget']}: {_budget_steps(s, b)} optimizer steps of {s['prompts_per_step']} prompts × {s['group_size']} "
+        f"budget {s['budget']}: {_budget_steps(s, b)} optimizer steps of {s['prompts_per_step']} prompts × "
+        f"{s['group_size']} "
         f"samples, lr {s['lr']}, "
         f"LoRA rank {s['lora_rank']}" + (f", overrides {s['overrides']}" if s['overrides'] else ''),
         "seeds: "
@@ -293,7 +294,8 @@ def question_table(report:Report) -> str:
     (whether a lower bound clears the claimed size is on the claims table), MDE."""
     rows = [
         [(f"{c.id} ({c.family})", None), (f"{c.arm} − {c.other}, {where_read(c, arm_steps(report, c))}", None),
-         (c.task, None), (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]", None), (verdict_text(c).split(';')[0], c.verdict),
+         (c.task, None), (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]", None),
+         (verdict_text(c).split(';')[0], c.verdict),
          ('—' if c.mde is None else f"{c.mde:.3f}", None)]
         for c in with_power(report.contrasts) if c.n and c.family in ('primary', 'secondary')
     ]
