@@ -15,11 +15,11 @@ from .display import MAX_WIDTH
 
 # %% auto #0
 __all__ = ['SHAPES', 'COLOURS', 'RGB', 'GRID', 'CELL', 'SIZE', 'CATEGORIES', 'PLURALS', 'NUMBERS', 'RELATIONS', 'GRAMMAR',
-           'VOCAB', 'MAX_WORDS', 'N_CLASSES', 'tokenize', 'detokenize', 'PromptSpec', 'parse_prompt', 'all_prompts',
-           'prompt_split', 'Obj', 'glyph_mask', 'scenes_to_cells', 'cells_to_scenes', 'render_cells', 'render',
-           'sample_scene', 'draw_prompts', 'sample_batch', 'show_images', 'detect_cells', 'detect', 'perturb',
+           'VOCAB', 'MAX_WORDS', 'N_CLASSES', 'VERSION', 'tokenize', 'detokenize', 'PromptSpec', 'parse_prompt',
+           'all_prompts', 'prompt_split', 'Obj', 'glyph_mask', 'scenes_to_cells', 'cells_to_scenes', 'render_cells',
+           'render', 'sample_scene', 'draw_prompts', 'sample_batch', 'show_images', 'detect_cells', 'detect', 'perturb',
            'detector_accuracy', 'GenEvalResult', 'prompt_rows', 'geneval_cells', 'mini_geneval', 'GenEvalReport',
-           'geneval_report', 'MiniGenEvalReward']
+           'geneval_report', 'AnyObj', 'World', 'world', 'MiniGenEvalReward']
 
 # %% ../nbs/01_world.ipynb #2b529ba3
 SHAPES = ('circle', 'square', 'triangle', 'cross')
@@ -226,10 +226,11 @@ _GLYPHS = {'circle':   "..##.. .####. ###### ###### .####. ..##..",
            'cross':    "##..## ##..## ..##.. ..##.. ##..## ##..##"}
 N_CLASSES = 1 + len(SHAPES) * len(COLOURS)
 
-def glyph_mask(shape:str)->torch.Tensor: # [CELL, CELL] 0/1
-    "The 8x8 mask of `shape`."
+def glyph_mask(shape:str, glyphs:dict|None=None)->torch.Tensor: # [CELL, CELL] 0/1
+    "The 8x8 mask of `shape` (among `glyphs`, default this world's)."
     m = torch.zeros(CELL, CELL)
-    m[1:7, 1:7] = torch.tensor([[c == '#' for c in r] for r in _GLYPHS[shape].split()], dtype=torch.float32)
+    m[1:7, 1:7] = torch.tensor([[c == '#' for c in r] for r in (glyphs or _GLYPHS)[shape].split()],
+                               dtype=torch.float32)
     return m
 
 def _class_images()->torch.Tensor: # [N_CLASSES, 3, CELL, CELL]
@@ -258,10 +259,11 @@ def cells_to_scenes(cells:torch.Tensor, # [B, GRID*GRID] cell classes
             for row in cells.tolist()]
 
 def render_cells(cells:torch.Tensor, # [B, GRID*GRID] cell classes
+                 class_images:torch.Tensor|None=None, # [N, 3, CELL, CELL] per class (default: this world's)
                 )->torch.Tensor: # [B, 3, SIZE, SIZE] in [0, 1]
     "Images of the cell classes `cells`."
     B = cells.shape[0]
-    x = _CLASS_IMAGES.to(cells.device)[cells]  # [B, 16, 3, CELL, CELL]
+    x = (_CLASS_IMAGES if class_images is None else class_images).to(cells.device)[cells]  # [B, 16, 3, CELL, CELL]
     return x.view(B, GRID, GRID, 3, CELL, CELL).permute(0, 3, 1, 4, 2, 5).reshape(B, 3, SIZE, SIZE)
 
 def render(scenes:list)->torch.Tensor: # [B, 3, SIZE, SIZE] in [0, 1]
@@ -335,13 +337,15 @@ def _blur(x:torch.Tensor, sigma:float)->torch.Tensor:
         return torch.exp(-d ** 2 / (2 * sigma ** 2)) * (d.abs() <= r) / norm
     return k(x.shape[-2]) @ x @ k(x.shape[-1]).T
 
-def _template_bank(blurs=(0., 0.6, 1.0), greys=(0., 0.03, 0.06, 0.09, 0.12, 0.15), gain=(0.5, 1.25)):
+def _template_bank(blurs=(0., 0.6, 1.0), greys=(0., 0.03, 0.06, 0.09, 0.12, 0.15), gain=(0.5, 1.25),
+                   class_images:torch.Tensor|None=None): # [N, 3, CELL, CELL] (default: this world's)
     "Templates [T, 3*CELL*CELL], their classes [T] and the range [T, 2] of the brightness gain fitted to each."
+    images = _CLASS_IMAGES if class_images is None else class_images
     ts = [torch.ones(len(greys), 3, CELL, CELL) * torch.tensor(greys)[:, None, None, None]]
-    ts += [_blur(_CLASS_IMAGES[1:], b) for b in blurs]
-    cls = [torch.zeros(len(greys), dtype=torch.long)] + [torch.arange(1, N_CLASSES)] * len(blurs)
+    ts += [_blur(images[1:], b) for b in blurs]
+    cls = [torch.zeros(len(greys), dtype=torch.long)] + [torch.arange(1, len(images))] * len(blurs)
     gains = [torch.ones(len(greys), 2)] + [
-        torch.tensor([gain if b == 0 else (1.0, 1.0)]).expand(N_CLASSES - 1, 2) for b in blurs
+        torch.tensor([gain if b == 0 else (1.0, 1.0)]).expand(len(images) - 1, 2) for b in blurs
     ]
     return torch.cat(ts).flatten(1), torch.cat(cls), torch.cat(gains)
 
@@ -349,6 +353,7 @@ _TEMPLATES, _TEMPLATE_CLASS, _TEMPLATE_GAIN = _template_bank()
 
 # %% ../nbs/01_world.ipynb #f89c6574
 def detect_cells(images:torch.Tensor, # [B, 3, SIZE, SIZE], about [0, 1]
+                 bank:tuple|None=None, # (templates, classes, gains) of `_template_bank` (default: this world's)
                 )->torch.Tensor: # [B, GRID*GRID] cell classes
     "The class of every cell of `images`: nearest template in squared distance."
     if images.ndim != 4 or tuple(images.shape[1:]) != (3, SIZE, SIZE):
@@ -356,11 +361,12 @@ def detect_cells(images:torch.Tensor, # [B, 3, SIZE, SIZE], about [0, 1]
     B = images.shape[0]
     x = images.detach().float().clamp(-0.5, 1.5)
     x = x.view(B, 3, GRID, CELL, GRID, CELL).permute(0, 2, 4, 1, 3, 5).reshape(B * GRID * GRID, -1)
-    T, gain = _TEMPLATES.to(x.device), _TEMPLATE_GAIN.to(x.device)
+    templates, classes, gain = bank or (_TEMPLATES, _TEMPLATE_CLASS, _TEMPLATE_GAIN)
+    T, gain = templates.to(x.device), gain.to(x.device)
     xt, tt = x @ T.T, (T * T).sum(1)  # [B*16, n_templates], [n_templates]
     a = torch.minimum(torch.maximum(xt / tt.clamp(min=1e-6), gain[:, 0]), gain[:, 1])  # best gain in its range
     d = a * a * tt - 2 * a * xt  # ||x - a t||^2 - ||x||^2
-    return _TEMPLATE_CLASS.to(x.device)[d.argmin(1)].view(B, GRID * GRID)
+    return classes.to(x.device)[d.argmin(1)].view(B, GRID * GRID)
 
 def detect(images:torch.Tensor, # [B, 3, SIZE, SIZE], about [0, 1]
           )->list[tuple]:
@@ -421,8 +427,9 @@ class GenEvalResult:
     strict: torch.Tensor        # [B] 0/1: the image shows what the prompt asks for
     partial: torch.Tensor       # [B] in [0, 1]: fraction of the prompt's constraints met
     cells: torch.Tensor         # [B, GRID*GRID] detected cell classes
+    world: object = None        # the `World` that judged them (None: this module's, version 2)
     @property
-    def scenes(self)->list: return cells_to_scenes(self.cells)
+    def scenes(self)->list: return (self.world.cells_to_scenes if self.world else cells_to_scenes)(self.cells)
     def __len__(self): return len(self.prompts)
 
 # %% ../nbs/01_world.ipynb #366d0366
@@ -440,10 +447,13 @@ def prompt_rows(prompts:list[str])->torch.Tensor: # [B, 7]
 
 def geneval_cells(cells:torch.Tensor, # [B, GRID*GRID] cell classes (detected or true)
                   rows:torch.Tensor, # [B, 7] from `prompt_rows`
+                  shape_of:torch.Tensor|None=None, # [N_CLASSES] shape index of each class (default: this world's)
+                  colour_of:torch.Tensor|None=None, # [N_CLASSES] colour index of each class
                  ):
     "Strict [B] and partial [B] mini-GenEval scores of scenes given as cell classes."
     cat, sA, cA, sB, cB, n, rel = rows.to(cells.device).unbind(1)
-    none, sh, co = torch.full_like(cA, -1), _SHAPE_OF.to(cells.device)[cells], _COLOUR_OF.to(cells.device)[cells]
+    shape_of = _SHAPE_OF if shape_of is None else shape_of; colour_of = _COLOUR_OF if colour_of is None else colour_of
+    none, sh, co = torch.full_like(cA, -1), shape_of.to(cells.device)[cells], colour_of.to(cells.device)[cells]
     A, Ac, B, Bc = _masks(sh, co, sA, none), _masks(sh, co, sA, cA), _masks(sh, co, sB, none), _masks(sh, co, sB, cB)
     related = _related(Ac, Bc, rel)
     met = torch.stack([A.any(1), Ac.any(1), B.any(1), Bc.any(1), related], 1)  # [B, 5]
@@ -538,14 +548,235 @@ def geneval_report(results:GenEvalResult|list|torch.Tensor, # results (or a list
                    partial=m('partial'), partial_se=se('partial_se'))
     return GenEvalReport(rows, overall)
 
+# %% ../nbs/01_world.ipynb #a1f3c002
+VERSION = 2  # this module's names are version 2 of the grid world; `world(3)` is the next one
+
+# %% ../nbs/01_world.ipynb #a1f3c003
+_GLYPHS_V3 = _GLYPHS | {
+    'tee':     "###### ###### ..##.. ..##.. ..##.. ..##..",
+    'ring':    "###### ##..## #....# #....# ##..## ######",
+    'bar':     "...... ...... ###### ###### ...... ......",
+    'ell':     "##.... ##.... ##.... ##.... ###### ######",
+    'moon':    "..###. .##... ##.... ##.... .##... ..###.",
+    'diamond': "..##.. .#..#. #....# #....# .#..#. ..##.."}
+_RGB_V3 = RGB | {'cyan': (0., 1., 1.), 'magenta': (1., 0., 1.)}
+
+@dataclass(frozen=True, order=True)
+class AnyObj(Obj):
+    "An `Obj` of any world's shapes and colours (its `World` checks them)."
+    def __post_init__(self): pass
+
+# %% ../nbs/01_world.ipynb #a1f3c004
+class World:
+    "A version of the grid world: its words, prompts, split, rendering and mini-GenEval (the module is version 2)."
+    def __init__(self, VERSION:int, shapes:dict, rgb:dict, coloured_position:bool=False,
+                 trained:tuple=('single_object',), # categories only trained on (no share of the score)
+                 min_heldout:int=24, frac:float=0.3, seed:int=0):
+        self.VERSION, self.SHAPES, self.COLOURS, self.RGB = VERSION, tuple(shapes), tuple(rgb), dict(rgb)
+        self.glyphs, self.coloured_position, self.trained = dict(shapes), coloured_position, tuple(trained)
+        self.min_heldout, self.frac, self.seed = min_heldout, frac, seed
+        self.CATEGORIES, self.MAX_WORDS, self.GRID = CATEGORIES, MAX_WORDS, GRID
+        self.PLURALS = {s: s + ('es' if s.endswith(('s', 'x')) else 's') for s in self.SHAPES}
+        self._singular = {p: s for s, p in self.PLURALS.items()}
+        self.VOCAB = ['<pad>', 'a', 'and', 'of', 'left', 'right', 'above', 'below', *NUMBERS, *self.COLOURS,
+                      *self.SHAPES, *self.PLURALS.values()]
+        self._word_id = {w: i for i, w in enumerate(self.VOCAB) if i > 0}
+        self.N_CLASSES = 1 + len(self.SHAPES) * len(self.COLOURS)
+        self.class_images = torch.zeros(self.N_CLASSES, 3, CELL, CELL)
+        for s, c in itertools.product(range(len(self.SHAPES)), range(len(self.COLOURS))):
+            self.class_images[self._cls(s, c)] = torch.tensor(self.RGB[self.COLOURS[c]])[:, None, None] * \
+                glyph_mask(self.SHAPES[s], self.glyphs)
+        self.bank = _template_bank(class_images=self.class_images)
+        nc = len(self.COLOURS)
+        self.shape_of = torch.tensor([-1] + [s for s in range(len(self.SHAPES)) for _ in range(nc)])
+        self.colour_of = torch.tensor([-1] + [c for _ in self.SHAPES for c in range(nc)])
+        self._parsed, self._split = {}, None
+    def _cls(self, s:int, c:int)->int: return 1 + len(self.COLOURS) * s + c
+    def __repr__(self): return f"World(version {self.VERSION}: {len(self.SHAPES)} shapes, {len(self.COLOURS)} colours)"
+
+    # words and prompts
+    def tokenize(self, prompts)->torch.Tensor: # [B, MAX_WORDS]
+        "Word ids of `prompts` in this world's vocabulary, padded with 0."
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        bad = sorted({w for p in prompts for w in _words(p) if w not in self._word_id}) if all(
+            isinstance(p, str) for p in prompts) else ['(not a string)']
+        long = [p for p in prompts if len(_words(p)) > self.MAX_WORDS]
+        if bad or long:
+            raise ValueError(f"world version {self.VERSION}: unknown words {bad} or prompts longer than {self.MAX_WORDS}"
+                             f" words {long[:3]}; the vocabulary is {self.VOCAB[1:]}")
+        out = torch.zeros(len(prompts), self.MAX_WORDS, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids = [self._word_id[w] for w in _words(p)]
+            out[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        return out
+
+    def _parse(self, w:list):
+        S, C, N = set(self.SHAPES), set(self.COLOURS), NUMBERS
+        match w:
+            case ['a', s] if s in S: return ('single_object', (s,), (None,), None, None)
+            case [n, p] if n in N and p in self._singular: return ('counting', (self._singular[p],), (None,), N[n], None)
+            case [n, c, p] if n in N and c in C and p in self._singular:
+                return ('counting', (self._singular[p],), (c,), N[n], None)
+            case ['a', c, s] if c in C and s in S: return ('colors', (s,), (c,), None, None)
+            case ['a', s1, 'and', 'a', s2] if s1 in S and s2 in S and s1 != s2:
+                return ('two_object', (s1, s2), (None, None), None, None)
+            case ['a', s1, r, 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('above', 'below'):
+                return ('position', (s1, s2), (None, None), None, r)
+            case ['a', s1, r, 'of', 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('left', 'right'):
+                return ('position', (s1, s2), (None, None), None, f'{r} of')
+            case ['a', c1, s1, 'and', 'a', c2, s2] if {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2:
+                return ('color_attr', (s1, s2), (c1, c2), None, None)
+        return None
+
+    def parse_prompt(self, prompt:str)->PromptSpec:
+        "The `PromptSpec` of `prompt` in this world; ValueError naming what is wrong."
+        if prompt not in self._parsed:
+            if not isinstance(prompt, str): raise ValueError(f"prompt must be a string, got {prompt!r}")
+            self.tokenize([prompt])
+            parsed = self._parse(_words(prompt))
+            if parsed is None:
+                raise ValueError(f"prompt {prompt!r} is not in the grammar of world version {self.VERSION}: "
+                                 f"{GRAMMAR.splitlines()[0]} ... without coloured position")
+            self._parsed[prompt] = PromptSpec(' '.join(_words(prompt)), *parsed)
+        return self._parsed[prompt]
+
+    def all_prompts(self, category:str|None=None)->list[str]:
+        "Every prompt of this world's grammar in `category` (all when None), in a fixed order."
+        if category is None: return [p for c in self.CATEGORIES for p in self.all_prompts(c)]
+        if category not in self.CATEGORIES: raise ValueError(f"category={category!r}; allowed: {self.CATEGORIES}")
+        S, C, P = self.SHAPES, self.COLOURS, self.PLURALS
+        pairs = list(itertools.combinations(S, 2))
+        return {
+            'single_object': lambda: [f'a {s}' for s in S],
+            'two_object': lambda: [f'a {a} and a {b}' for a, b in pairs],
+            'counting': lambda: [f'{n} {c}{P[s]}' for s in S for c in ('', *(f'{c} ' for c in C)) for n in NUMBERS],
+            'colors': lambda: [f'a {c} {s}' for s in S for c in C],
+            'position': lambda: [f'a {a} {r} a {b}' for a, b in itertools.permutations(S, 2) for r in RELATIONS],
+            'color_attr': lambda: [f'a {c1} {a} and a {c2} {b}' for a, b in pairs
+                                   for c1, c2 in itertools.permutations(C, 2)],
+        }[category]()
+
+    def _bindings(self, p:str)->set:
+        s = self.parse_prompt(p)
+        return {(c, sh) for c, sh in zip(s.colours, s.shapes) if c is not None}
+
+    def _composition(self, p:str):
+        s = self.parse_prompt(p)
+        if s.category != 'position': return p
+        return min((s.shapes, s.colours, s.relation), (s.shapes[::-1], s.colours[::-1], _INVERSE[s.relation]), key=str)
+
+    def _splits(self)->dict:
+        "Per scored category, hold out at least `min_heldout` (or `frac`) of its prompts, every word and binding kept in training."
+        from collections import Counter
+        rng = np.random.default_rng(self.seed)
+        everything = self.all_prompts()
+        binds = Counter(b for p in everything for b in self._bindings(p))
+        heldout = []
+        for cat in self.CATEGORIES:
+            if cat in self.trained: continue
+            ps = self.all_prompts(cat)
+            words = Counter(w for p in ps for w in set(_words(p)))
+            groups = {}
+            for p in ps: groups.setdefault(self._composition(p), []).append(p)
+            keys = list(groups); keys = [keys[i] for i in rng.permutation(len(keys))]
+            held, target = [], max(self.min_heldout, round(self.frac * len(ps)))
+            for k in keys:
+                g = groups[k]
+                if len(held) + len(g) > target: continue
+                w = Counter(x for p in g for x in set(_words(p))); b = Counter(x for p in g for x in self._bindings(p))
+                if all(words[x] > n for x, n in w.items()) and all(binds[x] > n for x, n in b.items()):
+                    words.subtract(w); binds.subtract(b); held += g
+            heldout += held
+        out = set(heldout)
+        return {'train': [p for p in everything if p not in out], 'heldout': heldout}
+
+    def prompt_split(self, split:str)->list[str]:
+        "This world's fixed prompt split ('train' or 'heldout')."
+        if split not in ('train', 'heldout'): raise ValueError(f"split={split!r}; allowed: ('train', 'heldout')")
+        if self._split is None: self._split = self._splits()
+        return list(self._split[split])
+
+    # scenes and images
+    def sample_scene(self, prompt:str, rng:np.random.Generator)->tuple:
+        "A random scene showing exactly what `prompt` describes, objects in row-major order."
+        s = self.parse_prompt(prompt)
+        shapes = s.shapes * (s.count or 1)
+        colours = [c or self.COLOURS[rng.integers(len(self.COLOURS))] for c in s.colours * (s.count or 1)]
+        if s.relation: cells = _REL_PAIRS[s.relation][rng.integers(len(_REL_PAIRS[s.relation]))]
+        else: cells = [_RC[i] for i in rng.choice(GRID * GRID, len(shapes), replace=False)]
+        return tuple(sorted((AnyObj(sh, c, r, k) for sh, c, (r, k) in zip(shapes, colours, cells)),
+                            key=lambda o: (o.row, o.col)))
+
+    def scenes_to_cells(self, scenes:list)->torch.Tensor: # [B, GRID*GRID]
+        cells = torch.zeros(len(scenes), GRID * GRID, dtype=torch.long)
+        for b, scene in enumerate(scenes):
+            for o in scene:
+                if cells[b, o.row * GRID + o.col]: raise ValueError(f"scenes[{b}] has two objects in cell {o.row, o.col}")
+                cells[b, o.row * GRID + o.col] = self._cls(self.SHAPES.index(o.shape), self.COLOURS.index(o.colour))
+        return cells
+
+    def cells_to_scenes(self, cells:torch.Tensor)->list[tuple]:
+        n = len(self.COLOURS)
+        return [tuple(AnyObj(self.SHAPES[(k-1)//n], self.COLOURS[(k-1)%n], i//GRID, i%GRID) for i, k in enumerate(row)
+                      if k) for row in cells.tolist()]
+
+    def render(self, scenes:list)->torch.Tensor: # [B, 3, SIZE, SIZE]
+        return render_cells(self.scenes_to_cells(scenes), self.class_images)
+
+    def draw_prompts(self, ps:list[str], n:int, rng:np.random.Generator)->list[str]:
+        "`n` prompts of `ps`: each category equally likely, then a prompt in it."
+        by_cat = [g for c in self.CATEGORIES if (g := [p for p in ps if self.parse_prompt(p).category == c])]
+        return [(g := by_cat[c])[rng.integers(len(g))] for c in rng.integers(len(by_cat), size=n)]
+
+    def sample_batch(self, n:int, split:str='train', rng:np.random.Generator|None=None, return_scenes:bool=False):
+        "`n` (images [n, 3, SIZE, SIZE], prompts) drawn from `split`, categories equally likely."
+        rng = rng if rng is not None else np.random.default_rng()
+        prompts = self.draw_prompts(self.prompt_split(split), n, rng)
+        scenes = [self.sample_scene(p, rng) for p in prompts]
+        return (self.render(scenes), prompts, scenes) if return_scenes else (self.render(scenes), prompts)
+
+    # judging
+    def detect_cells(self, images:torch.Tensor)->torch.Tensor: return detect_cells(images, self.bank)
+    def detect(self, images:torch.Tensor)->list[tuple]: return self.cells_to_scenes(self.detect_cells(images))
+
+    def prompt_rows(self, prompts:list[str])->torch.Tensor: # [B, 7]
+        def row(p):
+            s = self.parse_prompt(p)
+            sh = [self.SHAPES.index(x) for x in s.shapes] + [-1]
+            co = [self.COLOURS.index(x) if x else -1 for x in s.colours] + [-1]
+            return (CATEGORIES.index(s.category), sh[0], co[0], sh[1], co[1], s.count or 0,
+                    RELATIONS.index(s.relation) if s.relation else 0)
+        return torch.tensor([row(p) for p in prompts], dtype=torch.long).view(-1, 7)
+
+    def mini_geneval(self, images:torch.Tensor, prompts:list[str])->GenEvalResult:
+        "mini-GenEval's strict and partial scores of `images` for `prompts` in this world."
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if len(prompts) != len(images): raise ValueError(f"len(prompts)={len(prompts)} but images has {len(images)} rows")
+        rows, cells = self.prompt_rows(prompts), self.detect_cells(images)
+        strict, partial = geneval_cells(cells, rows, self.shape_of, self.colour_of)
+        return GenEvalResult(prompts, [CATEGORIES[i] for i in rows[:, 0].tolist()], strict, partial, cells, self)
+
+# %% ../nbs/01_world.ipynb #a1f3c005
+_WORLDS = {}
+
+def world(version:int=2): # 2: this module; 3: `World` with ten shapes and six colours
+    "The grid world of `version` (2: this module, the default; 3: ten shapes, six colours, 24+ held-out prompts each)."
+    import sys
+    if version == 2: return sys.modules[__name__]
+    if version != 3: raise ValueError(f"world version={version!r}; allowed: 2, 3")
+    if 3 not in _WORLDS: _WORLDS[3] = World(3, {s: _GLYPHS_V3[s] for s in _GLYPHS_V3}, _RGB_V3)
+    return _WORLDS[3]
+
 # %% ../nbs/01_world.ipynb #bf670965
 @dataclass
 class MiniGenEvalReward:
     "mini-GenEval as a reward: `strict` (0/1) or `partial` (fraction of constraints met)."
     kind: str = 'strict'  # 'strict' or 'partial'
+    version: int = 2      # the grid world's version (`world`)
     def __post_init__(self):
         if self.kind not in ('strict', 'partial'):
             raise ValueError(f"kind={self.kind!r}; allowed: ('strict', 'partial')")
+        self._judge = world(self.version).mini_geneval
 
     def __call__(self, images:torch.Tensor, prompts:list[str])->torch.Tensor: # [B] float32
-        return getattr(mini_geneval(images, prompts), self.kind).float()
+        return getattr(self._judge(images, prompts), self.kind).float()
