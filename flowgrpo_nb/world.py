@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 import numpy as np
 import torch
+from fastcore.basics import patch
 from .display import MAX_WIDTH
 
 # %% auto #0
@@ -594,167 +595,189 @@ class World:
     def _cls(self, s:int, c:int)->int: return 1 + len(self.COLOURS) * s + c
     def __repr__(self): return f"World(version {self.VERSION}: {len(self.SHAPES)} shapes, {len(self.COLOURS)} colours)"
 
-    # words and prompts
-    def tokenize(self, prompts)->torch.Tensor: # [B, MAX_WORDS]
-        "Word ids of `prompts` in this world's vocabulary, padded with 0."
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        bad = sorted({w for p in prompts for w in _words(p) if w not in self._word_id}) if all(
-            isinstance(p, str) for p in prompts) else ['(not a string)']
-        long = [p for p in prompts if len(_words(p)) > self.MAX_WORDS]
-        if bad or long:
-            raise ValueError(f"world version {self.VERSION}: unknown words {bad} or prompts longer than {self.MAX_WORDS}"
-                             f" words {long[:3]}; the vocabulary is {self.VOCAB[1:]}")
-        out = torch.zeros(len(prompts), self.MAX_WORDS, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids = [self._word_id[w] for w in _words(p)]
-            out[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-        return out
+# %% ../nbs/01_world.ipynb #a1f3c021
+@patch
+def tokenize(self:World, prompts)->torch.Tensor: # [B, MAX_WORDS]
+    "Word ids of `prompts` in this world's vocabulary, padded with 0."
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    bad = sorted({w for p in prompts for w in _words(p) if w not in self._word_id}) if all(
+        isinstance(p, str) for p in prompts) else ['(not a string)']
+    long = [p for p in prompts if len(_words(p)) > self.MAX_WORDS]
+    if bad or long:
+        raise ValueError(f"world version {self.VERSION}: unknown words {bad} or prompts longer than "
+                         f"{self.MAX_WORDS} words {long[:3]}; the vocabulary is {self.VOCAB[1:]}")
+    out = torch.zeros(len(prompts), self.MAX_WORDS, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids = [self._word_id[w] for w in _words(p)]
+        out[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
 
-    def _parse(self, w:list):
-        S, C, N = set(self.SHAPES), set(self.COLOURS), NUMBERS
-        match w:
-            case ['a', s] if s in S: return ('single_object', (s,), (None,), None, None)
-            case [n, p] if n in N and p in self._singular: return ('counting', (self._singular[p],), (None,), N[n], None)
-            case [n, c, p] if n in N and c in C and p in self._singular:
-                return ('counting', (self._singular[p],), (c,), N[n], None)
-            case ['a', c, s] if c in C and s in S: return ('colors', (s,), (c,), None, None)
-            case ['a', s1, 'and', 'a', s2] if s1 in S and s2 in S and s1 != s2:
-                return ('two_object', (s1, s2), (None, None), None, None)
-            case ['a', s1, r, 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('above', 'below'):
-                return ('position', (s1, s2), (None, None), None, r)
-            case ['a', s1, r, 'of', 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('left', 'right'):
-                return ('position', (s1, s2), (None, None), None, f'{r} of')
-            case ['a', c1, s1, 'and', 'a', c2, s2] if {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2:
-                return ('color_attr', (s1, s2), (c1, c2), None, None)
-        return None
+@patch
+def _parse(self:World, w:list):
+    S, C, N = set(self.SHAPES), set(self.COLOURS), NUMBERS
+    match w:
+        case ['a', s] if s in S: return ('single_object', (s,), (None,), None, None)
+        case [n, p] if n in N and p in self._singular:
+            return ('counting', (self._singular[p],), (None,), N[n], None)
+        case [n, c, p] if n in N and c in C and p in self._singular:
+            return ('counting', (self._singular[p],), (c,), N[n], None)
+        case ['a', c, s] if c in C and s in S: return ('colors', (s,), (c,), None, None)
+        case ['a', s1, 'and', 'a', s2] if s1 in S and s2 in S and s1 != s2:
+            return ('two_object', (s1, s2), (None, None), None, None)
+        case ['a', s1, r, 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('above', 'below'):
+            return ('position', (s1, s2), (None, None), None, r)
+        case ['a', s1, r, 'of', 'a', s2] if s1 in S and s2 in S and s1 != s2 and r in ('left', 'right'):
+            return ('position', (s1, s2), (None, None), None, f'{r} of')
+        case ['a', c1, s1, 'and', 'a', c2, s2] if {c1, c2} <= C and {s1, s2} <= S and s1 != s2 and c1 != c2:
+            return ('color_attr', (s1, s2), (c1, c2), None, None)
+    return None
 
-    def parse_prompt(self, prompt:str)->PromptSpec:
-        "The `PromptSpec` of `prompt` in this world; ValueError naming what is wrong."
-        if prompt not in self._parsed:
-            if not isinstance(prompt, str): raise ValueError(f"prompt must be a string, got {prompt!r}")
-            self.tokenize([prompt])
-            parsed = self._parse(_words(prompt))
-            if parsed is None:
-                raise ValueError(f"prompt {prompt!r} is not in the grammar of world version {self.VERSION}: "
-                                 f"{GRAMMAR.splitlines()[0]} ... without coloured position")
-            self._parsed[prompt] = PromptSpec(' '.join(_words(prompt)), *parsed)
-        return self._parsed[prompt]
+@patch
+def parse_prompt(self:World, prompt:str)->PromptSpec:
+    "The `PromptSpec` of `prompt` in this world; ValueError naming what is wrong."
+    if prompt not in self._parsed:
+        if not isinstance(prompt, str): raise ValueError(f"prompt must be a string, got {prompt!r}")
+        self.tokenize([prompt])
+        parsed = self._parse(_words(prompt))
+        if parsed is None:
+            raise ValueError(f"prompt {prompt!r} is not in the grammar of world version {self.VERSION}: "
+                             f"{GRAMMAR.splitlines()[0]} ... without coloured position")
+        self._parsed[prompt] = PromptSpec(' '.join(_words(prompt)), *parsed)
+    return self._parsed[prompt]
 
-    def all_prompts(self, category:str|None=None)->list[str]:
-        "Every prompt of this world's grammar in `category` (all when None), in a fixed order."
-        if category is None: return [p for c in self.CATEGORIES for p in self.all_prompts(c)]
-        if category not in self.CATEGORIES: raise ValueError(f"category={category!r}; allowed: {self.CATEGORIES}")
-        S, C, P = self.SHAPES, self.COLOURS, self.PLURALS
-        pairs = list(itertools.combinations(S, 2))
-        return {
-            'single_object': lambda: [f'a {s}' for s in S],
-            'two_object': lambda: [f'a {a} and a {b}' for a, b in pairs],
-            'counting': lambda: [f'{n} {c}{P[s]}' for s in S for c in ('', *(f'{c} ' for c in C)) for n in NUMBERS],
-            'colors': lambda: [f'a {c} {s}' for s in S for c in C],
-            'position': lambda: [f'a {a} {r} a {b}' for a, b in itertools.permutations(S, 2) for r in RELATIONS],
-            'color_attr': lambda: [f'a {c1} {a} and a {c2} {b}' for a, b in pairs
-                                   for c1, c2 in itertools.permutations(C, 2)],
-        }[category]()
+@patch
+def all_prompts(self:World, category:str|None=None)->list[str]:
+    "Every prompt of this world's grammar in `category` (all when None), in a fixed order."
+    if category is None: return [p for c in self.CATEGORIES for p in self.all_prompts(c)]
+    if category not in self.CATEGORIES: raise ValueError(f"category={category!r}; allowed: {self.CATEGORIES}")
+    S, C, P = self.SHAPES, self.COLOURS, self.PLURALS
+    pairs = list(itertools.combinations(S, 2))
+    return {
+        'single_object': lambda: [f'a {s}' for s in S],
+        'two_object': lambda: [f'a {a} and a {b}' for a, b in pairs],
+        'counting': lambda: [f'{n} {c}{P[s]}' for s in S for c in ('', *(f'{c} ' for c in C)) for n in NUMBERS],
+        'colors': lambda: [f'a {c} {s}' for s in S for c in C],
+        'position': lambda: [f'a {a} {r} a {b}' for a, b in itertools.permutations(S, 2) for r in RELATIONS],
+        'color_attr': lambda: [f'a {c1} {a} and a {c2} {b}' for a, b in pairs
+                               for c1, c2 in itertools.permutations(C, 2)],
+    }[category]()
 
-    def _bindings(self, p:str)->set:
+@patch
+def _bindings(self:World, p:str)->set:
+    s = self.parse_prompt(p)
+    return {(c, sh) for c, sh in zip(s.colours, s.shapes) if c is not None}
+
+@patch
+def _composition(self:World, p:str):
+    s = self.parse_prompt(p)
+    if s.category != 'position': return p
+    return min((s.shapes, s.colours, s.relation), (s.shapes[::-1], s.colours[::-1], _INVERSE[s.relation]), key=str)
+
+@patch
+def _splits(self:World)->dict:
+    """Per scored category, hold out at least `min_heldout` (or `frac`) of its prompts, every word and binding kept
+    in training."""
+    from collections import Counter
+    rng = np.random.default_rng(self.seed)
+    everything = self.all_prompts()
+    binds = Counter(b for p in everything for b in self._bindings(p))
+    heldout = []
+    for cat in self.CATEGORIES:
+        if cat in self.trained: continue
+        ps = self.all_prompts(cat)
+        words = Counter(w for p in ps for w in set(_words(p)))
+        groups = {}
+        for p in ps: groups.setdefault(self._composition(p), []).append(p)
+        keys = list(groups); keys = [keys[i] for i in rng.permutation(len(keys))]
+        held, target = [], max(self.min_heldout, round(self.frac * len(ps)))
+        for k in keys:
+            g = groups[k]
+            if len(held) + len(g) > target: continue
+            w = Counter(x for p in g for x in set(_words(p))); b = Counter(x for p in g for x in self._bindings(p))
+            if all(words[x] > n for x, n in w.items()) and all(binds[x] > n for x, n in b.items()):
+                words.subtract(w); binds.subtract(b); held += g
+        heldout += held
+    out = set(heldout)
+    return {'train': [p for p in everything if p not in out], 'heldout': heldout}
+
+@patch
+def prompt_split(self:World, split:str)->list[str]:
+    "This world's fixed prompt split ('train' or 'heldout')."
+    if split not in ('train', 'heldout'): raise ValueError(f"split={split!r}; allowed: ('train', 'heldout')")
+    if self._split is None: self._split = self._splits()
+    return list(self._split[split])
+
+# %% ../nbs/01_world.ipynb #a1f3c023
+@patch
+def sample_scene(self:World, prompt:str, rng:np.random.Generator)->tuple:
+    "A random scene showing exactly what `prompt` describes, objects in row-major order."
+    s = self.parse_prompt(prompt)
+    shapes = s.shapes * (s.count or 1)
+    colours = [c or self.COLOURS[rng.integers(len(self.COLOURS))] for c in s.colours * (s.count or 1)]
+    if s.relation: cells = _REL_PAIRS[s.relation][rng.integers(len(_REL_PAIRS[s.relation]))]
+    else: cells = [_RC[i] for i in rng.choice(GRID * GRID, len(shapes), replace=False)]
+    return tuple(sorted((AnyObj(sh, c, r, k) for sh, c, (r, k) in zip(shapes, colours, cells)),
+                        key=lambda o: (o.row, o.col)))
+
+@patch
+def scenes_to_cells(self:World, scenes:list)->torch.Tensor: # [B, GRID*GRID]
+    cells = torch.zeros(len(scenes), GRID * GRID, dtype=torch.long)
+    for b, scene in enumerate(scenes):
+        for o in scene:
+            if cells[b, o.row * GRID + o.col]:
+                raise ValueError(f"scenes[{b}] has two objects in cell {o.row, o.col}")
+            cells[b, o.row * GRID + o.col] = self._cls(self.SHAPES.index(o.shape), self.COLOURS.index(o.colour))
+    return cells
+
+@patch
+def cells_to_scenes(self:World, cells:torch.Tensor)->list[tuple]:
+    n = len(self.COLOURS)
+    return [tuple(AnyObj(self.SHAPES[(k-1)//n], self.COLOURS[(k-1)%n], i//GRID, i%GRID) for i, k in enumerate(row)
+                  if k) for row in cells.tolist()]
+
+@patch
+def render(self:World, scenes:list)->torch.Tensor: # [B, 3, SIZE, SIZE]
+    return render_cells(self.scenes_to_cells(scenes), self.class_images)
+
+@patch
+def draw_prompts(self:World, ps:list[str], n:int, rng:np.random.Generator)->list[str]:
+    "`n` prompts of `ps`: each category equally likely, then a prompt in it."
+    by_cat = [g for c in self.CATEGORIES if (g := [p for p in ps if self.parse_prompt(p).category == c])]
+    return [(g := by_cat[c])[rng.integers(len(g))] for c in rng.integers(len(by_cat), size=n)]
+
+@patch
+def sample_batch(self:World, n:int, split:str='train', rng:np.random.Generator|None=None, return_scenes:bool=False):
+    "`n` (images [n, 3, SIZE, SIZE], prompts) drawn from `split`, categories equally likely."
+    rng = rng if rng is not None else np.random.default_rng()
+    prompts = self.draw_prompts(self.prompt_split(split), n, rng)
+    scenes = [self.sample_scene(p, rng) for p in prompts]
+    return (self.render(scenes), prompts, scenes) if return_scenes else (self.render(scenes), prompts)
+
+# %% ../nbs/01_world.ipynb #a1f3c025
+@patch
+def detect_cells(self:World, images:torch.Tensor)->torch.Tensor: return detect_cells(images, self.bank)
+@patch
+def detect(self:World, images:torch.Tensor)->list[tuple]: return self.cells_to_scenes(self.detect_cells(images))
+
+@patch
+def prompt_rows(self:World, prompts:list[str])->torch.Tensor: # [B, 7]
+    def row(p):
         s = self.parse_prompt(p)
-        return {(c, sh) for c, sh in zip(s.colours, s.shapes) if c is not None}
+        sh = [self.SHAPES.index(x) for x in s.shapes] + [-1]
+        co = [self.COLOURS.index(x) if x else -1 for x in s.colours] + [-1]
+        return (CATEGORIES.index(s.category), sh[0], co[0], sh[1], co[1], s.count or 0,
+                RELATIONS.index(s.relation) if s.relation else 0)
+    return torch.tensor([row(p) for p in prompts], dtype=torch.long).view(-1, 7)
 
-    def _composition(self, p:str):
-        s = self.parse_prompt(p)
-        if s.category != 'position': return p
-        return min((s.shapes, s.colours, s.relation), (s.shapes[::-1], s.colours[::-1], _INVERSE[s.relation]), key=str)
-
-    def _splits(self)->dict:
-        "Per scored category, hold out at least `min_heldout` (or `frac`) of its prompts, every word and binding kept in training."
-        from collections import Counter
-        rng = np.random.default_rng(self.seed)
-        everything = self.all_prompts()
-        binds = Counter(b for p in everything for b in self._bindings(p))
-        heldout = []
-        for cat in self.CATEGORIES:
-            if cat in self.trained: continue
-            ps = self.all_prompts(cat)
-            words = Counter(w for p in ps for w in set(_words(p)))
-            groups = {}
-            for p in ps: groups.setdefault(self._composition(p), []).append(p)
-            keys = list(groups); keys = [keys[i] for i in rng.permutation(len(keys))]
-            held, target = [], max(self.min_heldout, round(self.frac * len(ps)))
-            for k in keys:
-                g = groups[k]
-                if len(held) + len(g) > target: continue
-                w = Counter(x for p in g for x in set(_words(p))); b = Counter(x for p in g for x in self._bindings(p))
-                if all(words[x] > n for x, n in w.items()) and all(binds[x] > n for x, n in b.items()):
-                    words.subtract(w); binds.subtract(b); held += g
-            heldout += held
-        out = set(heldout)
-        return {'train': [p for p in everything if p not in out], 'heldout': heldout}
-
-    def prompt_split(self, split:str)->list[str]:
-        "This world's fixed prompt split ('train' or 'heldout')."
-        if split not in ('train', 'heldout'): raise ValueError(f"split={split!r}; allowed: ('train', 'heldout')")
-        if self._split is None: self._split = self._splits()
-        return list(self._split[split])
-
-    # scenes and images
-    def sample_scene(self, prompt:str, rng:np.random.Generator)->tuple:
-        "A random scene showing exactly what `prompt` describes, objects in row-major order."
-        s = self.parse_prompt(prompt)
-        shapes = s.shapes * (s.count or 1)
-        colours = [c or self.COLOURS[rng.integers(len(self.COLOURS))] for c in s.colours * (s.count or 1)]
-        if s.relation: cells = _REL_PAIRS[s.relation][rng.integers(len(_REL_PAIRS[s.relation]))]
-        else: cells = [_RC[i] for i in rng.choice(GRID * GRID, len(shapes), replace=False)]
-        return tuple(sorted((AnyObj(sh, c, r, k) for sh, c, (r, k) in zip(shapes, colours, cells)),
-                            key=lambda o: (o.row, o.col)))
-
-    def scenes_to_cells(self, scenes:list)->torch.Tensor: # [B, GRID*GRID]
-        cells = torch.zeros(len(scenes), GRID * GRID, dtype=torch.long)
-        for b, scene in enumerate(scenes):
-            for o in scene:
-                if cells[b, o.row * GRID + o.col]: raise ValueError(f"scenes[{b}] has two objects in cell {o.row, o.col}")
-                cells[b, o.row * GRID + o.col] = self._cls(self.SHAPES.index(o.shape), self.COLOURS.index(o.colour))
-        return cells
-
-    def cells_to_scenes(self, cells:torch.Tensor)->list[tuple]:
-        n = len(self.COLOURS)
-        return [tuple(AnyObj(self.SHAPES[(k-1)//n], self.COLOURS[(k-1)%n], i//GRID, i%GRID) for i, k in enumerate(row)
-                      if k) for row in cells.tolist()]
-
-    def render(self, scenes:list)->torch.Tensor: # [B, 3, SIZE, SIZE]
-        return render_cells(self.scenes_to_cells(scenes), self.class_images)
-
-    def draw_prompts(self, ps:list[str], n:int, rng:np.random.Generator)->list[str]:
-        "`n` prompts of `ps`: each category equally likely, then a prompt in it."
-        by_cat = [g for c in self.CATEGORIES if (g := [p for p in ps if self.parse_prompt(p).category == c])]
-        return [(g := by_cat[c])[rng.integers(len(g))] for c in rng.integers(len(by_cat), size=n)]
-
-    def sample_batch(self, n:int, split:str='train', rng:np.random.Generator|None=None, return_scenes:bool=False):
-        "`n` (images [n, 3, SIZE, SIZE], prompts) drawn from `split`, categories equally likely."
-        rng = rng if rng is not None else np.random.default_rng()
-        prompts = self.draw_prompts(self.prompt_split(split), n, rng)
-        scenes = [self.sample_scene(p, rng) for p in prompts]
-        return (self.render(scenes), prompts, scenes) if return_scenes else (self.render(scenes), prompts)
-
-    # judging
-    def detect_cells(self, images:torch.Tensor)->torch.Tensor: return detect_cells(images, self.bank)
-    def detect(self, images:torch.Tensor)->list[tuple]: return self.cells_to_scenes(self.detect_cells(images))
-
-    def prompt_rows(self, prompts:list[str])->torch.Tensor: # [B, 7]
-        def row(p):
-            s = self.parse_prompt(p)
-            sh = [self.SHAPES.index(x) for x in s.shapes] + [-1]
-            co = [self.COLOURS.index(x) if x else -1 for x in s.colours] + [-1]
-            return (CATEGORIES.index(s.category), sh[0], co[0], sh[1], co[1], s.count or 0,
-                    RELATIONS.index(s.relation) if s.relation else 0)
-        return torch.tensor([row(p) for p in prompts], dtype=torch.long).view(-1, 7)
-
-    def mini_geneval(self, images:torch.Tensor, prompts:list[str])->GenEvalResult:
-        "mini-GenEval's strict and partial scores of `images` for `prompts` in this world."
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        if len(prompts) != len(images): raise ValueError(f"len(prompts)={len(prompts)} but images has {len(images)} rows")
-        rows, cells = self.prompt_rows(prompts), self.detect_cells(images)
-        strict, partial = geneval_cells(cells, rows, self.shape_of, self.colour_of)
-        return GenEvalResult(prompts, [CATEGORIES[i] for i in rows[:, 0].tolist()], strict, partial, cells, self)
+@patch
+def mini_geneval(self:World, images:torch.Tensor, prompts:list[str])->GenEvalResult:
+    "mini-GenEval's strict and partial scores of `images` for `prompts` in this world."
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if len(prompts) != len(images):
+        raise ValueError(f"len(prompts)={len(prompts)} but images has {len(images)} rows")
+    rows, cells = self.prompt_rows(prompts), self.detect_cells(images)
+    strict, partial = geneval_cells(cells, rows, self.shape_of, self.colour_of)
+    return GenEvalResult(prompts, [CATEGORIES[i] for i in rows[:, 0].tolist()], strict, partial, cells, self)
 
 # %% ../nbs/01_world.ipynb #a1f3c005
 _WORLDS = {}

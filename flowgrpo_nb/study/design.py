@@ -141,6 +141,9 @@ TASKS = {  # task -> the training reward, its kind, and the evaluation that judg
                     about='mini-GenEval partial credit, a reward with few levels'),
     'score':   dict(reward='score', levels='continuous', evaluation='mini-geneval', metrics=('strict', 'learned_score'),
                     about='the learned score, a continuous reward'),
+    # the grid world's version 3 (01_world): 24+ held-out prompts in each scored category; not the main job's task
+    'geneval3': dict(reward='partial@3', levels='few', evaluation='mini-geneval-v3', metrics=('strict',),
+                     about="mini-GenEval partial credit in the grid world's version 3 (ten shapes, six colours)"),
 }
 # the package's recipe (05c_config)
 _TRAIN = dict(prompts_per_step=4, group_size=8, minibatch=16, calib_iters=4, calib_samples=16)
@@ -148,7 +151,8 @@ _TRAIN = dict(prompts_per_step=4, group_size=8, minibatch=16, calib_iters=4, cal
 EXPLORATORY = dict(prompts_per_step=2, group_size=8, minibatch=16, calib_iters=4, calib_samples=16,
                    lr=2e-3, weight_decay=0.0, updates_per_rollout=1, ema=False)                # none of the safeguards
 DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'flow_grpo_train4', 'dense', 'turning_point'),
-                    score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'turning_point'))
+                    score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'turning_point'),
+                    geneval3=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'flow_grpo_train4', 'dense', 'turning_point'))
 # the main job's: Flow-GRPO and the method the confirmatory study found ahead of it at equal steps
 MAIN_ARMS = dict(geneval=('flow_grpo', 'dense'), score=('flow_grpo', 'dense'))
 # the exploratory study's arms: every arm but the two added after it ran (in the menu: `flowgrpo compare --arms`)
