@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from .tiny import ASSETS, TinyFlowModel, generate, load_tiny, shipped_path, tiny_meta
 from .processes import stopped, invoked
-from .world import CATEGORIES, geneval_report, world as world_of
+from .world import CATEGORIES, geneval_report
+from .worlds import world as world_of
 
 # %% auto #0
 __all__ = ['scored_categories', 'eval_prompts', 'base_scores', 'evaluate_cli', 'model_card']

@@ -194,7 +194,7 @@ def grid_world(reward:str) -> int:
 def normalise_grid_prompt(prompt:str, version:int=2) -> str:
     """Lower case, single spaces, no surrounding punctuation; then the grammar's check (a ValueError naming the unknown
     words)."""
-    from flowgrpo_nb.world import world
+    from flowgrpo_nb.worlds import world
     if not isinstance(prompt, str): raise ValueError(f"prompt must be a string, got {prompt!r}")
     p = ' '.join(w.strip(string.punctuation) for w in prompt.lower().split()).strip()
     return world(version).parse_prompt(' '.join(p.split())).prompt
@@ -202,7 +202,8 @@ def normalise_grid_prompt(prompt:str, version:int=2) -> str:
 def geneval_task(reward:str='partial') -> Task:
     """The embedded default: train prompts of the grid world, held-out mini-GenEval (strict, per category) as the
     evaluation."""
-    from flowgrpo_nb.world import world, geneval_report, MiniGenEvalReward
+    from flowgrpo_nb.world import geneval_report, MiniGenEvalReward
+    from flowgrpo_nb.worlds import world
     from flowgrpo_nb.score import LearnedScore
 
     if reward not in GRID_REWARDS:
@@ -224,7 +225,8 @@ def geneval_task(reward:str='partial') -> Task:
         ]
 
     return Task(f'geneval-{reward}', W.prompt_split('train'), W.prompt_split('heldout'),
-                score if reward == 'score' else MiniGenEvalReward(reward.split('@')[0], v), evaluate,
+                score if reward == 'score' else MiniGenEvalReward(reward.split('@')[0], None if v == 2 else W),
+                evaluate,
                 lambda p: W.parse_prompt(p).category, functools.partial(normalise_grid_prompt, version=v), describe)
 
 # %% ../nbs/05b_task.ipynb #59bd8c95

@@ -31,7 +31,8 @@ from .checkpoint import (clean_interrupted, flatten_optimizer, latest_checkpoint
 from .flow import flow_sigmas
 from .policy import Policy, ema_weights
 from .world import (CATEGORIES, MAX_WORDS, SIZE, VOCAB, geneval_report, mini_geneval, parse_prompt,
-                               prompt_split, sample_batch, tokenize, world as world_of)
+                               prompt_split, sample_batch, tokenize)
+from .worlds import world as world_of
 
 # %% auto #0
 __all__ = ['ASSETS', 'PAST_VERSIONS', 'TinyConfig', 'TinyTextEncoder', 'TinyFlowModel', 'to_image', 'to_pixels', 'count_params',

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from flowgrpo_nb import world as w2
-from flowgrpo_nb.world import CATEGORIES, World, perturb, world
+from flowgrpo_nb.world import CATEGORIES, perturb
+from flowgrpo_nb.worlds import World, world
 from flowgrpo_nb.tiny import (ASSETS, TinyConfig, TinyFlowModel, load_tiny, pretrain, read_log, save_tiny,
                               shipped_path, tiny_meta)
 from flowgrpo_nb.card import eval_prompts, scored_categories
