@@ -111,3 +111,12 @@ def test_shipped_version_3_model_and_card():
     scores = tiny_meta(shipped_path(3))['scores']
     assert set(scores) - {'overall'} == set(scored_categories('heldout', 3))
     assert all(scores[c]['strict'] <= 0.9 for c in scores)   # room for RL in every share
+
+
+def test_geneval3_is_a_task_of_the_study_not_the_main_jobs():
+    from flowgrpo_nb.study.design import BUDGETS, TASKS, CompareConfig
+    assert TASKS['geneval3']['reward'] == 'partial@3' and BUDGETS['default']['tasks'] == ('geneval',)
+    c = CompareConfig(budget='smoke', tasks=('geneval3',))
+    cfg = c.train_config('flow_grpo', 0, 'geneval3')
+    assert cfg.reward == 'partial@3' and cfg.backend()['world'] == 3
+    assert CompareConfig().tasks == ('geneval',)

@@ -157,7 +157,8 @@ DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'flow_gr
 MAIN_ARMS = dict(geneval=('flow_grpo', 'dense'), score=('flow_grpo', 'dense'))
 # the exploratory study's arms: every arm but the two added after it ran (in the menu: `flowgrpo compare --arms`)
 STUDY_ARMS = dict(geneval=tuple(a for a in ARMS if a not in ('tempflow', 'flash')),
-                  score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'dense_nocal', 'turning_point'))
+                  score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'dense_nocal', 'turning_point'),
+                  geneval3=tuple(a for a in ARMS if a not in ('tempflow', 'flash')))
 BUDGETS = {
     'smoke': dict(
         seeds=(0,), steps=2, eval_every=0, eval_images=24, arms=DEFAULT_ARMS,
