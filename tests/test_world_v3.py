@@ -119,4 +119,7 @@ def test_geneval3_is_a_task_of_the_study_not_the_main_jobs():
     c = CompareConfig(budget='smoke', tasks=('geneval3',))
     cfg = c.train_config('flow_grpo', 0, 'geneval3')
     assert cfg.reward == 'partial@3' and cfg.backend()['world'] == 3
+    assert c.task_arms('geneval3') == CompareConfig(budget='smoke').task_arms('geneval')
+    # run only when named: every budget's own tasks are as before
     assert CompareConfig().tasks == ('geneval',)
+    assert CompareConfig(budget='smoke').tasks == CompareConfig(budget='quick').tasks == ('geneval', 'score')

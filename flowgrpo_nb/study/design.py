@@ -141,9 +141,11 @@ TASKS = {  # task -> the training reward, its kind, and the evaluation that judg
                     about='mini-GenEval partial credit, a reward with few levels'),
     'score':   dict(reward='score', levels='continuous', evaluation='mini-geneval', metrics=('strict', 'learned_score'),
                     about='the learned score, a continuous reward'),
-    # the grid world's version 3 (01_world): 24+ held-out prompts in each scored category; not the main job's task
+    # the grid world's version 3 (01c_worlds): 24+ held-out prompts in each scored category; run only when named
+    # (--tasks geneval3), with the arms a budget gives 'geneval' (`arms_of`)
     'geneval3': dict(reward='partial@3', levels='few', evaluation='mini-geneval-v3', metrics=('strict',),
-                     about="mini-GenEval partial credit in the grid world's version 3 (ten shapes, six colours)"),
+                     about="mini-GenEval partial credit in the grid world's version 3 (ten shapes, six colours)",
+                     arms_of='geneval'),
 }
 # the package's recipe (05c_config)
 _TRAIN = dict(prompts_per_step=4, group_size=8, minibatch=16, calib_iters=4, calib_samples=16)
@@ -151,14 +153,12 @@ _TRAIN = dict(prompts_per_step=4, group_size=8, minibatch=16, calib_iters=4, cal
 EXPLORATORY = dict(prompts_per_step=2, group_size=8, minibatch=16, calib_iters=4, calib_samples=16,
                    lr=2e-3, weight_decay=0.0, updates_per_rollout=1, ema=False)                # none of the safeguards
 DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'flow_grpo_train4', 'dense', 'turning_point'),
-                    score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'turning_point'),
-                    geneval3=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'flow_grpo_train4', 'dense', 'turning_point'))
+                    score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'turning_point'))
 # the main job's: Flow-GRPO and the method the confirmatory study found ahead of it at equal steps
 MAIN_ARMS = dict(geneval=('flow_grpo', 'dense'), score=('flow_grpo', 'dense'))
 # the exploratory study's arms: every arm but the two added after it ran (in the menu: `flowgrpo compare --arms`)
 STUDY_ARMS = dict(geneval=tuple(a for a in ARMS if a not in ('tempflow', 'flash')),
-                  score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'dense_nocal', 'turning_point'),
-                  geneval3=tuple(a for a in ARMS if a not in ('tempflow', 'flash')))
+                  score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'dense_nocal', 'turning_point'))
 BUDGETS = {
     'smoke': dict(
         seeds=(0,), steps=2, eval_every=0, eval_images=24, arms=DEFAULT_ARMS,
@@ -264,8 +264,9 @@ class CompareConfig:
     @property
     def all_seeds(self) -> tuple: return tuple(sorted({s for t in self.tasks for s in self.task_seeds(t)}))
     def task_arms(self, task:str) -> tuple:
-        "The arms run in `task`."
-        return self.arms or budget_of(self.budget, self.prereg)['arms'][task]
+        "The arms run in `task` (a task the budget names no arms for: those of its `arms_of` task)."
+        arms = budget_of(self.budget, self.prereg)['arms']
+        return self.arms or arms.get(task) or arms[TASKS[task].get('arms_of', task)]
     def train_config(self, arm:str, seed:int, task:str|None=None) -> GRPOConfig:
         "The `GRPOConfig` of `arm` in `task` (default: the first) under this budget."
         b = budget_of(self.budget, self.prereg)
