@@ -32,9 +32,10 @@ def main(run:str,              # the pretraining run folder (ema-NNNNNN.safetens
     CATEGORIES = scored_categories('heldout', world)  # the categories that carry a share of the score
     if not steps:
         raise SystemExit(f"pretrain_select.py: no EMA snapshot at steps {start}, {start + every}, ... in {run}")
-    scores = {}
+    scores, reports = {}, {}
     for s in steps:
-        d = base_scores(load_tiny(run / f'ema-{s:06d}.safetensors', world=world)).to_dict()
+        reports[s] = base_scores(load_tiny(run / f'ema-{s:06d}.safetensors', world=world))
+        d = reports[s].to_dict()
         scores[s] = {c: round(d[c]['strict'], 3) for c in (*CATEGORIES, 'overall')}
         print(s, scores[s], flush=True)
     ok = [s for s in steps if max(scores[s][c] for c in CATEGORIES) <= ceiling]
@@ -50,8 +51,7 @@ def main(run:str,              # the pretraining run folder (ema-NNNNNN.safetens
                         selection=selection), indent=1))
     print(selection)
     if export:
-        t = time.time(); m = load_tiny(run / f'ema-{chosen:06d}.safetensors', world=world)
-        rep = base_scores(m)
+        rep = reports[chosen]  # the card's scores: the chosen snapshot's, as scored above
         t0 = time.perf_counter(); m2 = load_tiny(run / f'ema-{chosen:06d}.safetensors', world=world)
         generate(m2, eval_prompts(64, world=world), 10, 4.0, torch.Generator().manual_seed(0))
         sample = time.perf_counter() - t0
