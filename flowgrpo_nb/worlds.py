@@ -1,4 +1,4 @@
-"""Version 3 of the grid world: ten shapes and six colours, at least 24 held-out prompts in each scored category.
+"""Version 3 of the grid world: ten shapes, six colours, 24+ held-out prompts in each scored category.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/worlds.html.md"""
 
