@@ -12,9 +12,8 @@ import json, time
 from pathlib import Path
 import torch
 from fastcore.script import call_parse
-from flowgrpo_nb.world import CATEGORIES
 from flowgrpo_nb.tiny import load_tiny, export_tiny, generate
-from flowgrpo_nb.card import base_scores, eval_prompts
+from flowgrpo_nb.card import base_scores, eval_prompts, scored_categories
 
 @call_parse
 def main(run:str,              # the pretraining run folder (ema-NNNNNN.safetensors snapshots)
@@ -23,16 +22,20 @@ def main(run:str,              # the pretraining run folder (ema-NNNNNN.safetens
          ceiling:float=0.9,    # a category above this strict score leaves too little room for RL (version 1's ceiling)
          out:str='',           # JSON file for the scores (default: <run>/selection.json)
          export:bool=False,    # export the chosen snapshot to the package's assets
-         hardware:str=''):     # what the pretraining ran on, for the card
+         hardware:str='',      # what the pretraining ran on, for the card
+         world:int=2,          # the grid world's version the run pretrained on (`flowgrpo pretrain --world`)
+         note:str=''):         # the version's one-line note for the card (`version_note`)
     torch.set_num_threads(1)
     run = Path(run)
     steps = sorted(int(p.stem.split('-')[1]) for p in run.glob('ema-*.safetensors'))
     steps = [s for s in steps if s >= start and (s - start) % every == 0]
+    CATEGORIES = scored_categories('heldout', world)  # the categories that carry a share of the score
     if not steps:
         raise SystemExit(f"pretrain_select.py: no EMA snapshot at steps {start}, {start + every}, ... in {run}")
-    scores = {}
+    scores, reports = {}, {}
     for s in steps:
-        d = base_scores(load_tiny(run / f'ema-{s:06d}.safetensors')).to_dict()
+        reports[s] = base_scores(load_tiny(run / f'ema-{s:06d}.safetensors', world=world))
+        d = reports[s].to_dict()
         scores[s] = {c: round(d[c]['strict'], 3) for c in (*CATEGORIES, 'overall')}
         print(s, scores[s], flush=True)
     ok = [s for s in steps if max(scores[s][c] for c in CATEGORIES) <= ceiling]
@@ -48,14 +51,21 @@ def main(run:str,              # the pretraining run folder (ema-NNNNNN.safetens
                         selection=selection), indent=1))
     print(selection)
     if export:
-        t = time.time(); m = load_tiny(run / f'ema-{chosen:06d}.safetensors')
-        rep = base_scores(m)
-        t0 = time.perf_counter(); m2 = load_tiny(run / f'ema-{chosen:06d}.safetensors')
-        generate(m2, eval_prompts(64), 10, 4.0, torch.Generator().manual_seed(0)); sample = time.perf_counter() - t0
+        rep = reports[chosen]  # the card's scores: the chosen snapshot's, as scored above
+        t0 = time.perf_counter(); m2 = load_tiny(run / f'ema-{chosen:06d}.safetensors', world=world)
+        generate(m2, eval_prompts(64, world=world), 10, 4.0, torch.Generator().manual_seed(0))
+        sample = time.perf_counter() - t0
+        w = '' if world == 2 else f' --world {world}'
         cmd = (f"flowgrpo pretrain --run-dir pretrain_run --steps {steps[-1]} --batch-size 32 --lr 0.0005 --seed 0 "
-               "--threads 1 --save-every 250\n.venv/bin/python benchmarks/pretrain_select.py pretrain_run --start "
-               f"{start} --every {every} --ceiling {ceiling} --export")
+               f"--threads 1 --save-every 250{w}\n.venv/bin/python benchmarks/pretrain_select.py pretrain_run --start "
+               f"{start} --every {every} --ceiling {ceiling}{w} --export")
+        weak = [c for c in CATEGORIES if rep.to_dict()[c]['strict'] < 0.5]
+        version = {} if world == 2 else dict(
+            version=world, version_note=note,
+            limitations=f"Trained only on the grammar of the grid world's version {world}; unknown words raise an "
+                        f"error. Held-out strict score below 0.5 in {', '.join(weak) or 'no category'}: room for RL "
+                        "fine-tuning.")
         path = export_tiny(run, chosen, command=cmd, hardware=hardware or 'a CPU', selection=selection,
                            eval=dict(n=1200, K=10, guidance=4.0, seed=0), scores=rep.to_dict(),
-                           sample_seconds_64=round(sample, 1))
+                           sample_seconds_64=round(sample, 1), **version)
         print(f"exported step {chosen} to {path}")

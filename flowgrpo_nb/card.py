@@ -14,22 +14,30 @@ import torch
 from fastcore.script import call_parse
 from safetensors.torch import load_file
 
-from .tiny import ASSETS, TinyFlowModel, generate, load_tiny, tiny_meta
+from .tiny import ASSETS, TinyFlowModel, generate, load_tiny, shipped_path, tiny_meta
 from .processes import stopped, invoked
-from .world import CATEGORIES, geneval_report, mini_geneval, parse_prompt, prompt_split
+from .world import CATEGORIES, geneval_report
+from .worlds import world as world_of
 
 # %% auto #0
-__all__ = ['eval_prompts', 'base_scores', 'evaluate_cli', 'model_card']
+__all__ = ['scored_categories', 'eval_prompts', 'base_scores', 'evaluate_cli', 'model_card']
 
 # %% ../nbs/02c_card.ipynb #d4051b5b
-def eval_prompts(n:int, split:str='heldout', seed:int=0) -> list[str]:
+def scored_categories(split:str='heldout', world:int=2) -> list[str]:
+    "The GenEval categories with prompts in `split` of the grid world's version `world` (version 3: five held out)."
+    W = world_of(world)
+    found = {W.parse_prompt(p).category for p in W.prompt_split(split)}
+    return [c for c in CATEGORIES if c in found]
+
+def eval_prompts(n:int, split:str='heldout', seed:int=0, world:int=2) -> list[str]:
     "`n` prompts of `split`, the same number from each GenEval category (drawn with replacement)."
-    if n < len(CATEGORIES): raise ValueError(f"n={n!r}: must be >= {len(CATEGORIES)} (one per category)")
-    rng, pool = np.random.default_rng(seed), prompt_split(split)
+    W, cats = world_of(world), scored_categories(split, world)
+    if n < len(cats): raise ValueError(f"n={n!r}: must be >= {len(cats)} (one per category)")
+    rng, pool = np.random.default_rng(seed), W.prompt_split(split)
     out = []
-    for i, cat in enumerate(CATEGORIES):
-        cands = [p for p in pool if parse_prompt(p).category == cat]
-        out += [str(p) for p in rng.choice(cands, n // len(CATEGORIES) + (i < n % len(CATEGORIES)))]
+    for i, cat in enumerate(cats):
+        cands = [p for p in pool if W.parse_prompt(p).category == cat]
+        out += [str(p) for p in rng.choice(cands, n // len(cats) + (i < n % len(cats)))]
     return out
 
 def base_scores(model:TinyFlowModel, n:int=1200, K:int=10, guidance:float=4.0, seed:int=0, split:str='heldout',
@@ -45,10 +53,11 @@ def base_scores(model:TinyFlowModel, n:int=1200, K:int=10, guidance:float=4.0, s
                 f"{name}={v!r}: must be "
                 f"{'a finite number > 0 (the model card uses 4.0)' if name == 'guidance' else 'an int >= 1'}"
             )
-    prompts, g = eval_prompts(n, split, seed), torch.Generator().manual_seed(seed)
+    w = getattr(model, 'world', 2)  # the model's grid world judges it
+    prompts, g = eval_prompts(n, split, seed, w), torch.Generator().manual_seed(seed)
     images = torch.cat([generate(model, prompts[i:i + batch_size], K, guidance, g)
                         for i in range(0, n, batch_size)])
-    return geneval_report(mini_geneval(images, prompts))
+    return geneval_report(world_of(w).mini_geneval(images, prompts))
 
 # %% ../nbs/02c_card.ipynb #e9d6c0dd
 @call_parse
@@ -58,11 +67,12 @@ def evaluate_cli(path:str=None,        # checkpoint .safetensors (default: the s
                  guidance:float=4.0,   # classifier-free guidance scale
                  seed:int=0,
                  split:str='heldout',
-                 threads:int=1):       # torch CPU threads
+                 threads:int=1,        # torch CPU threads
+                 world:int=None):      # the grid world's version (None: the checkpoint's; without path: 2)
     "Base scores of the tiny model on held-out prompts (`flowgrpo eval-tiny`); reproduces the model card."
     torch.set_num_threads(threads)
     try:
-        rep = base_scores(load_tiny(path), n=n, K=K, guidance=guidance, seed=seed, split=split)
+        rep = base_scores(load_tiny(path, world=world), n=n, K=K, guidance=guidance, seed=seed, split=split)
     except KeyboardInterrupt as e:
         raise stopped(e, 'nothing was kept (it writes no file: the scores are printed at its end)', invoked()) from None
     print(f"strict mini-GenEval, {split} prompts, n={n}, Euler ODE K={K}, guidance={guidance}, seed={seed}\n")
@@ -70,15 +80,16 @@ def evaluate_cli(path:str=None,        # checkpoint .safetensors (default: the s
     return rep
 
 # %% ../nbs/02c_card.ipynb #d123843d
-def model_card(path:str|Path|None=None) -> str:
-    "Markdown model card of a checkpoint (default: the shipped one), from its json record."
-    path = Path(path) if path is not None else ASSETS / 'tiny.safetensors'
+def model_card(path:str|Path|None=None, world:int=2) -> str:
+    "Markdown model card of a checkpoint (default: the shipped one of `world`), from its json record."
+    path = Path(path) if path is not None else shipped_path(world)
     m, sd = tiny_meta(path), load_file(str(path))
-    c, ev = m['config'], m['eval']
+    c, ev, w = m['config'], m['eval'], m.get('world', 2)
+    cats = [k for k in CATEGORIES if k in m['scores']]
     rows = [
         f"| {r['category']} | {r['n']} | {r['strict']:.3f} ± {r['strict_se']:.3f} | {r['partial']:.3f} ± "
         f"{r['partial_se']:.3f} |"
-        for r in [*(m['scores'][k] for k in CATEGORIES), m['scores']['overall']]
+        for r in [*(m['scores'][k] for k in cats), m['scores']['overall']]
     ]
     return '\n'.join(
         [
@@ -97,9 +108,9 @@ def model_card(path:str|Path|None=None) -> str:
             *([f"Version {m['version']}: {m['version_note']}", ""] if 'version' in m else []),
             "## Files",
             "",
-            f"`tiny.safetensors` ({path.stat().st_size / 1e6:.1f} MB, fp16 EMA weights) and `tiny.json` (config, "
-            "vocabulary, "
-            "training record). Load with `flowgrpo_nb.tiny.load_tiny()`.",
+            f"`{path.name}` ({path.stat().st_size / 1e6:.1f} MB, fp16 EMA weights) and "
+            f"`{path.with_suffix('.json').name}` (config, vocabulary, training record). Load with "
+            f"`flowgrpo_nb.tiny.load_tiny({'' if w == 2 else f'world={w}'})`.",
             "",
             "## Training",
             "",
@@ -118,13 +129,14 @@ def model_card(path:str|Path|None=None) -> str:
             "",
             "## Base scores",
             "",
-            f"Strict mini-GenEval on held-out prompts, {ev['n']} images ({ev['n'] // len(CATEGORIES)} per category), "
+            f"Strict mini-GenEval on held-out prompts, {ev['n']} images ({ev['n'] // len(cats)} per category), "
             "Euler ODE "
             f"K={ev['K']}, guidance {ev['guidance']}, seed {ev['seed']} (mean ± standard error; overall = mean over "
             "categories). "
             "Reproduce with:",
             "",
-            f"```\nflowgrpo eval-tiny --n {ev['n']} --k {ev['K']} --guidance {ev['guidance']} --seed {ev['seed']}\n```",
+            f"```\nflowgrpo eval-tiny --n {ev['n']} --k {ev['K']} --guidance {ev['guidance']} --seed {ev['seed']}"
+            f"{'' if w == 2 else f' --world {w}'}\n```",
             "",
             "| category | n | strict | partial |",
             "|---|---|---|---|",
@@ -135,11 +147,11 @@ def model_card(path:str|Path|None=None) -> str:
             "",
             "## Limitations",
             "",
-            "Trained only on the grid world's grammar; unknown words raise an error. Counting, spatial relations and "
-            "the "
-            "colours of two objects are weak, and on multi-object prompts the model often draws a glyph too many "
-            "(which "
-            "mini-GenEval's \"nothing else\" rule fails), a few samples come out empty: room for RL fine-tuning.",
+            m.get('limitations',
+                  "Trained only on the grid world's grammar; unknown words raise an error. Counting, spatial relations "
+                  "and the colours of two objects are weak, and on multi-object prompts the model often draws a glyph "
+                  "too many (which mini-GenEval's \"nothing else\" rule fails), a few samples come out empty: room "
+                  "for RL fine-tuning."),
             "",
         ]
     )

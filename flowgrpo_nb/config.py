@@ -22,7 +22,7 @@ from .rollout import (RolloutConfig, bad_field, field_types, check_fields, check
                                  parse_lookahead)
 from .credit import (METHODS, ROLLOUT_METHODS, CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL,
                                 CALIB_STOP, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS, FLASH_SAMPLERS, TGR_NORMS)
-from .task import check_task_names, DTYPES
+from .task import check_task_names, grid_world, DTYPES
 from .checkpoint import RunFolder
 from .precision import FAST_CHOICES
 
@@ -162,8 +162,10 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     def backend(self, train:bool=False) -> dict:
         """The keyword arguments of `load_policy` for this run's model; `train`: with the options only training reads
         (gradient checkpointing)."""
+        w = grid_world(self.reward) if self.model == 'tiny' else 2  # version 2's runs name no world (as before)
         return dict(model=self.model, model_path=self.model_path, resolution=self.resolution, dtype=self.dtype,
-                    t5=self.t5) | (dict(gradient_checkpointing=self.gradient_checkpointing) if train else {})
+                    t5=self.t5) | (dict(gradient_checkpointing=self.gradient_checkpointing) if train else {}) | (
+                        {} if w == 2 else dict(world=w))
     def credit_config(self) -> CreditConfig:
         "The `CreditConfig` of this run's credit rule."
         return CreditConfig(**{f.name: getattr(self, f.name) for f in fields(CreditConfig)})

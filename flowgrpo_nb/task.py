@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/task.html.md"""
 
 # %% ../nbs/05b_task.ipynb #1b13cac9
 from __future__ import annotations
-import dataclasses, importlib, json, math, string
+import dataclasses, functools, importlib, json, math, string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,7 +18,7 @@ from .rollout import RolloutConfig, rollout
 # %% auto #0
 __all__ = ['PROMPT_DIGITS', 'COLLAPSE_DROP', 'GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'PromptScores',
            'prompt_scores', 'EvalReport', 'mean_se', 'reward_report', 'collapse', 'Task', 'balanced_prompts',
-           'evaluate_policy', 'normalise_grid_prompt', 'geneval_task', 'read_prompts', 'prompt_splits',
+           'evaluate_policy', 'grid_world', 'normalise_grid_prompt', 'geneval_task', 'read_prompts', 'prompt_splits',
            'reward_from_spec', 'reward_task', 'check_task_names', 'load_task', 'load_policy']
 
 # %% ../nbs/05b_task.ipynb #4c1b1e5a
@@ -184,44 +184,50 @@ def evaluate_policy(policy:Policy, task:Task,
     return (rep, images, names) if return_images else rep
 
 # %% ../nbs/05b_task.ipynb #7b5ca6bb
-GRID_REWARDS = ('partial', 'strict', 'score')
+# version 2 of the grid world (the default); '@3': the same rewards in version 3 (`world(3)`)
+GRID_REWARDS = ('partial', 'strict', 'score', 'partial@3', 'strict@3')
 
-def normalise_grid_prompt(prompt:str) -> str:
+def grid_world(reward:str) -> int:
+    "The grid world's version a grid reward names: 3 for 'partial@3' / 'strict@3', else 2."
+    return 3 if isinstance(reward, str) and reward.endswith('@3') else 2
+
+def normalise_grid_prompt(prompt:str, version:int=2) -> str:
     """Lower case, single spaces, no surrounding punctuation; then the grammar's check (a ValueError naming the unknown
     words)."""
-    from flowgrpo_nb.world import parse_prompt
+    from flowgrpo_nb.worlds import world
     if not isinstance(prompt, str): raise ValueError(f"prompt must be a string, got {prompt!r}")
     p = ' '.join(w.strip(string.punctuation) for w in prompt.lower().split()).strip()
-    return parse_prompt(' '.join(p.split())).prompt
+    return world(version).parse_prompt(' '.join(p.split())).prompt
 
 def geneval_task(reward:str='partial') -> Task:
     """The embedded default: train prompts of the grid world, held-out mini-GenEval (strict, per category) as the
     evaluation."""
-    from flowgrpo_nb.world import prompt_split, parse_prompt, mini_geneval, geneval_report, MiniGenEvalReward
+    from flowgrpo_nb.world import geneval_report, MiniGenEvalReward
+    from flowgrpo_nb.worlds import world
     from flowgrpo_nb.score import LearnedScore
 
     if reward not in GRID_REWARDS:
         raise ValueError(f"reward={reward!r}: the grid world's rewards are {', '.join(GRID_REWARDS)}")
-    score = LearnedScore()
+    v = grid_world(reward); W = world(v)
+    score = LearnedScore() if v == 2 else None  # the learned score knows version 2's words only
     def evaluate(images, prompts):
-        res = mini_geneval(images, prompts)
+        res = W.mini_geneval(images, prompts)
         rep = geneval_report(res).to_dict()
         cats = {c: dict(score=v['strict'], se=v['strict_se'], n=v['n']) for c, v in rep.items() if c != 'overall'}
         o = rep['overall']
-        return EvalReport(
-            o['strict'], o['strict_se'], o['n'], cats,
-            dict(partial=o['partial'], score=float(score(images, prompts).mean())), prompt_scores(res.strict, prompts)
-        )
+        extra = dict(partial=o['partial']) | ({} if score is None else dict(score=float(score(images, prompts).mean())))
+        return EvalReport(o['strict'], o['strict_se'], o['n'], cats, extra, prompt_scores(res.strict, prompts))
 
     def describe(images, prompts):
         return [
             ', '.join(f"{o.colour} {o.shape} ({o.row},{o.col})" for o in s) or 'nothing'
-            for s in mini_geneval(images, prompts).scenes
+            for s in W.mini_geneval(images, prompts).scenes
         ]
 
-    return Task(f'geneval-{reward}', prompt_split('train'), prompt_split('heldout'),
-                score if reward == 'score' else MiniGenEvalReward(reward), evaluate,
-                lambda p: parse_prompt(p).category, normalise_grid_prompt, describe)
+    return Task(f'geneval-{reward}', W.prompt_split('train'), W.prompt_split('heldout'),
+                score if reward == 'score' else MiniGenEvalReward(reward.split('@')[0], None if v == 2 else W),
+                evaluate,
+                lambda p: W.parse_prompt(p).category, functools.partial(normalise_grid_prompt, version=v), describe)
 
 # %% ../nbs/05b_task.ipynb #59bd8c95
 # more than any backend's text encoder reads (T5: 256-512 tokens): a longer line is a file without line breaks
@@ -407,7 +413,8 @@ def load_policy(model:str='tiny', model_path:str|None=None, device=None,
                 dtype:str='auto',
                 t5:bool=True,               # sd3: load the T5 text encoder (False: run without it)
                 # sd3/flux: recompute the transformer's blocks in backward (training)
-                gradient_checkpointing:bool=False) -> Policy:
+                gradient_checkpointing:bool=False,
+                world:int=2) -> Policy:     # tiny: the grid world's version of the shipped model (`grid_world`)
     """The policy of backend `model`: the shipped tiny model (or the tiny checkpoint `model_path`), or a local SD3 /
     FLUX folder."""
     if model not in MODELS: raise ValueError(f"model={model!r}: allowed {', '.join(MODELS)}")
@@ -418,7 +425,9 @@ def load_policy(model:str='tiny', model_path:str|None=None, device=None,
                 "gradient_checkpointing=True: allowed for the diffusers backends sd3 and flux, not model='tiny'"
             )
         from flowgrpo_nb.tiny import load_tiny, TinyPolicy
-        return TinyPolicy(load_tiny(model_path).to(device or 'cpu'))
+        # an explicit checkpoint under the default world: the checkpoint's own world
+        w = None if model_path and world == 2 else world
+        return TinyPolicy(load_tiny(model_path, world=w).to(device or 'cpu'))
     if not model_path:
         raise ValueError(f"model={model!r} needs model_path: the local diffusers folder (save_pretrained)")
     from flowgrpo_nb.sd3 import SD3Policy

@@ -32,10 +32,11 @@ from .flow import flow_sigmas
 from .policy import Policy, ema_weights
 from .world import (CATEGORIES, MAX_WORDS, SIZE, VOCAB, geneval_report, mini_geneval, parse_prompt,
                                prompt_split, sample_batch, tokenize)
+from .worlds import world as world_of
 
 # %% auto #0
 __all__ = ['ASSETS', 'PAST_VERSIONS', 'TinyConfig', 'TinyTextEncoder', 'TinyFlowModel', 'to_image', 'to_pixels', 'count_params',
-           'generate', 'check_config', 'save_tiny', 'load_tiny', 'TinyPolicy', 'gelu_tanh', 'FastGELU',
+           'generate', 'check_config', 'shipped_path', 'save_tiny', 'load_tiny', 'TinyPolicy', 'gelu_tanh', 'FastGELU',
            'JointAttention', 'fast_copy', 'load_adapter', 'flow_loss', 'pretrain', 'read_log', 'export_tiny',
            'tiny_meta', 'model_version', 'pretrain_cli']
 
@@ -91,9 +92,9 @@ class TinyTextEncoder(nn.Module):
 # %% ../nbs/02_tiny.ipynb #868a29a7
 class TinyFlowModel(nn.Module):
     "Text encoder + diffusers' `SD3Transformer2DModel` in pixel space; predicts the clean image, serves velocities."
-    def __init__(self, config:TinyConfig|None=None):
+    def __init__(self, config:TinyConfig|None=None, world:int=2):  # world: the grid world's version (`world_of`)
         super().__init__()
-        self.config = c = config or TinyConfig()
+        self.config, self.world = (c := config or TinyConfig()), world
         self.text_encoder = TinyTextEncoder(c)
         self.transformer = SD3Transformer2DModel(
             sample_size=c.image_size, patch_size=c.patch_size, in_channels=c.channels, out_channels=c.channels,
@@ -106,7 +107,7 @@ class TinyFlowModel(nn.Module):
 
     def encode(self, prompts:list[str]):
         "Prompts -> (hidden [B, L, D], pooled [B, P]); '' is the unconditional prompt."
-        return self.text_encoder(tokenize(list(prompts)).to(self.device))
+        return self.text_encoder(world_of(self.world).tokenize(list(prompts)).to(self.device))
 
     def predict_x0(self, x_t, t, hidden, pooled, net:nn.Module|None=None):
         """Clean-image estimate from x_t [B, C, H, W] at times t (float or [B]) in [0, 1], by `net` (default: the
@@ -165,29 +166,40 @@ def check_config(saved:dict, config:TinyConfig):
             raise ValueError(f"checkpoint config field {k!r} = {saved[k]!r} does not match the model's {k} = "
                              f"{getattr(config, k)!r}")
 
+def shipped_path(world:int=2) -> Path:
+    "The shipped tiny model of the grid world's version `world` (2: tiny.safetensors, the default)."
+    return ASSETS / ('tiny.safetensors' if world == 2 else f'tiny_v{world}.safetensors')
+
 def save_tiny(model:TinyFlowModel, path:str|Path, dtype=torch.float16, **meta):
     "Weights to `path` (.safetensors, `dtype`) and config, vocabulary and `meta` to the .json beside it."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}, str(path))
-    path.with_suffix('.json').write_text(json.dumps(dict(meta, config=asdict(model.config), vocab=VOCAB), indent=1))
+    w = getattr(model, 'world', 2)  # version 2's record has no 'world' field (its files read as before)
+    meta = dict(meta, config=asdict(model.config), vocab=world_of(w).VOCAB) | ({} if w == 2 else dict(world=w))
+    path.with_suffix('.json').write_text(json.dumps(meta, indent=1))
 
 # %% ../nbs/02_tiny.ipynb #26978f48
-def load_tiny(path:str|Path|None=None,  # .safetensors; default: the shipped flowgrpo_nb/assets/tiny.safetensors
+def load_tiny(path:str|Path|None=None,  # .safetensors; default: the shipped model of `world` (`shipped_path`)
               config:TinyConfig|None=None,  # expected config; default: the checkpoint's, with the world's vocabulary
-              device='cpu', dtype=torch.float32) -> TinyFlowModel:
+              device='cpu', dtype=torch.float32,
+              world:int|None=None) -> TinyFlowModel:  # the grid world's version (None: the checkpoint's, or 2)
     "Load a `TinyFlowModel`; a config that does not fit raises ValueError naming the field, before any computation."
-    path = Path(path) if path is not None else ASSETS / 'tiny.safetensors'
+    path = Path(path) if path is not None else shipped_path(world or 2)
     if not path.exists() or not path.with_suffix('.json').exists():
         raise ValueError(f"path={str(path)!r}: no checkpoint there (a .safetensors file and its .json)")
     meta = json.loads(path.with_suffix('.json').read_text())
-    saved = meta['config']
+    saved, w = meta['config'], meta.get('world', 2)
+    if world is not None and world != w:
+        raise ValueError(f"world={world!r}: the checkpoint {str(path)!r} is a model of the grid world's version {w}")
+    vocab = world_of(w).VOCAB
     if config is None:
         names = {f.name for f in fields(TinyConfig)}
-        config = TinyConfig(**{k: v for k, v in saved.items() if k in names and k not in ('vocab_size', 'max_words')})
+        config = TinyConfig(**{k: v for k, v in saved.items() if k in names and k not in ('vocab_size', 'max_words')},
+                            vocab_size=len(vocab), max_words=world_of(w).MAX_WORDS)
     check_config(saved, config)
-    if meta.get('vocab', VOCAB) != VOCAB:
-        raise ValueError(f"checkpoint field 'vocab' = {meta['vocab']} differs from the world's VOCAB = {VOCAB}")
-    model = TinyFlowModel(config)
+    if meta.get('vocab', vocab) != vocab:
+        raise ValueError(f"checkpoint field 'vocab' = {meta['vocab']} differs from the world's VOCAB = {vocab}")
+    model = TinyFlowModel(config, w)
     sd, want = load_file(str(path)), model.state_dict()
     for k, v in sd.items():
         if k not in want or want[k].shape != v.shape:
@@ -370,7 +382,8 @@ def pretrain(run_dir:str|Path='pretrain_run',  # run folder: checkpoints and log
              seed:int=0,
              threads:int|None=None,  # torch CPU threads (None: leave as is)
              config:TinyConfig|None=None,
-             progress:bool=True) -> TinyFlowModel:
+             progress:bool=True,
+             world:int=2) -> TinyFlowModel:  # the grid world's version (`world_of`): its training prompts and words
     "Rectified-flow pretraining on the world's training prompts; returns the model carrying the EMA weights."
     for name, v in dict(
         steps=steps, batch_size=batch_size, warmup=warmup, save_every=save_every, keep_last=keep_last
@@ -380,7 +393,8 @@ def pretrain(run_dir:str|Path='pretrain_run',  # run folder: checkpoints and log
     if threads: torch.set_num_threads(threads)
     run = Path(run_dir); run.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = TinyFlowModel(config)
+    W = world_of(world)
+    model = TinyFlowModel(config or TinyConfig(vocab_size=len(W.VOCAB), max_words=W.MAX_WORDS), world)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     ema = EMAModel(model.parameters(), decay=ema_decay, use_ema_warmup=True, power=2/3)
     start, spent = _load_state(run, model, ema, opt)
@@ -389,11 +403,11 @@ def pretrain(run_dir:str|Path='pretrain_run',  # run folder: checkpoints and log
     model, opt = acc.prepare(model, opt)
     ema.to(acc.device)
     info = dict(config=asdict(acc.unwrap_model(model).config), seed=seed, batch_size=batch_size, lr=lr,
-                warmup=warmup, p_uncond=p_uncond, ema_decay=ema_decay)
+                warmup=warmup, p_uncond=p_uncond, ema_decay=ema_decay) | ({} if world == 2 else dict(world=world))
     t0, log = time.time() - spent, open(run / 'log.jsonl', 'a')
     bar = tqdm(range(start, steps), initial=start, total=steps, disable=not progress or not acc.is_main_process)
     for step in bar:
-        images, prompts = sample_batch(batch_size, 'train', np.random.default_rng([seed, step]))
+        images, prompts = W.sample_batch(batch_size, 'train', np.random.default_rng([seed, step]))
         g = torch.Generator().manual_seed(_step_seed(seed, step))
         for group in opt.param_groups: group['lr'] = lr * min(1.0, (step + 1) / warmup)
         loss = flow_loss(acc.unwrap_model(model), images, prompts, p_uncond, g)
@@ -428,8 +442,9 @@ def export_tiny(run_dir:str|Path, step:int, path:str|Path|None=None, **meta) -> 
     info = json.loads(src.with_suffix('.json').read_text())
     meta = dict(info, train_seconds=log[-1]['seconds'],
                 loss_curve=[[r['step'], round(r['loss'], 4)] for r in log[9::10]], **meta)
-    path = Path(path) if path is not None else ASSETS / 'tiny.safetensors'
-    save_tiny(load_tiny(src), path, **meta)
+    model = load_tiny(src)
+    path = Path(path) if path is not None else shipped_path(model.world)
+    save_tiny(model, path, **meta)
     return path
 
 # %% ../nbs/02_tiny.ipynb #fdd629b6
@@ -447,8 +462,9 @@ def model_version(fingerprint:str|None) -> int|None:
     None: another model."""
     if fingerprint is None: return None
     if fingerprint == _shipped_fingerprint(): return tiny_meta().get('version', 1)
+    if shipped_path(3).exists() and fingerprint == _shipped_fingerprint(3): return 3
     return PAST_VERSIONS.get(fingerprint)
-_shipped_fingerprint = functools.cache(lambda: TinyPolicy(load_tiny()).base_fingerprint())
+_shipped_fingerprint = functools.cache(lambda world=2: TinyPolicy(load_tiny(world=world)).base_fingerprint())
 
 # %% ../nbs/02_tiny.ipynb #c43f647e
 @call_parse
@@ -458,7 +474,9 @@ def pretrain_cli(run_dir:str='pretrain_run',  # run folder (resumes from it)
                  lr:float=5e-4,
                  seed:int=0,
                  threads:int=1,        # torch CPU threads (1 is fastest on a busy machine)
-                 save_every:int=100):  # steps between checkpoints
+                 save_every:int=100,   # steps between checkpoints
+                 world:int=2):         # the grid world's version: 2 (the default) or 3
     "Pretrain the tiny model (`flowgrpo pretrain`)."
     with resumable(run_dir):
-        pretrain(run_dir, steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads, save_every=save_every)
+        pretrain(run_dir, steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads, save_every=save_every,
+                 world=world)

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 import numpy as np
 import torch
+from fastcore.basics import patch
 from .display import MAX_WIDTH
 
 # %% auto #0
 __all__ = ['SHAPES', 'COLOURS', 'RGB', 'GRID', 'CELL', 'SIZE', 'CATEGORIES', 'PLURALS', 'NUMBERS', 'RELATIONS', 'GRAMMAR',
-           'VOCAB', 'MAX_WORDS', 'N_CLASSES', 'tokenize', 'detokenize', 'PromptSpec', 'parse_prompt', 'all_prompts',
-           'prompt_split', 'Obj', 'glyph_mask', 'scenes_to_cells', 'cells_to_scenes', 'render_cells', 'render',
-           'sample_scene', 'draw_prompts', 'sample_batch', 'show_images', 'detect_cells', 'detect', 'perturb',
+           'VOCAB', 'MAX_WORDS', 'N_CLASSES', 'VERSION', 'tokenize', 'detokenize', 'PromptSpec', 'parse_prompt',
+           'all_prompts', 'prompt_split', 'Obj', 'glyph_mask', 'scenes_to_cells', 'cells_to_scenes', 'render_cells',
+           'render', 'sample_scene', 'draw_prompts', 'sample_batch', 'show_images', 'detect_cells', 'detect', 'perturb',
            'detector_accuracy', 'GenEvalResult', 'prompt_rows', 'geneval_cells', 'mini_geneval', 'GenEvalReport',
            'geneval_report', 'MiniGenEvalReward']
 
@@ -226,10 +227,11 @@ _GLYPHS = {'circle':   "..##.. .####. ###### ###### .####. ..##..",
            'cross':    "##..## ##..## ..##.. ..##.. ##..## ##..##"}
 N_CLASSES = 1 + len(SHAPES) * len(COLOURS)
 
-def glyph_mask(shape:str)->torch.Tensor: # [CELL, CELL] 0/1
-    "The 8x8 mask of `shape`."
+def glyph_mask(shape:str, glyphs:dict|None=None)->torch.Tensor: # [CELL, CELL] 0/1
+    "The 8x8 mask of `shape` (among `glyphs`, default this world's)."
     m = torch.zeros(CELL, CELL)
-    m[1:7, 1:7] = torch.tensor([[c == '#' for c in r] for r in _GLYPHS[shape].split()], dtype=torch.float32)
+    m[1:7, 1:7] = torch.tensor([[c == '#' for c in r] for r in (glyphs or _GLYPHS)[shape].split()],
+                               dtype=torch.float32)
     return m
 
 def _class_images()->torch.Tensor: # [N_CLASSES, 3, CELL, CELL]
@@ -258,10 +260,11 @@ def cells_to_scenes(cells:torch.Tensor, # [B, GRID*GRID] cell classes
             for row in cells.tolist()]
 
 def render_cells(cells:torch.Tensor, # [B, GRID*GRID] cell classes
+                 class_images:torch.Tensor|None=None, # [N, 3, CELL, CELL] per class (default: this world's)
                 )->torch.Tensor: # [B, 3, SIZE, SIZE] in [0, 1]
     "Images of the cell classes `cells`."
     B = cells.shape[0]
-    x = _CLASS_IMAGES.to(cells.device)[cells]  # [B, 16, 3, CELL, CELL]
+    x = (_CLASS_IMAGES if class_images is None else class_images).to(cells.device)[cells]  # [B, 16, 3, CELL, CELL]
     return x.view(B, GRID, GRID, 3, CELL, CELL).permute(0, 3, 1, 4, 2, 5).reshape(B, 3, SIZE, SIZE)
 
 def render(scenes:list)->torch.Tensor: # [B, 3, SIZE, SIZE] in [0, 1]
@@ -335,13 +338,15 @@ def _blur(x:torch.Tensor, sigma:float)->torch.Tensor:
         return torch.exp(-d ** 2 / (2 * sigma ** 2)) * (d.abs() <= r) / norm
     return k(x.shape[-2]) @ x @ k(x.shape[-1]).T
 
-def _template_bank(blurs=(0., 0.6, 1.0), greys=(0., 0.03, 0.06, 0.09, 0.12, 0.15), gain=(0.5, 1.25)):
+def _template_bank(blurs=(0., 0.6, 1.0), greys=(0., 0.03, 0.06, 0.09, 0.12, 0.15), gain=(0.5, 1.25),
+                   class_images:torch.Tensor|None=None): # [N, 3, CELL, CELL] (default: this world's)
     "Templates [T, 3*CELL*CELL], their classes [T] and the range [T, 2] of the brightness gain fitted to each."
+    images = _CLASS_IMAGES if class_images is None else class_images
     ts = [torch.ones(len(greys), 3, CELL, CELL) * torch.tensor(greys)[:, None, None, None]]
-    ts += [_blur(_CLASS_IMAGES[1:], b) for b in blurs]
-    cls = [torch.zeros(len(greys), dtype=torch.long)] + [torch.arange(1, N_CLASSES)] * len(blurs)
+    ts += [_blur(images[1:], b) for b in blurs]
+    cls = [torch.zeros(len(greys), dtype=torch.long)] + [torch.arange(1, len(images))] * len(blurs)
     gains = [torch.ones(len(greys), 2)] + [
-        torch.tensor([gain if b == 0 else (1.0, 1.0)]).expand(N_CLASSES - 1, 2) for b in blurs
+        torch.tensor([gain if b == 0 else (1.0, 1.0)]).expand(len(images) - 1, 2) for b in blurs
     ]
     return torch.cat(ts).flatten(1), torch.cat(cls), torch.cat(gains)
 
@@ -349,6 +354,7 @@ _TEMPLATES, _TEMPLATE_CLASS, _TEMPLATE_GAIN = _template_bank()
 
 # %% ../nbs/01_world.ipynb #f89c6574
 def detect_cells(images:torch.Tensor, # [B, 3, SIZE, SIZE], about [0, 1]
+                 bank:tuple|None=None, # (templates, classes, gains) of `_template_bank` (default: this world's)
                 )->torch.Tensor: # [B, GRID*GRID] cell classes
     "The class of every cell of `images`: nearest template in squared distance."
     if images.ndim != 4 or tuple(images.shape[1:]) != (3, SIZE, SIZE):
@@ -356,11 +362,12 @@ def detect_cells(images:torch.Tensor, # [B, 3, SIZE, SIZE], about [0, 1]
     B = images.shape[0]
     x = images.detach().float().clamp(-0.5, 1.5)
     x = x.view(B, 3, GRID, CELL, GRID, CELL).permute(0, 2, 4, 1, 3, 5).reshape(B * GRID * GRID, -1)
-    T, gain = _TEMPLATES.to(x.device), _TEMPLATE_GAIN.to(x.device)
+    templates, classes, gain = bank or (_TEMPLATES, _TEMPLATE_CLASS, _TEMPLATE_GAIN)
+    T, gain = templates.to(x.device), gain.to(x.device)
     xt, tt = x @ T.T, (T * T).sum(1)  # [B*16, n_templates], [n_templates]
     a = torch.minimum(torch.maximum(xt / tt.clamp(min=1e-6), gain[:, 0]), gain[:, 1])  # best gain in its range
     d = a * a * tt - 2 * a * xt  # ||x - a t||^2 - ||x||^2
-    return _TEMPLATE_CLASS.to(x.device)[d.argmin(1)].view(B, GRID * GRID)
+    return classes.to(x.device)[d.argmin(1)].view(B, GRID * GRID)
 
 def detect(images:torch.Tensor, # [B, 3, SIZE, SIZE], about [0, 1]
           )->list[tuple]:
@@ -421,8 +428,9 @@ class GenEvalResult:
     strict: torch.Tensor        # [B] 0/1: the image shows what the prompt asks for
     partial: torch.Tensor       # [B] in [0, 1]: fraction of the prompt's constraints met
     cells: torch.Tensor         # [B, GRID*GRID] detected cell classes
+    world: object = None        # the `World` that judged them (None: this module's, version 2)
     @property
-    def scenes(self)->list: return cells_to_scenes(self.cells)
+    def scenes(self)->list: return (self.world.cells_to_scenes if self.world else cells_to_scenes)(self.cells)
     def __len__(self): return len(self.prompts)
 
 # %% ../nbs/01_world.ipynb #366d0366
@@ -440,10 +448,13 @@ def prompt_rows(prompts:list[str])->torch.Tensor: # [B, 7]
 
 def geneval_cells(cells:torch.Tensor, # [B, GRID*GRID] cell classes (detected or true)
                   rows:torch.Tensor, # [B, 7] from `prompt_rows`
+                  shape_of:torch.Tensor|None=None, # [N_CLASSES] shape index of each class (default: this world's)
+                  colour_of:torch.Tensor|None=None, # [N_CLASSES] colour index of each class
                  ):
     "Strict [B] and partial [B] mini-GenEval scores of scenes given as cell classes."
     cat, sA, cA, sB, cB, n, rel = rows.to(cells.device).unbind(1)
-    none, sh, co = torch.full_like(cA, -1), _SHAPE_OF.to(cells.device)[cells], _COLOUR_OF.to(cells.device)[cells]
+    shape_of = _SHAPE_OF if shape_of is None else shape_of; colour_of = _COLOUR_OF if colour_of is None else colour_of
+    none, sh, co = torch.full_like(cA, -1), shape_of.to(cells.device)[cells], colour_of.to(cells.device)[cells]
     A, Ac, B, Bc = _masks(sh, co, sA, none), _masks(sh, co, sA, cA), _masks(sh, co, sB, none), _masks(sh, co, sB, cB)
     related = _related(Ac, Bc, rel)
     met = torch.stack([A.any(1), Ac.any(1), B.any(1), Bc.any(1), related], 1)  # [B, 5]
@@ -538,14 +549,18 @@ def geneval_report(results:GenEvalResult|list|torch.Tensor, # results (or a list
                    partial=m('partial'), partial_se=se('partial_se'))
     return GenEvalReport(rows, overall)
 
+# %% ../nbs/01_world.ipynb #a1f3c002
+VERSION = 2  # this module's names are version 2 of the grid world; `world(3)` is the next one
+
 # %% ../nbs/01_world.ipynb #bf670965
 @dataclass
 class MiniGenEvalReward:
     "mini-GenEval as a reward: `strict` (0/1) or `partial` (fraction of constraints met)."
     kind: str = 'strict'  # 'strict' or 'partial'
+    world: object = None  # the `World` that judges (None: this module's, version 2)
     def __post_init__(self):
         if self.kind not in ('strict', 'partial'):
             raise ValueError(f"kind={self.kind!r}; allowed: ('strict', 'partial')")
 
     def __call__(self, images:torch.Tensor, prompts:list[str])->torch.Tensor: # [B] float32
-        return getattr(mini_geneval(images, prompts), self.kind).float()
+        return getattr((self.world.mini_geneval if self.world else mini_geneval)(images, prompts), self.kind).float()

@@ -6,7 +6,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT/'flowgrpo_nb'
-WORLD = {'world', 'tiny', 'score'}
+WORLD = {'world', 'worlds', 'tiny', 'score'}
 MOST_LINES, WIDTH = 600, 120
 
 def module_name(path:Path) -> str:

@@ -141,6 +141,11 @@ TASKS = {  # task -> the training reward, its kind, and the evaluation that judg
                     about='mini-GenEval partial credit, a reward with few levels'),
     'score':   dict(reward='score', levels='continuous', evaluation='mini-geneval', metrics=('strict', 'learned_score'),
                     about='the learned score, a continuous reward'),
+    # the grid world's version 3 (01c_worlds): 24+ held-out prompts in each scored category; run only when named
+    # (--tasks geneval3), with the arms a budget gives 'geneval' (`arms_of`)
+    'geneval3': dict(reward='partial@3', levels='few', evaluation='mini-geneval-v3', metrics=('strict',),
+                     about="mini-GenEval partial credit in the grid world's version 3 (ten shapes, six colours)",
+                     arms_of='geneval'),
 }
 # the package's recipe (05c_config)
 _TRAIN = dict(prompts_per_step=4, group_size=8, minibatch=16, calib_iters=4, calib_samples=16)
@@ -259,8 +264,9 @@ class CompareConfig:
     @property
     def all_seeds(self) -> tuple: return tuple(sorted({s for t in self.tasks for s in self.task_seeds(t)}))
     def task_arms(self, task:str) -> tuple:
-        "The arms run in `task`."
-        return self.arms or budget_of(self.budget, self.prereg)['arms'][task]
+        "The arms run in `task` (a task the budget names no arms for: those of its `arms_of` task)."
+        arms = budget_of(self.budget, self.prereg)['arms']
+        return self.arms or arms.get(task) or arms[TASKS[task].get('arms_of', task)]
     def train_config(self, arm:str, seed:int, task:str|None=None) -> GRPOConfig:
         "The `GRPOConfig` of `arm` in `task` (default: the first) under this budget."
         b = budget_of(self.budget, self.prereg)
