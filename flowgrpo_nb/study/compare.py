@@ -118,6 +118,9 @@ def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:b
                      evaluate_base=False)
     tr.train()
     tr.acc.end_training()
+    # a run is one computation on one kind of CPU: which kind trained it, with which code
+    write_json(d/'provenance.json', dict(cpu={k: machine_key()[k] for k in ('cpu', 'capability', 'torch')},
+                                         code=code_version()), 'the run provenance')
 
 # %% ../../nbs/study/08_compare.ipynb #47bee7ca
 def _job(key:tuple, out:Path, ccfg:CompareConfig, tasks:dict, policy:Policy|None, progress:bool):
@@ -451,9 +454,11 @@ def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -
     correct(sections)
     pre = load_prereg(prereg_file(ccfg.budget, ccfg.prereg)) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else None
     claims, alpha = (pre.claims, pre.alpha) if pre else (CONTRASTS, 0.05)
-    claims = [*claims, *equal_compute(claims)]  # post hoc: the level claims again at equal CPU seconds and NFE
+    budget = budget_of(ccfg.budget, ccfg.prereg)
+    # post hoc: the level claims again at equal CPU seconds and NFE (and steps, where registered at step counts)
+    claims = [*claims, *equal_compute(claims, budget.get('steps'))]
     report = Report(
-        format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget, ccfg.prereg), setup=setup, tasks=sections,
+        format=FORMAT, config=asdict(ccfg), budget=budget, setup=setup, tasks=sections,
         findings=[], contrasts=judge(sections, claims, alpha)
     )
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
@@ -493,6 +498,7 @@ def write_report(report:Report, out:str|Path, png:bool=True):
     """report.json, report.html, figures/<task>_<figure>.json (what the app shows) and (`png`) .png in `out`, each file
     whole or not at all."""
     out = Path(out); (out/'figures').mkdir(parents=True, exist_ok=True)
+    report.built = report.built or code_version()  # the code that concludes (rebuild_reports sets its own)
     write_json(out/'report.json', report.to_json(), 'the comparison report')
     figs = {t: reference_figures(report, t) | report_figures(report, t) for t in report.tasks}
     for t, fs in figs.items():

@@ -23,8 +23,8 @@ from flowgrpo_nb.study.results import (
 __all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'last_mean', 'steps_to', 'first_reach',
            'study_measures', 'plateau', 'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary',
            'window_match', 'task_comparisons', 'correct', 'base_summary', 'task_section', 'run_total', 'run_metric',
-           'claim_diffs', 'power_fields', 'with_power', 'judge', 'fake_report', 'verdict_sentence', 'add_fidelity',
-           'fidelity_gain']
+           'claim_diffs', 'reference_gain', 'power_fields', 'with_power', 'judge', 'fake_report', 'verdict_sentence',
+           'add_fidelity', 'fidelity_gain']
 
 # %% ../../nbs/study/04_summary.ipynb #4232d228
 def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -> float|None:
@@ -365,6 +365,17 @@ def claim_diffs(sec:TaskSection, c:Claim) -> list[float]:
         if x is not None and y is not None: out.append(sign * (x - y))
     return out
 
+def reference_gain(sec:TaskSection, c:Claim) -> float|None:
+    """The mean over seeds of claim `c`'s reference arm (`other`) read as the claim reads it, less the base model's
+    score (its curve's step 0): the whole training gain a margin is set against (None: a claim not read at a level)."""
+    if c.metric not in ('last_mean', 'final') or c.equal or c.at: return None
+    s, g = 'eval' if c.score == 'strict' else 'learned', []
+    for runs in sec.per_seed.values():
+        if not (o := runs.get(c.other)) or o.curve[0].step != 0 or getattr(o.curve[0], s) is None: continue
+        if (v := run_metric(o, c.metric, c.score, c.k, c.target, c.other_steps)) is not None:
+            g.append(v - getattr(o.curve[0], s))
+    return float(np.mean(g)) if g else None
+
 # %% ../../nbs/study/04_summary.ipynb #466a9a58
 def power_fields(c:ContrastResult, m:int, alpha:float=0.05) -> dict:
     """A claim's power statement in a family of `m`: level alpha / m, MDE and seeds for the margin there, lower bound,
@@ -403,6 +414,7 @@ def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05) ->
             p, tests = paired(d, np.zeros(len(d))), claim_tests(np.asarray(d), c.margin, c.test)
             r.n, r.mean, r.sd, r.ci, r.diffs = p['n'], p['mean'], p['sd'], p['ci'], p['diffs']
             r.p = p['p'] if c.test == 'two-sided' else tests['holds']
+            if c.family in ('primary', 'secondary'): r.gain = reference_gain(tasks[c.task], c)
             rows.append((r, dict(kind=c.test, mean=p['mean'], tests=tests)))
         for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows], alpha)):
             r.verdict, r.p_holm = v['verdict'], v['p_holm']
