@@ -89,3 +89,49 @@ def test_credit_post_hoc_rows_equal_a_hand_recomputation(credit, id, arm, other)
         (xa, ya, ta), (xo, yo, to) = _curve(s, arm), _curve(s, other)
         t = min(ta[unit], to[unit])
         assert c.diffs[i] == pytest.approx(np.interp(t, xa[unit], ya) - np.interp(t, xo[unit], yo), abs=1e-9), s
+
+def test_prompt_shares_by_hand():
+    "Two seeds, categories a (two prompts) and b (one): each prompt's share of the category-balanced effect."
+    from flowgrpo_nb.study.summary import prompt_shares
+    d, w = np.array([[0.1, 0.3, 0.2], [0.0, 0.2, 0.0]]), np.array([[2, 2, 4], [2, 2, 4]], float)
+    sh = prompt_shares(d, w, ['a', 'a', 'b'], ['a1', 'a2', 'b1'])
+    # contributions: a1 (0.05 + 0) / 2 / 2, a2 (0.15 + 0.1) / 2 / 2, b1 (0.2 + 0) / 2 / 2; effect 0.125
+    assert sh['prompts'] == pytest.approx({'a2': 0.0625 / 0.125, 'b1': 0.05 / 0.125, 'a1': 0.0125 / 0.125})
+    assert sh['largest'] == ['a2', pytest.approx(0.5)] and sum(sh['categories'].values()) == pytest.approx(1)
+
+def test_credit_report_carries_both_intervals_and_the_largest_prompt_share(credit):
+    "Each strict-score claim: an interval over seeds and held-out prompts beside the seed-only one; C2 rests on one."
+    cs = {c.id: c for c in credit.contrasts}
+    for c in credit.contrasts:
+        if c.task == 'geneval': assert c.ci_prompts and c.prompt_shares and c.ci, c.id
+    c2 = cs['C2']
+    assert c2.ci_prompts[0] < c2.ci[0] and c2.ci_prompts[1] > c2.ci[1]  # the prompts widen C2's interval
+    name, share = c2.prompt_shares['largest']
+    assert name == 'a circle and a cross' and share > 0.2 and c2.prompt_shares['categories']['two_object'] > 0.4
+    said = next(f for f in credit.findings if f.startswith('[geneval] C2 (primary)'))
+    assert f"over seeds and held-out prompts [{c2.ci_prompts[0]:+.3f}, {c2.ci_prompts[1]:+.3f}]" in said
+    assert "one prompt carries more than a fifth of it: 'a circle and a cross'" in said
+    # the learned score logs no per-prompt results: its claims say their intervals are over seeds only
+    assert cs['C4'].ci_prompts is None and any(f.startswith('[score] its runs logged no per-prompt') for f in
+                                               credit.findings)
+
+def test_prompt_effects_give_each_seeds_difference_from_the_run_files():
+    "The per-prompt decomposition of a claim's reading adds up, per seed, to the claim's paired difference (to 1e-4)."
+    import importlib.util
+    from flowgrpo_nb.study import compare
+    from flowgrpo_nb.study.summary import prompt_effects, claim_diffs
+    seen = {}
+    real = compare._judged
+    def spy(ccfg, sections, setup, fidelity):
+        seen.update(sections=sections, setup=setup); return real(ccfg, sections, setup, fidelity)
+    compare._judged = spy
+    try: compare.rebuild_report(R/'runs')
+    finally: compare._judged = real
+    pre = load_prereg(ROOT/'design'/'credit_prereg.toml')
+    names, cats = compare.heldout_prompts(seen['setup'], 'geneval')
+    strata = np.array(cats)
+    for c in [*pre.claims[:3], *equal_compute(pre.claims[:3], 100)]:
+        sec = seen['sections']['geneval']
+        d, w = prompt_effects(sec, c)
+        per_seed = np.mean([(w * d)[:, strata == k].sum(1) / w[:, strata == k].sum(1) for k in set(cats)], 0)
+        assert per_seed == pytest.approx(claim_diffs(sec, c), abs=1e-4), c.id

@@ -7,7 +7,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/compare.html.md"""
 # %% auto #0
 __all__ = ['base_eval', 'run_dir', 'base_file', 'finished', 'jobs_left', 'earlier_invocations', 'usable_cores', 'default_workers',
            'load_tasks', 'run_jobs', 'measured_cpu', 'machine', 'read_fidelity', 'compare', 'run_paths', 'setup',
-           'build_report', 'rebuild_report', 'report_from_records', 'write_report']
+           'build_report', 'heldout_prompts', 'rebuild_report', 'report_from_records', 'write_report']
 
 # %% ../../nbs/study/08_compare.ipynb #0899624f
 import copy, importlib, json, os, pickle, time
@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ..processes import write_pngs, Stopped, stopped, invoked
 from .pool import worker_context, init_worker, stop_pool
 from ..policy import Policy
-from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy
+from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy, GRID_REWARDS
 from ..config import GRPOConfig, config_diff, run_config
 from ..checkpoint import RunFolder, FolderLock, read_json, write_json, write_text
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
@@ -448,6 +448,15 @@ def build_report(
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
     return _judged(ccfg, sections, setup(ccfg, tasks, out), fidelity)
 
+def heldout_prompts(setup:dict, task:str) -> tuple[list, list]|None:
+    """([P] the held-out prompts of a grid-world task of the shipped base model, [P] their categories), in the order its
+    per-prompt results are logged; None when the split the library holds now is not the report's (another size)."""
+    s, base = (setup.get('tasks') or {}).get(task) or {}, setup.get('base') or {}
+    if s.get('reward') not in GRID_REWARDS or base.get('model') != 'tiny' or base.get('version') is None: return None
+    t = load_task(s['reward'])
+    if len(t.eval_prompts) != s.get('eval_prompts') or t.category is None: return None
+    return list(t.eval_prompts), [t.category(p) for p in t.eval_prompts]
+
 def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -> Report:
     """The report of `sections`: Holm within families, the claims (a pre-registered study judges its own rows),
     fidelity, findings."""
@@ -459,7 +468,8 @@ def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -
     claims = [*claims, *equal_compute(claims, budget.get('steps'))]
     report = Report(
         format=FORMAT, config=asdict(ccfg), budget=budget, setup=setup, tasks=sections,
-        findings=[], contrasts=judge(sections, claims, alpha)
+        findings=[], contrasts=judge(sections, claims, alpha, prompts=pre and {
+            t: p for t in sections if (p := heldout_prompts(setup, t))})  # a pre-registered study: prompts vary too
     )
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys

@@ -386,7 +386,11 @@ class ContrastResult(Record):
     # a registered claim: its reference arm's mean gain over the base model where the claim reads it (the whole
     # training effect, against which a margin is judged)
     gain:float|None=None
-    OMIT_NONE = ('gain',)
+    # prompts as a source of variance: the 95% interval with seeds and held-out prompts resampled (stats.seeds_prompts_ci)
+    ci_prompts:list|None=None
+    # the share of the effect each category and the largest prompts carry (summary.prompt_shares)
+    prompt_shares:dict|None=None
+    OMIT_NONE = ('gain', 'ci_prompts', 'prompt_shares')
 
 # %% ../../nbs/study/03_results.ipynb #29c11a28
 FORMAT = 3       # the version of report.json this code writes
