@@ -135,3 +135,23 @@ def test_prompt_effects_give_each_seeds_difference_from_the_run_files():
         d, w = prompt_effects(sec, c)
         per_seed = np.mean([(w * d)[:, strata == k].sum(1) / w[:, strata == k].sum(1) for k in set(cats)], 0)
         assert per_seed == pytest.approx(claim_diffs(sec, c), abs=1e-4), c.id
+
+def test_main_job_check_fails_for_a_planted_trainer_that_does_not_learn():
+    "The main job's runs with every evaluation at the base model's score: never 'training works here'."
+    from flowgrpo_nb.study.reference import reference_sentence, placement
+    read = lambda n: Report.from_json(json.loads((ROOT/'results'/n/'report.json').read_text()))
+    main, ref = read('main'), read('confirm')
+    flat = Report.from_json(json.loads(json.dumps(main.to_json())))
+    for runs in flat.tasks['geneval'].per_seed.values():
+        for r in runs.values(): r.curve = [dataclasses.replace(p, eval=r.curve[0].eval) for p in r.curve]
+    said = reference_sentence(flat, ref)
+    assert 'training works here as it did there' not in said, said
+    assert 'does not show that training works' in said or 'do not learn as the study' in said
+    # the committed job (50 steps) is inside bands that still hold the untrained model: it does not claim learning
+    assert 'training works here as it did there' not in reference_sentence(main, ref)
+    assert any(p['rows'][-1]['holds_base'] for p in placement(main, ref).values())  # Flow-GRPO's at step 50
+
+def test_no_claim_is_judged_on_one_degree_of_freedom():
+    main = json.loads((ROOT/'results'/'main'/'report.json').read_text())
+    assert all(c['n'] == 0 and c.get('seeds_needed') is None for c in main['contrasts'])  # two seeds: no row
+    assert all(a.get('se_ratio') is None for a in main['tasks']['geneval']['arms'].values())

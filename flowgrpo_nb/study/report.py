@@ -265,7 +265,8 @@ def prompt_share_findings(report:Report) -> list[str]:
     registered = {c.task for c in report.contrasts if c.n and c.family in ('primary', 'secondary')}
     for t in sorted(registered - {c.task for c in report.contrasts if c.prompt_shares}):
         out.append(f"[{t}] its runs logged no per-prompt results of the evaluations its claims read (or not of the "
-                   "score they read): every interval is over seeds only, as if the held-out prompts were the population.")
+                   "score they read): every interval is over seeds only, as if the held-out prompts were the "
+                   "population.")
     return out
 
 def findings(report:Report) -> list[str]:

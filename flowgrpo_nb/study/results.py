@@ -386,7 +386,7 @@ class ContrastResult(Record):
     # a registered claim: its reference arm's mean gain over the base model where the claim reads it (the whole
     # training effect, against which a margin is judged)
     gain:float|None=None
-    # prompts as a source of variance: the 95% interval with seeds and held-out prompts resampled (stats.seeds_prompts_ci)
+    # prompts as a source of variance: the 95% interval, seeds and held-out prompts resampled (stats.seeds_prompts_ci)
     ci_prompts:list|None=None
     # the share of the effect each category and the largest prompts carry (summary.prompt_shares)
     prompt_shares:dict|None=None

@@ -94,12 +94,14 @@ def plateau(curves:list[list[CurvePoint]],  # one curve per seed, with the same 
     return dict(step=None if first is None else wins[first]['step'], m=m, windows=wins)
 
 # %% ../../nbs/study/04_summary.ipynb #cb3fe974
-def se_ratio(runs:list[RunResult]) -> float|None:
-    """Mean final-evaluation SE over seeds / SD over seeds of the final held-out strict score (None: under two seeds or
-    no spread)."""
+def se_ratio(runs:list[RunResult], eval_sd:float|None=None) -> float|None:
+    """The evaluation's own noise over the spread of the arm's final held-out strict scores between seeds: `eval_sd`,
+    the SD of the base model's score over the study's evaluation draws (the redraw SD: the same model, another draw of
+    images), else the mean final-evaluation SE; None under three seeds (one degree of freedom is no spread) or none."""
     finals = [r.heldout['overall']['strict'] for r in runs]
-    sd = float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0
-    return float(np.mean([r.heldout['overall']['se'] for r in runs]) / sd) if sd > 0 else None
+    sd = float(np.std(finals, ddof=1)) if len(finals) >= 3 else 0.0
+    noise = eval_sd if eval_sd is not None else float(np.mean([r.heldout['overall']['se'] for r in runs]))
+    return noise / sd if sd > 0 else None
 
 # %% ../../nbs/study/04_summary.ipynb #913644f6
 REACH_BY = 0.10  # the study's target: the base model's mean held-out strict score plus this
@@ -116,8 +118,8 @@ def study_runs(per_seed:dict[str, dict[str, RunResult]], base_mean:float) -> dic
 # %% ../../nbs/study/04_summary.ipynb #14d7b6f3
 def _count(flags:list) -> str: return f"{sum(flags)}/{len(flags)}"
 
-def study_arm(runs:list[RunResult], steps:int, eval_every:int) -> dict:
-    "An arm's study fields of `ArmSummary` from its runs (one per seed), after `study_runs`."
+def study_arm(runs:list[RunResult], steps:int, eval_every:int, eval_sd:float|None=None) -> dict:
+    "An arm's study fields of `ArmSummary` from its runs (one per seed), after `study_runs` (`eval_sd`: `se_ratio`'s)."
     hit = [r for r in runs if r.reach['steps'] is not None]
     same = len({tuple(p.step for p in r.curve) for r in runs}) == 1
     cal = [r for r in runs if r.psi_rounds]
@@ -129,7 +131,7 @@ def study_arm(runs:list[RunResult], steps:int, eval_every:int) -> dict:
         ),
         at_nfe=dict(nfe=runs[0].at_nfe['nfe'], **{k: agg([r.at_nfe[k] for r in runs]) for k in ('strict', 'learned')}),
         plateau=plateau([r.curve for r in runs], steps, eval_every) if same else None,
-        se_ratio=se_ratio(runs),
+        se_ratio=se_ratio(runs, eval_sd),
         calib_rounds=agg([len(r.psi_rounds) for r in cal]) if cal else None,
         calib_stable=_count([bool(r.calib_stable) for r in cal]) if cal else None,
     )
@@ -309,9 +311,12 @@ def task_section(task:str, per_seed:dict[str, dict[str, RunResult]],
     )
     if study: study_runs(per_seed, base_summary({s: h for s, (h, _) in base.items()})['overall']['strict'])
     summary = {a: arm_summary(per_seed, a) for a in arms}
+    # the evaluation's noise measured: the base model's score over this task's draws (one per seed), from three on
+    draws = [h['overall']['strict'] for h, _ in base.values() if h]
+    redraw = float(np.std(draws, ddof=1)) if len(draws) >= 3 else None
     for a in arms:
         if study:
-            measures = study_arm([runs[a] for runs in per_seed.values()], steps, eval_every or steps)
+            measures = study_arm([runs[a] for runs in per_seed.values()], steps, eval_every or steps, redraw)
             for k, v in measures.items(): setattr(summary[a], k, v)
         c = ARMS[a].control_for(levels)
         if c in arms and c != a: summary[a].control_window = window_match(per_seed, a, c)
@@ -450,7 +455,7 @@ def _record(c:Claim) -> ContrastResult:
                           c.test, c.margin, family=c.family, read=c.read)
 
 def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05,
-          prompts:dict|None=None   # {task: ([P] held-out prompts, [P] their categories)}: prompts as a source of variance
+          prompts:dict|None=None   # {task: ([P] held-out prompts, [P] their categories)}: prompts vary too
          ) -> list[ContrastResult]:
     """Every claim's paired differences, its test, Holm's correction within its family, verdict and power statement at
     that family's level; with `prompts`, beside the seed-only interval one over seeds and prompts and the share of the
@@ -462,7 +467,7 @@ def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05,
         for c in fam:
             r = out[c.id] = _record(c)
             d = claim_diffs(tasks[c.task], c) if c.task in tasks else []
-            if len(d) < 2: continue
+            if len(d) < 3: continue  # two seeds: one degree of freedom, no spread to judge a claim by
             p, tests = paired(d, np.zeros(len(d))), claim_tests(np.asarray(d), c.margin, c.test)
             r.n, r.mean, r.sd, r.ci, r.diffs = p['n'], p['mean'], p['sd'], p['ci'], p['diffs']
             r.p = p['p'] if c.test == 'two-sided' else tests['holds']
