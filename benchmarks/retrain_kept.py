@@ -52,5 +52,8 @@ if __name__ == '__main__':
         rows.append(dict(arm=arm, kept=k, retrained=r, diff=r - k, same_steps=same, steps=steps))
         print(f"{arm}: kept {k:.6f} retrained {r:.6f} diff {r - k:+.2e}; {same} of {steps} steps logged the same "
               "numbers", flush=True)
-    write_json(out/'retrain.json', dict(kept=str(seed_dir), cpu=m['cpu'], capability=m['capability'], torch=m['torch'],
+    # the kept runs named from the repository's root (a committed file holds no path of one machine)
+    root = Path(__file__).resolve().parent.parent
+    kept = seed_dir.resolve().relative_to(root).as_posix() if seed_dir.resolve().is_relative_to(root) else seed_dir.name
+    write_json(out/'retrain.json', dict(kept=kept, cpu=m['cpu'], capability=m['capability'], torch=m['torch'],
                                         threads=1, code=code_version(), rows=rows))

@@ -14,6 +14,7 @@ import json, math, sys
 from pathlib import Path
 from flowgrpo_nb.study.compare import rebuild_report, report_from_records, write_report
 from flowgrpo_nb.study.results import Report
+from flowgrpo_nb.study.record import code_version
 
 ROOT = Path(__file__).resolve().parent.parent
 JUDGED = ('tasks', 'contrasts', 'findings')  # what the code concludes from the runs
@@ -48,9 +49,10 @@ def rebuilt(name:str) -> tuple[Report, dict]:
 def main(argv:list[str]) -> int:
     check, png = '--check' in argv, '--png' in argv
     names = [a for a in argv if not a.startswith('--')] or REPORTS
-    bad = 0
+    bad, built = 0, code_version()  # the code that builds them, read before the first report is written
     for name in names:
         report, committed = rebuilt(name)
+        report.built = built
         diff = [d for k in JUDGED for d in differences(report.to_json()[k], committed[k], k)]
         said = 'the same numbers' if not diff else f"{len(diff)} differences, e.g. {'; '.join(diff[:3])}"
         print(f"results/{name}: {said}")

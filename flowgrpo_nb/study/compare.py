@@ -7,7 +7,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/compare.html.md"""
 # %% auto #0
 __all__ = ['base_eval', 'run_dir', 'base_file', 'finished', 'jobs_left', 'earlier_invocations', 'usable_cores', 'default_workers',
            'load_tasks', 'run_jobs', 'measured_cpu', 'machine', 'read_fidelity', 'compare', 'run_paths', 'setup',
-           'build_report', 'rebuild_report', 'report_from_records', 'write_report']
+           'build_report', 'heldout_prompts', 'rebuild_report', 'report_from_records', 'write_report']
 
 # %% ../../nbs/study/08_compare.ipynb #0899624f
 import copy, importlib, json, os, pickle, time
@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ..processes import write_pngs, Stopped, stopped, invoked
 from .pool import worker_context, init_worker, stop_pool
 from ..policy import Policy
-from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy
+from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy, GRID_REWARDS
 from ..config import GRPOConfig, config_diff, run_config
 from ..checkpoint import RunFolder, FolderLock, read_json, write_json, write_text
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
@@ -118,6 +118,9 @@ def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:b
                      evaluate_base=False)
     tr.train()
     tr.acc.end_training()
+    # a run is one computation on one kind of CPU: which kind trained it, with which code
+    write_json(d/'provenance.json', dict(cpu={k: machine_key()[k] for k in ('cpu', 'capability', 'torch')},
+                                         code=code_version()), 'the run provenance')
 
 # %% ../../nbs/study/08_compare.ipynb #47bee7ca
 def _job(key:tuple, out:Path, ccfg:CompareConfig, tasks:dict, policy:Policy|None, progress:bool):
@@ -445,16 +448,28 @@ def build_report(
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
     return _judged(ccfg, sections, setup(ccfg, tasks, out), fidelity)
 
+def heldout_prompts(setup:dict, task:str) -> tuple[list, list]|None:
+    """([P] the held-out prompts of a grid-world task of the shipped base model, [P] their categories), in the order its
+    per-prompt results are logged; None when the split the library holds now is not the report's (another size)."""
+    s, base = (setup.get('tasks') or {}).get(task) or {}, setup.get('base') or {}
+    if s.get('reward') not in GRID_REWARDS or base.get('model') != 'tiny' or base.get('version') is None: return None
+    t = load_task(s['reward'])
+    if len(t.eval_prompts) != s.get('eval_prompts') or t.category is None: return None
+    return list(t.eval_prompts), [t.category(p) for p in t.eval_prompts]
+
 def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -> Report:
     """The report of `sections`: Holm within families, the claims (a pre-registered study judges its own rows),
     fidelity, findings."""
     correct(sections)
     pre = load_prereg(prereg_file(ccfg.budget, ccfg.prereg)) if BUDGETS[ccfg.budget]['seeds'] == 'prereg' else None
     claims, alpha = (pre.claims, pre.alpha) if pre else (CONTRASTS, 0.05)
-    claims = [*claims, *equal_compute(claims)]  # post hoc: the level claims again at equal CPU seconds and NFE
+    budget = budget_of(ccfg.budget, ccfg.prereg)
+    # post hoc: the level claims again at equal CPU seconds and NFE (and steps, where registered at step counts)
+    claims = [*claims, *equal_compute(claims, budget.get('steps'))]
     report = Report(
-        format=FORMAT, config=asdict(ccfg), budget=budget_of(ccfg.budget, ccfg.prereg), setup=setup, tasks=sections,
-        findings=[], contrasts=judge(sections, claims, alpha)
+        format=FORMAT, config=asdict(ccfg), budget=budget, setup=setup, tasks=sections,
+        findings=[], contrasts=judge(sections, claims, alpha, prompts=pre and {
+            t: p for t in sections if (p := heldout_prompts(setup, t))})  # a pre-registered study: prompts vary too
     )
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys
@@ -493,6 +508,7 @@ def write_report(report:Report, out:str|Path, png:bool=True):
     """report.json, report.html, figures/<task>_<figure>.json (what the app shows) and (`png`) .png in `out`, each file
     whole or not at all."""
     out = Path(out); (out/'figures').mkdir(parents=True, exist_ok=True)
+    report.built = report.built or code_version()  # the code that concludes (rebuild_reports sets its own)
     write_json(out/'report.json', report.to_json(), 'the comparison report')
     figs = {t: reference_figures(report, t) | report_figures(report, t) for t in report.tasks}
     for t, fs in figs.items():

@@ -404,18 +404,30 @@ CONTRASTS = (
 )
 
 # %% ../../nbs/study/01_design.ipynb #9b37e3b3
-def equal_compute(claims:list[Claim]) -> list[Claim]:
-    """Every level claim read at equal CPU seconds and at equal NFE (both runs at what the cheaper spent in all): post
-    hoc rows, one Holm family of their own, each with its claim's test and margin."""
-    out, seen = [], set()
+def equal_compute(claims:list[Claim], steps:int|None=None) -> list[Claim]:
+    """Every pair of arms the level claims compare, read again after the runs: at equal CPU seconds and at equal NFE
+    (both runs at what the cheaper spent in all) and, where the registered claims read the pair only at step counts
+    fixed for equal compute, at equal optimizer steps (both to `steps`, the study's). Post hoc rows, one Holm family of
+    their own, each with its claim's test and margin."""
+    pairs = {}
     for c in claims:
-        key = (c.arm, c.other, c.task, c.score)
-        if c.claim != 'level' or c.at or c.equal or c.arm_steps or c.other_steps or key in seen: continue
-        seen.add(key)
-        q, end = c.question.rstrip('?.'), '?' if c.question.endswith('?') else ''
+        if c.claim != 'level' or c.at or c.equal: continue
+        pairs.setdefault((c.arm, c.other, c.task, c.score), []).append(c)
+    out = []
+    for cs in pairs.values():
+        c, fixed = cs[0], any(x.arm_steps or x.other_steps for x in cs)
+        said = lambda unit: (f"Does {c.arm} end higher than {c.other}"
+                             + (' on the learned score' if c.score == 'learned' else '') + f", at equal {unit}?")
+        if not fixed:  # a question read at the end of both runs: its own words, with where it is read now
+            q, end = c.question.rstrip('?.'), '?' if c.question.endswith('?') else ''
+            said = lambda unit: f'{q}, at equal {unit}{end}'
+        post = dict(family='post hoc', sd=None, sd_from=None, note=None, arm_steps=None, other_steps=None)
+        if fixed and steps and not any((x.arm_steps or steps) == (x.other_steps or steps) == steps for x in cs):
+            both = {f: steps for f in ('arm_steps', 'other_steps') if getattr(c, f)}
+            out.append(replace(c, id=f'{c.id}@steps', question=said('optimizer steps'), **(post | both)))
         for unit, tag in (('seconds', 'cpu'), ('nfe', 'nfe')):
-            out.append(replace(c, id=f'{c.id}@{tag}', question=f'{q}, at equal {AT_UNITS[unit]}{end}', metric='final',
-                               k=None, equal=unit, family='post hoc', sd=None, sd_from=None, note=None))
+            out.append(replace(c, id=f'{c.id}@{tag}', question=said(AT_UNITS[unit]), metric='final', k=None,
+                               equal=unit, **post))
     return out
 
 # %% ../../nbs/study/01_design.ipynb #f3197e51

@@ -18,8 +18,9 @@ from flowgrpo_nb.study.page import (
 
 
 # %% auto #0
-__all__ = ['CSS', 'QUESTION', 'setup_html', 'answer_lines', 'arm_steps', 'where_read', 'headline_html', 'report_html',
-           'question_answer', 'question_table']
+__all__ = ['CSS', 'READINGS', 'UNINFORMATIVE', 'QUESTION', 'setup_html', 'reading_of', 'reading_words', 'answer_lines',
+           'arm_steps', 'where_read', 'headline_html', 'report_html', 'contrast_readings', 'question_answer',
+           'question_table']
 
 # %% ../../nbs/study/06c_document.ipynb #ee6bc571
 CSS = (
@@ -161,28 +162,51 @@ def _seeds(s:dict) -> str:
     return ', '.join(f"{k}{' seeds' * (i == 0)} ({t})" for i, (t, k) in enumerate(n.items()))
 
 
-def _reading(c) -> str:
-    "A claim's effect, interval and verdict in a few words."
-    v = dict(holds='holds', equivalent=f'equivalent within ±{c.margin:g}', **{'does not hold': 'does not hold'})
-    return f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}], " + (
-        f"**{v[c.verdict]}**" if c.verdict in v else c.verdict.replace('undecided at this power', 'not decided')
-    )
+READINGS = dict(steps='equal optimizer steps', cpu='equal CPU seconds', nfe='equal NFE')
+UNINFORMATIVE = 0.5  # an equivalence band this large a share of the reference's whole training gain says little
+
+def reading_of(report:Report, c) -> str|None:
+    """Which of `READINGS` claim `c` reads: a post hoc row by its id's tag, a registered one as its question says (equal
+    CPU seconds or NFE, fixed by step counts), else at equal steps when both runs are read at the same step."""
+    if '@' in c.id: return c.id.rsplit('@', 1)[1]
+    if m := re.search(r'equal (CPU|NFE)', c.claim): return m.group(1).lower()
+    return 'steps' if where_read(c, arm_steps(report, c)) == 'at equal optimizer steps' else None
+
+def reading_words(c) -> str:
+    """One reading of a contrast: effect and 95% interval, then what it shows — a post hoc row by its interval alone,
+    a registered one by its verdict against its margin (an equivalence band as large as half the training gain or more
+    said to be uninformative) — then registered (its id) or post hoc."""
+    eff = f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]"
+    side = 'above 0' if c.ci[0] > 0 else 'below 0' if c.ci[1] < 0 else '0 inside it'
+    if c.family not in ('primary', 'secondary'):
+        return f"{eff}, {side}" + (' (post hoc)' if c.family == 'post hoc' else '')
+    m, g = c.margin, getattr(c, 'gain', None)
+    if c.verdict == 'holds' and c.kind == 'superiority':
+        said = ('**above the registered margin**' if c.clears else
+                f"**above 0** but below the registered {m:g} margin" if c.mean < m else
+                f"**above 0**, not shown above the registered {m:g} margin")
+    elif c.verdict == 'equivalent':
+        said = f"**equivalent within ±{m:g}**" + (
+            f", uninformative: ±{m:g} is {m / g:.0%} of {c.other}'s training gain (+{g:.3f})"
+            if g and g > 0 and m >= UNINFORMATIVE * g else '')
+    elif c.verdict == 'does not hold': said = f"**an effect of {m:g} excluded**"
+    else: said = f"{side}, not decided"
+    return f"{eff}, {said} ({c.id}, registered)"
 
 
 def answer_lines(report:Report, most:int=8) -> list[str]:
     """The report's answer in plain words, one line per claim (the primary family's, or the study's table): its verdict
-    at equal steps, then what the same runs say at equal CPU seconds and at equal NFE (the post hoc rows)."""
+    where registered, then what the same runs say at the other readings — equal steps, CPU seconds, NFE (the post hoc
+    rows)."""
     cs = with_power(report.contrasts)
     main = [c for c in cs if c.n and c.family in ('primary', None)]
     if len(main) > most: main = [c for c in main if c.verdict in DECIDED + ('higher', 'lower')][:most]
     post = {c.id: c for c in cs if c.family == 'post hoc' and c.n}
     out = []
     for c in main:
-        at = [
-            f"at {r.read.removeprefix('at ')}: {_reading(r)}" for k in ('cpu', 'nfe') if (r := post.get(f'{c.id}@{k}'))
-        ]
+        at = [f"at {READINGS[k]}: {reading_words(r)}" for k in READINGS if (r := post.get(f'{c.id}@{k}'))]
         out.append(
-            f"{c.id} — {c.claim.rstrip('?.')}: {where_read(c, arm_steps(report, c))}, {_reading(c)}"
+            f"{c.id} — {c.claim.rstrip('?.')}: {where_read(c, arm_steps(report, c))}, {reading_words(c)}"
             + ('; ' + '; '.join(at) if at else '') + '.'
         )
     return out
@@ -256,47 +280,60 @@ def report_html(report:Report, figures:dict) -> str:
 # %% ../../nbs/study/06c_document.ipynb #9109b6eb
 QUESTION = "Does dense credit beat Flow-GRPO at equal compute, and is it the credit or the window?"
 
-def _verdict_clause(c) -> str:
-    "A judged claim as a clause: its verdict in a word or two, then its effect and interval."
-    word = {'holds': '**higher**', 'equivalent': f"**no difference** (within ±{c.margin:g})",
-            'does not hold': f"**not higher by {c.margin:g}**"}.get(c.verdict, '**not decided**')
-    return f"{word}, {c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]"
-
 def _steps(report:Report, arm:str) -> str:
     s = report.setup['arms'].get(arm, {}).get('loss_steps')
     return f"steps {s[0]}–{s[1] - 1}" if s else 'its window'
 
+def contrast_readings(report:Report) -> list[tuple[tuple, dict]]:
+    """Each contrast the registered claims make ((arm, other, task, learned score?)), in their order, with its readings
+    {reading: claim} in `READINGS`' order: the registered claim where one reads it so, else the post hoc row."""
+    cs, out = [c for c in with_power(report.contrasts) if c.n], {}
+    key = lambda c: (c.arm, c.other, c.task, 'learned score' in c.metric)
+    for c in cs:
+        if c.family in ('primary', 'secondary'): out.setdefault(key(c), {}).setdefault(reading_of(report, c), c)
+    for c in cs:
+        if c.family == 'post hoc' and key(c) in out: out[key(c)].setdefault(reading_of(report, c), c)
+    return [(k, {r: v[r] for r in READINGS if r in v}) for k, v in out.items()]
+
+def _so(credit:dict, window:dict) -> str:
+    "What the credit question's readings add up to, in a clause."
+    c, w = (getattr(r.get('steps'), 'verdict', None) for r in (credit, window))
+    at_steps = ('the credit adds to what the window gives' if c == 'holds' else
+                'it is the window, not the credit' if c in ('equivalent', 'does not hold') and w == 'holds'
+                else 'the credit adds nothing shown over the window' if c in ('equivalent', 'does not hold')
+                else 'whether it is the credit or the window is not decided')
+    cost = [credit[k] for k in ('cpu', 'nfe') if k in credit]
+    if cost and all(x.ci[1] < 0 for x in cost): more = ('; for the same CPU seconds and NFE, Flow-GRPO trained on the '
+                                                       'window alone ends higher')
+    elif cost and all(x.ci[0] > 0 for x in cost): more = ', and at equal CPU seconds and NFE too'
+    else: more = '; at equal compute, not shown either way'
+    return f"so {at_steps} at equal optimizer steps" + (' only' if c == 'holds' and 'higher' in more else '') + more
+
 def question_answer(report:Report) -> str|None:
-    """The second confirmatory study's answer to its question in one sentence, from its primary claims C1 (credit: dense
-    vs `flow_grpo_train4`, equal steps), C2 (dense vs Flow-GRPO at equal CPU) and C3 (window: `flow_grpo_train4` vs
-    Flow-GRPO, equal steps); None for a report without all three run."""
+    """The second confirmatory study's answer to its question, from every reading of its three primary contrasts: C1
+    (is it the credit? dense vs `flow_grpo_train4`), C2 (dense vs Flow-GRPO) and C3 (the window: `flow_grpo_train4` vs
+    Flow-GRPO), each at equal optimizer steps, CPU seconds and NFE, registered or post hoc; None for a report without
+    all three run."""
     cs = {c.id: c for c in report.contrasts if c.n and c.family == 'primary'}
     if not {'C1', 'C2', 'C3'} <= set(cs): return None
-    credit, cpu, window = cs['C1'], cs['C2'], cs['C3']
-    steps = re.search(r'to step (\d+)', cpu.read or '')
-    if credit.verdict == 'holds': so = 'so the credit adds to what the window gives'
-    elif credit.verdict in ('equivalent', 'does not hold'):
-        so = ('so it is the window, not the credit' if window.verdict == 'holds' else
-              "so the credit adds nothing shown over the window, and the window's own effect is "
-              + ('none' if window.verdict == 'equivalent' else 'not shown'))
-    else: so = 'so whether it is the credit or the window is not decided at this power'
+    rd = dict(contrast_readings(report))
+    credit, cpu, window = (rd[(cs[i].arm, cs[i].other, cs[i].task, False)] for i in ('C1', 'C2', 'C3'))
+    said = lambda r: '; '.join(f"at {READINGS[k]} {reading_words(c)}" for k, c in r.items())
+    so = _so(credit, window)
     return (
-        f"**{QUESTION}** At equal CPU seconds, DenseGRPO against Flow-GRPO trained "
-        + (f"{steps.group(1)} steps" if steps else 'as long') + f": {_verdict_clause(cpu)}; at equal optimizer steps, "
-        f"against Flow-GRPO trained on the same early steps ({_steps(report, credit.other)}): "
-        f"{_verdict_clause(credit)}; and the window itself ({_steps(report, window.arm)} against every step, at equal "
-        f"steps): {_verdict_clause(window)} — {so} ({cpu.n} seeds, pre-registered, Holm over the three claims)."
+        f"**{QUESTION}** Is it the credit? DenseGRPO against Flow-GRPO trained on the same early steps "
+        f"({_steps(report, cs['C1'].other)}): {said(credit)}. Against Flow-GRPO on every step, "
+        f"{said({k: c for k, c in cpu.items() if c.id == 'C2'})}. {so[0].upper() + so[1:]} ({cs['C1'].n} seeds; "
+        "registered claims Holm over the three, post hoc readings Holm within their own family)."
     )
 
 # %% ../../nbs/study/06c_document.ipynb #a3cf6a23
 def question_table(report:Report) -> str:
-    """The registered claims of a pre-registered report as a short markdown table: family, reading, effect, verdict
-    (whether a lower bound clears the claimed size is on the claims table), MDE."""
+    """Every contrast the registered claims of a pre-registered report make, one row each, with its readings at equal
+    optimizer steps, CPU seconds and NFE: effect, interval, what it shows, registered (its id) or post hoc."""
     rows = [
-        [(f"{c.id} ({c.family})", None), (f"{c.arm} − {c.other}, {where_read(c, arm_steps(report, c))}", None),
-         (c.task, None), (f"{c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}]", None),
-         (verdict_text(c).split(';')[0], c.verdict),
-         ('—' if c.mde is None else f"{c.mde:.3f}", None)]
-        for c in with_power(report.contrasts) if c.n and c.family in ('primary', 'secondary')
+        [(f"{arm} − {other}" + (' (learned score)' if learned else ''), None), (task, None)]
+        + [(reading_words(r[k]) if k in r else '—', None) for k in READINGS]
+        for (arm, other, task, learned), r in contrast_readings(report)
     ]
-    return markdown_table(['claim', 'contrast', 'task', 'effect [95% CI]', 'verdict', 'MDE'], rows)
+    return markdown_table(['contrast', 'task', *(f"at {v}" for v in READINGS.values())], rows)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 from ..display import color, display_name
-from .stats import t_quantile
+from .stats import t_quantile, paired
 from .results import Report
 from .figures import _below
 
@@ -51,8 +51,9 @@ def band(ref:Report, arm:str, n:int, images:int, task:str='geneval') -> dict|Non
 
 # %% ../../nbs/study/05b_reference.ipynb #2e1e7188
 def placement(report:Report, ref:Report, task:str='geneval') -> dict:
-    """{arm: n, base, gain and rows [{step, mean, lo, hi, inside}]}: the mean over `report`'s seeds against `ref`'s band
-    at each evaluation step both made (after step 0), and the gain over the base model by the last of them."""
+    """{arm: n, base, gain and rows [{step, mean, lo, hi, inside, holds_base}]}: the mean over `report`'s seeds against
+    `ref`'s band at each evaluation step both made (after step 0), whether that band reaches down to the job's untrained
+    base score, and the gain over the base model by the last of them."""
     sec, images, out = report.tasks[task], report.setup['evaluation']['images'], {}
     for arm in sec.arms:
         curves = [runs[arm].curve for runs in sec.per_seed.values()]
@@ -60,7 +61,8 @@ def placement(report:Report, ref:Report, task:str='geneval') -> dict:
         if b is None or any([p.step for p in c] != steps for c in curves): continue
         mean = np.array([[p.eval for p in c] for c in curves]).mean(0)
         rows = [
-            dict(step=k, mean=float(mean[i]), lo=b['lo'][j], hi=b['hi'][j], inside=b['lo'][j] <= mean[i] <= b['hi'][j])
+            dict(step=k, mean=float(mean[i]), lo=b['lo'][j], hi=b['hi'][j], inside=b['lo'][j] <= mean[i] <= b['hi'][j],
+                 holds_base=b['lo'][j] <= mean[0])  # the band also holds a model that has not learned
             for i, k in enumerate(steps) if k > 0 and k in b['steps'] for j in [b['steps'].index(k)]
         ]
         if rows: out[arm] = dict(n=len(curves), runs=b['runs'], base=float(mean[0]),
@@ -78,8 +80,15 @@ def reference_sentence(report:Report, ref:Report, task:str='geneval', name:str='
     if not pl: return None
     rows = [r for p in pl.values() for r in p['rows']]
     k, n, last = sum(r['inside'] for r in rows), next(iter(pl.values()))['n'], max(r['step'] for r in rows)
-    verdict = ('inside its bands at every one: training works here as it did there' if k == len(rows) else
-               'outside its bands at ' + str(len(rows) - k) + ': these runs do not learn as the study\'s did')
+    ends = [p['rows'][-1] for p in pl.values()]
+    base = np.mean([p['base'] for p in pl.values()])
+    verdict = ('outside its bands at ' + str(len(rows) - k) + ': these runs do not learn as the study\'s did'
+               if k < len(rows) else
+               f'inside its bands at every one, but at step {last} the bands still reach down to the untrained base '
+               f'model ({base:.3f}): a model that does not learn would be inside them too, so this does not show that '
+               'training works here' if any(r['holds_base'] for r in ends) else
+               f'inside its bands at every one, and at step {last} the bands lie above the untrained base model '
+               f'({base:.3f}): training works here as it did there')
     return (
         f"This job's mean of {n} seeds against {name}'s ({next(iter(pl.values()))['runs']} seeds, the band is where "
         f"a mean of {n} runs lands 95% of the time), at {len(rows)} evaluations: {verdict}; at step {last}, "
@@ -93,18 +102,24 @@ def _strict_vs(sec, arm:str, other:str='flow_grpo'):
     same = lambda c: c.arm == arm and c.other == other and c.metric == 'strict' and c.n
     return next((c for c in sec.comparisons if same(c)), None)
 
+def _at_step(sec, arm:str, step:int, other:str='flow_grpo') -> dict|None:
+    "The reference's paired held-out strict difference `arm` − `other` at optimizer step `step` (None: not evaluated)."
+    at = lambda r: next((p.eval for p in r.curve if p.step == step), None)
+    pairs = [(at(runs[arm]), at(runs[other])) for runs in sec.per_seed.values() if arm in runs and other in runs]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    return paired([a for a, _ in pairs], [b for _, b in pairs]) if len(pairs) >= 2 else None
+
 def decides_line(report:Report, ref:Report|None, task:str='geneval', name:str='results/confirm') -> str:
-    """What a budget of this many seeds can and cannot decide, once: its paired intervals against Flow-GRPO
-    beside the reference's at equal optimizer steps."""
+    """What a budget of this many seeds can and cannot decide, once: its paired intervals against Flow-GRPO at its last
+    step beside the reference's at that same step."""
     sec = report.tasks[task]
     n, steps = len(sec.per_seed), max(p.step for runs in sec.per_seed.values() for p in runs['flow_grpo'].curve)
     own = [c for a in sec.arms if a != 'flow_grpo' and (c := _strict_vs(sec, a))]
-    theirs = {c.arm: c for a in sec.arms if ref and a in ref.tasks.get(task, sec).arms
-              and (c := _strict_vs(ref.tasks[task], a))}
+    theirs = {c.arm: t for c in own if ref and task in ref.tasks and (t := _at_step(ref.tasks[task], c.arm, steps))}
     said = '; '.join(
         f"{display_name(c.arm)} − Flow-GRPO {c.mean:+.3f} [{c.ci[0]:+.3f}, {c.ci[1]:+.3f}] here"
-        + (f", {t.mean:+.3f} [{t.ci[0]:+.3f}, {t.ci[1]:+.3f}] over the study's {t.n} seeds" if (t := theirs.get(c.arm))
-           else '')
+        + (f", {t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] over the study's {t['n']} seeds at the same "
+           f"step {steps}" if (t := theirs.get(c.arm)) else '')
         for c in own
     )
     return (
@@ -112,7 +127,7 @@ def decides_line(report:Report, ref:Report|None, task:str='geneval', name:str='r
         "works on this machine and how its runs compare with the study's; it cannot rank the arms nor test them "
         f"against the base model, its paired 95% intervals (Student t, {n - 1} degree{'s' * (n > 2)} of freedom) "
         "being far wider than the differences between methods"
-        + (f" (held-out strict score at equal optimizer steps: {said})" if said else '')
+        + (f" (held-out strict score at step {steps}, step beside step: {said})" if said else '')
         + f". {name} ({'the confirmatory study' if ref else 'not in this checkout'}) decides those."
     )
 

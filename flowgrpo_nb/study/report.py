@@ -12,7 +12,8 @@ from ..task import COLLAPSE_DROP, GRID_REWARDS, load_task
 from .reference import reference_findings
 
 # %% auto #0
-__all__ = ['DENSE_CREDIT', 'METRICS', 'FEW_PROMPTS', 'CATEGORY_NAMES', 'comparison_findings', 'other_findings', 'findings']
+__all__ = ['DENSE_CREDIT', 'METRICS', 'FEW_PROMPTS', 'CATEGORY_NAMES', 'SHARE_WARN', 'comparison_findings', 'other_findings',
+           'prompt_share_findings', 'findings']
 
 # %% ../../nbs/study/06_report.ipynb #4e23611a
 DENSE_CREDIT = ('stepwise', 'dense', 'turning_point')  # methods whose credit is per step
@@ -241,6 +242,33 @@ def other_findings(report:Report, verdicts:bool=True) -> list[str]:
         out += (_base_findings(t, sec) if verdicts else []) + _fidelity_finding(t, sec) + _prompt_finding(report, t)
     return out + [_cost_finding(t, sec, a) for t, sec in report.tasks.items() for a in sec.arms if a != 'flow_grpo']
 
+SHARE_WARN = 0.2  # one prompt carrying more than a fifth of a claim's effect: the claim rests on that prompt
+
+def prompt_share_findings(report:Report) -> list[str]:
+    """Per claim with per-prompt results (`summary.prompt_shares`): its interval over seeds and held-out prompts beside
+    the seed-only one, the share of its effect each category carries, and a warning when one prompt carries more than
+    a fifth; the registered claims always, a post hoc row only when it warns."""
+    out, name = [], lambda c: CATEGORY_NAMES.get(c, c)
+    iv = lambda ci: f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    for c in report.contrasts:
+        sh = c.prompt_shares
+        if not sh or not c.ci_prompts: continue
+        (p, top), warn = sh['largest'], sh['largest'][1] > SHARE_WARN
+        if c.family == 'post hoc' and not warn: continue
+        cats = ', '.join(f"{name(k)} {v:.0%}" for k, v in sorted(sh['categories'].items(), key=lambda x: -abs(x[1])))
+        out.append(
+            f"[{c.task}] {c.id} ({c.family}) {c.mean:+.3f}: over seeds and held-out prompts {iv(c.ci_prompts)}, over "
+            f"seeds only {iv(c.ci)}; its effect by category: {cats}; "
+            + (f"one prompt carries more than a fifth of it: {p!r} {top:.0%}." if warn else
+               f"no prompt carries more than a fifth of it (the most: {p!r} {top:.0%}).")
+        )
+    registered = {c.task for c in report.contrasts if c.n and c.family in ('primary', 'secondary')}
+    for t in sorted(registered - {c.task for c in report.contrasts if c.prompt_shares}):
+        out.append(f"[{t}] its runs logged no per-prompt results of the evaluations its claims read (or not of the "
+                   "score they read): every interval is over seeds only, as if the held-out prompts were the "
+                   "population.")
+    return out
+
 def findings(report:Report) -> list[str]:
     """Plain statements of what `report` shows, most decisive first. A budget that names a `reference` (the main job)
     says first where its runs fall among the reference's and, once, what it can decide, instead of a verdict per
@@ -248,4 +276,4 @@ def findings(report:Report) -> list[str]:
     if (report.budget or {}).get('reference'):
         first = [f'[{t}] {f}' for t in report.tasks for f in reference_findings(report, t)]
         return first + other_findings(report, verdicts=False)
-    return comparison_findings(report) + other_findings(report)
+    return comparison_findings(report) + prompt_share_findings(report) + other_findings(report)

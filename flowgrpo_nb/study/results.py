@@ -383,6 +383,14 @@ class ContrastResult(Record):
     # a pre-registered claim's family: primary (Holm over these) or secondary (apart), post hoc; None: the study's table
     family:str|None=None
     read:str|None=None           # where the runs were read when not each at its end (`design.Claim.read`)
+    # a registered claim: its reference arm's mean gain over the base model where the claim reads it (the whole
+    # training effect, against which a margin is judged)
+    gain:float|None=None
+    # prompts as a source of variance: the 95% interval, seeds and held-out prompts resampled (stats.seeds_prompts_ci)
+    ci_prompts:list|None=None
+    # the share of the effect each category and the largest prompts carry (summary.prompt_shares)
+    prompt_shares:dict|None=None
+    OMIT_NONE = ('gain', 'ci_prompts', 'prompt_shares')
 
 # %% ../../nbs/study/03_results.ipynb #29c11a28
 FORMAT = 3       # the version of report.json this code writes
@@ -400,6 +408,8 @@ class Report(Record):
     contrasts:list[ContrastResult]=field(default_factory=list)  # the claims' verdicts (format 3)
     wall_seconds:float|None=None
     timing:dict|None=None        # workers, CPU seconds measured and estimated, invocations
+    built:dict|None=None         # the code that wrote this report: version, commit, whether tracked files had changes
+    OMIT_NONE = ('built',)
 
     @classmethod
     def from_json(cls, d:dict, where:str='report.json') -> Report:

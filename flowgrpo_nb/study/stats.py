@@ -9,7 +9,7 @@ __all__ = ['KINDS', 'TESTS', 'STATS', 't_quantile', 'aggregate', 'paired', 'holm
            'seeds_needed', 'claim_tests', 'claim_verdicts', 'holm_level', 'power_one_sided', 'power_tost',
            'mde_one_sided', 'tost_margin', 'test_power', 'seeds_for', 'claim_power', 'lower_bound', 'power_agreement',
            'cluster_draws', 'cluster_weights', 'boot_stats', 'percentile_ci', 'kendall_tau', 'eval_se', 'paired_eval',
-           'eval_sd_at']
+           'eval_sd_at', 'seeds_prompts_ci']
 
 # %% ../../nbs/study/00_stats.ipynb #c1d0fdb7
 import math
@@ -398,3 +398,23 @@ def paired_eval(n, mean_a, mean_b, category) -> dict:
 def eval_sd_at(sd:float, n:int, images:int) -> float:
     "The SD of an evaluation of `images` images from its SD `sd` at `n` images (binomial: as one over their root)."
     return sd * math.sqrt(n / images)
+
+# %% ../../nbs/study/00_stats.ipynb #3c31c182
+def seeds_prompts_ci(d,              # [S, P] per-seed, per-prompt difference of the two arms' mean scores
+                     w,              # [S, P] images of each prompt in that seed's evaluation (0: not drawn)
+                     strata,         # [P] each prompt's category: each category an equal share of the score
+                     n_boot:int=2000, seed:int=0, level:float=0.95) -> tuple[list[float], float]:
+    """Percentile interval of a paired effect with seeds and held-out prompts both resampled (a two-way bootstrap,
+    prompts within their category), and the effect itself: the mean over seeds of the category-balanced,
+    image-weighted mean of `d`."""
+    d, w, strata = np.asarray(d, float), np.asarray(w, float), np.asarray(strata)
+    rng, (S, P), cats = np.random.default_rng(seed), d.shape, list(dict.fromkeys(strata.tolist()))
+    ratio = lambda num, den: np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    point = np.mean([ratio((w * d)[:, strata == k].sum(1), w[:, strata == k].sum(1)) for k in cats], 0).mean()
+    seeds, est = rng.integers(0, S, (n_boot, S)), np.zeros(n_boot)
+    for k in cats:
+        idx = np.flatnonzero(strata == k)
+        counts = np.stack([np.bincount(r, minlength=len(idx)) for r in rng.integers(0, len(idx), (n_boot, len(idx)))])
+        per = ratio(counts @ (w * d)[:, idx].T, counts @ w[:, idx].T)   # [B, S]: the category's mean per seed
+        est += np.take_along_axis(per, seeds, 1).mean(1) / len(cats)
+    return list(percentile_ci(est, level)), float(point)

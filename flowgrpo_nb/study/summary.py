@@ -11,7 +11,7 @@ import numpy as np
 from ..policy import PHASES
 import dataclasses
 from flowgrpo_nb.study.stats import (
-    kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, claim_power, lower_bound
+    kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, claim_power, lower_bound, seeds_prompts_ci
 )
 from .design import ARMS, TASKS, METRICS, CONTRASTS, Claim, Prereg, arm_config, arm_settings
 from flowgrpo_nb.study.results import (
@@ -23,8 +23,8 @@ from flowgrpo_nb.study.results import (
 __all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'last_mean', 'steps_to', 'first_reach',
            'study_measures', 'plateau', 'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary',
            'window_match', 'task_comparisons', 'correct', 'base_summary', 'task_section', 'run_total', 'run_metric',
-           'claim_diffs', 'power_fields', 'with_power', 'judge', 'fake_report', 'verdict_sentence', 'add_fidelity',
-           'fidelity_gain']
+           'claim_diffs', 'reference_gain', 'prompt_effects', 'prompt_shares', 'power_fields', 'with_power', 'judge',
+           'fake_report', 'verdict_sentence', 'add_fidelity', 'fidelity_gain']
 
 # %% ../../nbs/study/04_summary.ipynb #4232d228
 def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -> float|None:
@@ -94,12 +94,14 @@ def plateau(curves:list[list[CurvePoint]],  # one curve per seed, with the same 
     return dict(step=None if first is None else wins[first]['step'], m=m, windows=wins)
 
 # %% ../../nbs/study/04_summary.ipynb #cb3fe974
-def se_ratio(runs:list[RunResult]) -> float|None:
-    """Mean final-evaluation SE over seeds / SD over seeds of the final held-out strict score (None: under two seeds or
-    no spread)."""
+def se_ratio(runs:list[RunResult], eval_sd:float|None=None) -> float|None:
+    """The evaluation's own noise over the spread of the arm's final held-out strict scores between seeds: `eval_sd`,
+    the SD of the base model's score over the study's evaluation draws (the redraw SD: the same model, another draw of
+    images), else the mean final-evaluation SE; None under three seeds (one degree of freedom is no spread) or none."""
     finals = [r.heldout['overall']['strict'] for r in runs]
-    sd = float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0
-    return float(np.mean([r.heldout['overall']['se'] for r in runs]) / sd) if sd > 0 else None
+    sd = float(np.std(finals, ddof=1)) if len(finals) >= 3 else 0.0
+    noise = eval_sd if eval_sd is not None else float(np.mean([r.heldout['overall']['se'] for r in runs]))
+    return noise / sd if sd > 0 else None
 
 # %% ../../nbs/study/04_summary.ipynb #913644f6
 REACH_BY = 0.10  # the study's target: the base model's mean held-out strict score plus this
@@ -116,8 +118,8 @@ def study_runs(per_seed:dict[str, dict[str, RunResult]], base_mean:float) -> dic
 # %% ../../nbs/study/04_summary.ipynb #14d7b6f3
 def _count(flags:list) -> str: return f"{sum(flags)}/{len(flags)}"
 
-def study_arm(runs:list[RunResult], steps:int, eval_every:int) -> dict:
-    "An arm's study fields of `ArmSummary` from its runs (one per seed), after `study_runs`."
+def study_arm(runs:list[RunResult], steps:int, eval_every:int, eval_sd:float|None=None) -> dict:
+    "An arm's study fields of `ArmSummary` from its runs (one per seed), after `study_runs` (`eval_sd`: `se_ratio`'s)."
     hit = [r for r in runs if r.reach['steps'] is not None]
     same = len({tuple(p.step for p in r.curve) for r in runs}) == 1
     cal = [r for r in runs if r.psi_rounds]
@@ -129,7 +131,7 @@ def study_arm(runs:list[RunResult], steps:int, eval_every:int) -> dict:
         ),
         at_nfe=dict(nfe=runs[0].at_nfe['nfe'], **{k: agg([r.at_nfe[k] for r in runs]) for k in ('strict', 'learned')}),
         plateau=plateau([r.curve for r in runs], steps, eval_every) if same else None,
-        se_ratio=se_ratio(runs),
+        se_ratio=se_ratio(runs, eval_sd),
         calib_rounds=agg([len(r.psi_rounds) for r in cal]) if cal else None,
         calib_stable=_count([bool(r.calib_stable) for r in cal]) if cal else None,
     )
@@ -309,9 +311,12 @@ def task_section(task:str, per_seed:dict[str, dict[str, RunResult]],
     )
     if study: study_runs(per_seed, base_summary({s: h for s, (h, _) in base.items()})['overall']['strict'])
     summary = {a: arm_summary(per_seed, a) for a in arms}
+    # the evaluation's noise measured: the base model's score over this task's draws (one per seed), from three on
+    draws = [h['overall']['strict'] for h, _ in base.values() if h]
+    redraw = float(np.std(draws, ddof=1)) if len(draws) >= 3 else None
     for a in arms:
         if study:
-            measures = study_arm([runs[a] for runs in per_seed.values()], steps, eval_every or steps)
+            measures = study_arm([runs[a] for runs in per_seed.values()], steps, eval_every or steps, redraw)
             for k, v in measures.items(): setattr(summary[a], k, v)
         c = ARMS[a].control_for(levels)
         if c in arms and c != a: summary[a].control_window = window_match(per_seed, a, c)
@@ -365,6 +370,66 @@ def claim_diffs(sec:TaskSection, c:Claim) -> list[float]:
         if x is not None and y is not None: out.append(sign * (x - y))
     return out
 
+def reference_gain(sec:TaskSection, c:Claim) -> float|None:
+    """The mean over seeds of claim `c`'s reference arm (`other`) read as the claim reads it, less the base model's
+    score (its curve's step 0): the whole training gain a margin is set against (None: a claim not read at a level)."""
+    if c.metric not in ('last_mean', 'final') or c.equal or c.at: return None
+    s, g = 'eval' if c.score == 'strict' else 'learned', []
+    for runs in sec.per_seed.values():
+        if not (o := runs.get(c.other)) or o.curve[0].step != 0 or getattr(o.curve[0], s) is None: continue
+        if (v := run_metric(o, c.metric, c.score, c.k, c.target, c.other_steps)) is not None:
+            g.append(v - getattr(o.curve[0], s))
+    return float(np.mean(g)) if g else None
+
+def _linear(run:RunResult, f) -> np.ndarray:
+    "[E] the weight of each of `run`'s evaluations in reading `f` (linear in the curve's strict scores), by probing."
+    probe = lambda e: dataclasses.replace(run, curve=[dataclasses.replace(p, eval=float(i == e))
+                                                      for i, p in enumerate(run.curve)])
+    return np.array([f(probe(e)) or 0.0 for e in range(len(run.curve))])
+
+def _readers(a:RunResult, o:RunResult, c:Claim) -> tuple:
+    "The functions that read claim `c` off the arm's run and off the other's, as `claim_diffs` does."
+    if c.equal:
+        t = min(run_total(a, c.equal), run_total(o, c.equal))
+        return (lambda r: curve_at(r.curve, t, c.equal),) * 2
+    return (lambda r: run_metric(r, c.metric, c.score, c.k, c.target, c.arm_steps),
+            lambda r: run_metric(r, c.metric, c.score, c.k, c.target, c.other_steps))
+
+def _prompt_reading(run:RunResult, f) -> tuple|None:
+    "([P] images, [P] reading `f` prompt by prompt) of one run; None: an evaluation it uses lacks them or differs."
+    lam = _linear(run, f)
+    pts = [(l, run.curve[e].prompts) for e, l in enumerate(lam) if l]
+    if not pts or any(p is None or list(p.n) != list(pts[0][1].n) for _, p in pts): return None
+    return np.asarray(pts[0][1].n, float), sum(l * np.array([m or 0.0 for m in p.mean], float) for l, p in pts)
+
+def prompt_effects(sec:TaskSection, c:Claim) -> tuple[np.ndarray, np.ndarray]|None:
+    """([S, P] each seed's difference of claim `c`'s reading prompt by prompt, in the claim's favour; [S, P] each
+    prompt's images in that seed's evaluation); None where a run lacks per-prompt results at an evaluation the reading
+    uses, the reading is not linear in the curve or not of the strict score, or the two runs' images differ."""
+    linear = c.metric in ('last_mean', 'auc') or c.metric == 'final' and (c.equal or c.arm_steps or c.other_steps)
+    if c.score != 'strict' or c.at or not linear: return None
+    sign, D, W = 1 if METRICS[c.metric]['higher'] else -1, [], []
+    for runs in sec.per_seed.values():
+        if c.arm not in runs or c.other not in runs: continue
+        (a, o), fs = (runs[c.arm], runs[c.other]), _readers(runs[c.arm], runs[c.other], c)
+        x, y = _prompt_reading(a, fs[0]), _prompt_reading(o, fs[1])
+        if x is None or y is None or list(x[0]) != list(y[0]): return None
+        D.append(sign * (x[1] - y[1])); W.append(x[0])
+    return (np.array(D), np.array(W)) if len(D) >= 2 else None
+
+def prompt_shares(d:np.ndarray, w:np.ndarray, strata:list, names:list, top:int=5) -> dict:
+    """What share of the effect (the mean over seeds of the category-balanced score difference) each category and each
+    prompt carries: {'categories': {category: share}, 'prompts': the `top` largest {prompt: share}, 'largest': [prompt,
+    share]}; shares sum to 1 and can be negative (a prompt against the effect)."""
+    strata = np.asarray(strata); cats = list(dict.fromkeys(strata.tolist()))
+    wc = np.stack([w[:, strata == k].sum(1) for k in cats], 1)[:, [cats.index(k) for k in strata]]
+    contrib = np.divide(w * d, wc, out=np.zeros_like(d, dtype=float), where=wc > 0).mean(0) / len(cats)
+    share = contrib / contrib.sum()
+    order = np.argsort(-np.abs(share))
+    return dict(categories={k: float(share[strata == k].sum()) for k in cats},
+                prompts={names[i]: float(share[i]) for i in order[:top]},
+                largest=[names[order[0]], float(share[order[0]])])
+
 # %% ../../nbs/study/04_summary.ipynb #466a9a58
 def power_fields(c:ContrastResult, m:int, alpha:float=0.05) -> dict:
     """A claim's power statement in a family of `m`: level alpha / m, MDE and seeds for the margin there, lower bound,
@@ -389,9 +454,12 @@ def _record(c:Claim) -> ContrastResult:
     return ContrastResult(c.id, c.question, c.arm, c.other, c.task, f"{c.metric}{c.k or ''} of the {c.score} score",
                           c.test, c.margin, family=c.family, read=c.read)
 
-def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05) -> list[ContrastResult]:
+def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05,
+          prompts:dict|None=None   # {task: ([P] held-out prompts, [P] their categories)}: prompts vary too
+         ) -> list[ContrastResult]:
     """Every claim's paired differences, its test, Holm's correction within its family, verdict and power statement at
-    that family's level."""
+    that family's level; with `prompts`, beside the seed-only interval one over seeds and prompts and the share of the
+    effect each category and prompt carries."""
     out, families = {}, {}
     for c in claims: families.setdefault(c.family, []).append(c)
     for fam in families.values():
@@ -399,10 +467,16 @@ def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05) ->
         for c in fam:
             r = out[c.id] = _record(c)
             d = claim_diffs(tasks[c.task], c) if c.task in tasks else []
-            if len(d) < 2: continue
+            if len(d) < 3: continue  # two seeds: one degree of freedom, no spread to judge a claim by
             p, tests = paired(d, np.zeros(len(d))), claim_tests(np.asarray(d), c.margin, c.test)
             r.n, r.mean, r.sd, r.ci, r.diffs = p['n'], p['mean'], p['sd'], p['ci'], p['diffs']
             r.p = p['p'] if c.test == 'two-sided' else tests['holds']
+            if c.family in ('primary', 'secondary'): r.gain = reference_gain(tasks[c.task], c)
+            if prompts and c.task in prompts and (pe := prompt_effects(tasks[c.task], c)) is not None:
+                names, strata = prompts[c.task]
+                ci, point = seeds_prompts_ci(*pe, strata)
+                if abs(point - r.mean) < 1e-4:  # per-prompt means are logged to 4 decimals: the same effect
+                    r.ci_prompts, r.prompt_shares = ci, prompt_shares(*pe, strata, names)
             rows.append((r, dict(kind=c.test, mean=p['mean'], tests=tests)))
         for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows], alpha)):
             r.verdict, r.p_holm = v['verdict'], v['p_holm']
