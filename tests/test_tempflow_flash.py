@@ -11,8 +11,9 @@ from flowgrpo_nb.flash import (FlashConfig, draw_k_star, flash_advantages, flash
 from flowgrpo_nb.flow import flow_sigmas, step_coefficients
 from flowgrpo_nb.rollout import RolloutConfig, logprob_pairs, rollout
 from flowgrpo_nb.update import ppo_loss, ppo_surrogate
-from flowgrpo_nb.tempflow import (TempFlowConfig, branch_logprob, group_advantages, tempflow_advantages, tempflow_nfe,
-                                  tempflow_rollout, tempflow_weight)
+from flowgrpo_nb.credit import group_advantages
+from flowgrpo_nb.tempflow import (TempFlowConfig, branch_logprob, tempflow_advantages, tempflow_nfe, tempflow_rollout,
+                                  tempflow_weight)
 
 torch.set_num_threads(1)
 close = lambda a, b, eps=1e-4: torch.testing.assert_close(torch.as_tensor(a).float(), torch.as_tensor(b).float(),
