@@ -108,9 +108,11 @@ class ValueRule(Method):
     fidelity = 'values'
     def __init__(self, name:str, summary:str, sparse_credit:bool=False,
                  rule:Callable|None=None,      # (V, group, trained, CreditConfig) -> Credit (None: `compute_credit`)
-                 lookahead:str|None='default'  # its step values' operator (default: `LOOKAHEAD[name]`)
+                 lookahead:str|None='default', # its step values' operator (default: `LOOKAHEAD[name]`)
+                 title:str|None=None           # the paper's name (default: `name`)
                 ):
         self.name, self.summary, self.sparse_credit, self.rule = name, summary, sparse_credit, rule
+        self.title = title or name
         self.lookahead = LOOKAHEAD.get(name) if lookahead == 'default' else lookahead
     def collect(self, policy, cfg, step, prompts, reward_fn, generator, psi=None, rows=slice(None),
                 gather=lambda t: t.cpu()) -> dict:
@@ -120,16 +122,19 @@ class ValueRule(Method):
         return float(cfg.K + (lookahead_nfe(op, cfg.K, cfg.rollout_config().window, cfg.group_size, cfg.shared_noise)
                               if op else 0))
 
-FLOW_GRPO = ValueRule('flow_grpo', "the final reward's group advantage at every trained step")
-STEPWISE = ValueRule('stepwise', "each step's gain in Tweedie-estimated reward, group-normalised")
-DENSE = ValueRule('dense', "each step's gain in ODE-completed reward, group-normalised", sparse_credit=True)
-TURNING_POINT = ValueRule('turning_point', "the final reward, or a step's own gain at its turning points",
-                          sparse_credit=True)
+FLOW_GRPO = ValueRule('flow_grpo', "the final reward's group advantage on every step", title='Flow-GRPO')
+STEPWISE = ValueRule('stepwise', "each step's Tweedie-estimated reward gain, group-normalised",
+                     title='Stepwise-Flow-GRPO')
+DENSE = ValueRule('dense', "each step's ODE-completed reward gain, group-normalised", sparse_credit=True,
+                  title='DenseGRPO')
+TURNING_POINT = ValueRule('turning_point', "the final reward, or a step's own gain at turning points",
+                          sparse_credit=True, title='TP-GRPO')
 
 # %% ../nbs/06_collect.ipynb #c0e1c003
 class TempFlow(Method):
     "TempFlow-GRPO: scored SDE branches off a deterministic trunk at each loss step (05e_tempflow)."
-    name, summary = 'tempflow', "per-step group advantage of B scored SDE branches off an ODE trunk"
+    name, title = 'tempflow', 'TempFlow-GRPO'
+    summary = "per-step advantages of B scored SDE branches off an ODE trunk"
     own_rollout, one_process, fidelity = True, True, 'branches'
     def collect(self, policy, cfg, step, prompts, reward_fn, generator, psi=None, rows=slice(None), gather=None):
         return collect_tempflow(policy, cfg, step, prompts, reward_fn, generator)
@@ -148,8 +153,11 @@ _WINDOW = dict(window_start=0, window_size=None, window_slide=0, train_start=Non
 
 class Flash(Method):
     "Flash-GRPO: one SDE step per sample at its prompt's k*, TGR-weighted (05f_flash)."
-    name, summary = 'flash', "the final reward's advantage at one SDE step per sample, TGR-weighted"
+    name, title = 'flash', 'Flash-GRPO'
+    summary = "the final reward's advantage at one SDE step per sample, TGR-weighted"
     own_rollout, one_process = True, True
+    def credited(self, cfg, step:int=0) -> torch.Tensor:  # [K] bool: the pool its samples' one step is drawn from
+        return torch.isin(torch.arange(cfg.K), flash_config(cfg).pool_steps(cfg.K))
     def check(self, cfg):
         if cfg.sampler != 'flow_sde':
             bad_field('GRPOConfig', 'sampler', cfg.sampler,

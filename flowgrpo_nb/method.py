@@ -18,6 +18,7 @@ __all__ = ['BUILTIN_METHODS', 'Method', 'register_method', 'method_names', 'meth
 class Method:
     "One GRPO method: its collector, its pairs' log-probs, its cost and what the fidelity study measures of it."
     name:str = ''                 # the name a config gives (`GRPOConfig.method`)
+    title:str = ''                # the paper's name for it (tables, figures); default: `name`
     summary:str = ''              # one line: what it credits and how (the README's table, `--help`)
     lookahead:str|None = None     # the step-value operator it reads by default (None: the final reward only)
     own_rollout:bool = False      # its credit comes with its own rollout: no lookahead, no psi calibration

@@ -19,7 +19,7 @@ from fastcore.script import call_parse
 from fastcore.basics import patch
 from .flow import flow_sde_scale
 from .policy import Policy, PHASES, ema_of, ema_weights, seeded_generator, timed
-from .rollout import rollout, step_values, logprob_pairs
+from .rollout import rollout, step_values
 from .update import pair_loss, step_grad_norms
 from .credit import METHODS, calibrate_exploration, Calibration
 from .method import Method, method_of, method_names, methods_help
@@ -571,10 +571,8 @@ def train_cli(
     if quiet:
         import diffusers, transformers
         diffusers.utils.logging.disable_progress_bar(); transformers.utils.logging.disable_progress_bar()
-    cfg = _cli_config(
-        preset, set, method=method, model=model, model_path=model_path, prompts=prompts, eval_prompts=eval_prompts,
-        reward=reward
-    )
+    cfg = _cli_config(preset, set, method=method, model=model, model_path=model_path, prompts=prompts,
+                      eval_prompts=eval_prompts, reward=reward)
     # the first line: the recipe in force (the model's published one for sd3/flux), from one process
     if os.environ.get('RANK', '0') == '0': print(recipe_line(cfg), flush=True)
     # Ctrl-C, SIGTERM: one sentence naming the checkpoint kept and the command that resumes from it

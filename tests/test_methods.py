@@ -68,3 +68,13 @@ def test_a_method_from_outside_trains_through_the_cli(plugin):
                          timeout=600)
     assert bad.returncode != 0 and 'Traceback' not in bad.stderr, bad.stderr[-2000:]
     assert "cannot load 'MISSING' from module 'gain_sign_plugin'" in bad.stdout + bad.stderr
+
+def test_readme_lists_every_method_with_its_cost():
+    "README's methods table (nbs/index.ipynb) has a row per built-in method, its NFE per sample from the entry."
+    lines = (ROOT/'README.md').read_text().splitlines()
+    ref = method_of('flow_grpo').nfe(preset_config('flow_grpo'))
+    for n in BUILTIN_METHODS:
+        m, c = method_of(n), preset_config(n)
+        row = [line for line in lines if line.startswith(f'| {m.title} `{n}` | {m.summary} |')]
+        assert len(row) == 1, n
+        assert row[0].endswith(f"| {m.nfe(c):g} ({m.nfe(c) / ref:.1f}×) |"), row[0]
