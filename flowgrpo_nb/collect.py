@@ -136,6 +136,8 @@ class TempFlow(Method):
     name, title = 'tempflow', 'TempFlow-GRPO'
     summary = "per-step advantages of B scored SDE branches off an ODE trunk"
     own_rollout, one_process, fidelity = True, True, 'branches'
+    # the KL's beta of its released configs (config/dgx.py: pickscore_sd3_pr, geneval_sd3_pr, flux_pr)
+    released = dict(sd35m_pickscore=dict(beta=0.001), sd35m_geneval=dict(beta=0.004), flux_pickscore=dict(beta=0.004))
     def collect(self, policy, cfg, step, prompts, reward_fn, generator, psi=None, rows=slice(None), gather=None):
         return collect_tempflow(policy, cfg, step, prompts, reward_fn, generator)
     def pair_logprob(self, policy, batch, ii, kk): return branch_pairs_logprob(policy, batch, ii, kk)
@@ -156,6 +158,7 @@ class Flash(Method):
     name, title = 'flash', 'Flash-GRPO'
     summary = "the final reward's advantage at one SDE step per sample, TGR-weighted"
     own_rollout, one_process = True, True
+    released = {r: dict(beta=0.0) for r in ('sd35m_geneval', 'sd35m_pickscore', 'flux_pickscore')}  # no KL (released)
     def credited(self, cfg, step:int=0) -> torch.Tensor:  # [K] bool: the pool its samples' one step is drawn from
         return torch.isin(torch.arange(cfg.K), flash_config(cfg).pool_steps(cfg.K))
     def check(self, cfg):

@@ -279,7 +279,9 @@ def preset_config(name:str, # a key of `PRESETS`, or several joined by '+' (late
     d.update(overrides)
     recipe = d.get('recipe') or model_recipe(d.get('model', 'tiny'), d.get('reward'))
     if recipe not in RECIPES: _fail('recipe', recipe, ', '.join(RECIPES))
-    return GRPOConfig(**{**RECIPES[recipe], **d, 'recipe': recipe})
+    try: released = method_of(d.get('method', GRPOConfig.method)).released.get(recipe, {})
+    except ValueError: released = {}  # GRPOConfig's check names the method
+    return GRPOConfig(**{**RECIPES[recipe], **released, **d, 'recipe': recipe})
 
 
 # %% ../nbs/05c_config.ipynb #4830a000

@@ -25,6 +25,7 @@ class Method:
     one_process:bool = False      # its rollouts are not split over processes
     fidelity:str|None = None      # how the fidelity study measures its credit: 'values', 'branches' or None (not)
     sparse_credit:bool = False    # many of its (sample, step) pairs have A = 0 (skipped by the update when beta = 0)
+    released:dict = {}            # recipe -> the fields its own released configs set there (`preset_config` applies)
     def check(self, cfg) -> None:
         "Raise a ValueError naming the first field of `cfg` (a `GRPOConfig`) this method cannot run with."
     def collect(self, policy, cfg, step:int, prompts:list[str], reward_fn:Callable, generator:torch.Generator,
