@@ -269,12 +269,12 @@ def test_tempflow_nfe_per_prompt_of_the_trainers_own_run_is_the_formula(base, tm
 def test_flash_trains_only_its_one_sde_step_per_sample(base, tmp_path, monkeypatch):
     """With beta > 0 and no skipping (every pair kept), the update still scores only each sample's k*, never an Euler
     step."""
-    import flowgrpo_nb.train as train_mod
+    import flowgrpo_nb.method as method_mod  # `Method.pair_logprob`, Flash's (it keeps the default)
     seen = []
     def spy(policy, ro, ii, kk):
         seen.append((ro, ii.clone(), kk.clone()))
         return logprob_pairs(policy, ro, ii, kk)
-    monkeypatch.setattr(train_mod, 'logprob_pairs', spy)
+    monkeypatch.setattr(method_mod, 'logprob_pairs', spy)
     tr = trainer(base, tmp_path, 'flash+smoke', beta=0.01, skip_zero_adv=False, kl_every=1, diag_every=1)
     m = tr.train_step()
     assert seen and math.isfinite(m['loss']) and m['kl'] >= 0
