@@ -9,15 +9,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 import torch
-from .policy import Policy, timed
-from .rollout import rollout, step_values
-from .credit import Credit, compute_credit, credit_stats
+from .policy import Policy, timed, seeded_generator
+from .rollout import rollout, step_values, lookahead_nfe, bad_field
+from .credit import Credit, compute_credit, credit_stats, LOOKAHEAD
 from .config import GRPOConfig
-from .tempflow import (TempFlowConfig, BranchPairs, tempflow_rollout, tempflow_advantages, tempflow_weight)
+from .method import Method
+from .tempflow import (TempFlowConfig, BranchPairs, tempflow_rollout, tempflow_advantages, tempflow_weight,
+                               tempflow_nfe, branch_pairs_logprob)
 from .flash import FlashConfig, draw_k_star, flash_rollout, flash_advantages, tgr_lambda, tgr_weights
 
 # %% auto #0
-__all__ = ['collect_values', 'tempflow_config', 'collect_tempflow', 'flash_config', 'collect_flash']
+__all__ = ['FLOW_GRPO', 'STEPWISE', 'DENSE', 'TURNING_POINT', 'TEMPFLOW', 'FLASH', 'collect_values', 'tempflow_config',
+           'collect_tempflow', 'flash_config', 'collect_flash', 'ValueRule', 'TempFlow', 'Flash']
 
 # %% ../nbs/06_collect.ipynb #b7cb62df
 def collect_values(policy:Policy, cfg:GRPOConfig, step:int, prompts:list[str],
@@ -25,7 +28,8 @@ def collect_values(policy:Policy, cfg:GRPOConfig, step:int, prompts:list[str],
                    generator:torch.Generator,           # the step's noise
                    psi:torch.Tensor|None=None,          # [K] DenseGRPO's calibrated noise
                    rows:slice=slice(None),              # this process's rows of the P × G batch
-                   gather:Callable=lambda t: t.cpu()    # a tensor of this process's rows -> the whole batch's, on cpu
+                   gather:Callable=lambda t: t.cpu(),   # a tensor of this process's rows -> the whole batch's, on cpu
+                   rule:Callable|None=None              # (V, group, trained, CreditConfig) -> Credit; compute_credit
                   ) -> dict:
     "Roll out, value and credit the batch of a rule on step values (`METHODS`)."
     times = {}
@@ -37,7 +41,7 @@ def collect_values(policy:Policy, cfg:GRPOConfig, step:int, prompts:list[str],
             with policy.count_nfe('lookahead') as n_la: V = step_values(policy, ro, cfg.lookahead, reward_fn).V.cpu()
     with timed(times, 'credit'):
         V_all, group_all = gather(V), gather(ro.group)
-        credit = compute_credit(V_all, group_all, ro.trained.cpu(), cfg.credit_config())
+        credit = (rule or compute_credit)(V_all, group_all, ro.trained.cpu(), cfg.credit_config())
         loss = cfg.loss_steps(step)
         A = torch.where(loss, credit.advantages, 0.)  # steps outside train_start/train_size explore but get no loss
     stats = credit_stats(V_all, replace(credit, advantages=A), loss, group_all) | dict(
@@ -97,3 +101,76 @@ def collect_flash(policy:Policy, cfg:GRPOConfig, step:int, prompts:list[str], re
     stats = credit_stats(V, credit, ro.pairs.cpu(), group) | dict(nfe_rollout=n_ro['nfe'] / ro.B, nfe_lookahead=0.0)
     return dict(rollout=ro, advantages=credit.advantages, weight=at_k(rho), credit=credit, V=V, times=times,
                 stats=stats)
+
+# %% ../nbs/06_collect.ipynb #c0e1c002
+class ValueRule(Method):
+    "A credit rule on step values: one rollout, its values under `lookahead`, then `rule` (default: `RULES[name]`)."
+    fidelity = 'values'
+    def __init__(self, name:str, summary:str, sparse_credit:bool=False,
+                 rule:Callable|None=None,      # (V, group, trained, CreditConfig) -> Credit (None: `compute_credit`)
+                 lookahead:str|None='default', # its step values' operator (default: `LOOKAHEAD[name]`)
+                 title:str|None=None           # the paper's name (default: `name`)
+                ):
+        self.name, self.summary, self.sparse_credit, self.rule = name, summary, sparse_credit, rule
+        self.title = title or name
+        self.lookahead = LOOKAHEAD.get(name) if lookahead == 'default' else lookahead
+    def collect(self, policy, cfg, step, prompts, reward_fn, generator, psi=None, rows=slice(None),
+                gather=lambda t: t.cpu()) -> dict:
+        return collect_values(policy, cfg, step, prompts, reward_fn, generator, psi, rows, gather, self.rule)
+    def nfe(self, cfg) -> float:
+        op = cfg.lookahead or self.lookahead
+        return float(cfg.K + (lookahead_nfe(op, cfg.K, cfg.rollout_config().window, cfg.group_size, cfg.shared_noise)
+                              if op else 0))
+
+FLOW_GRPO = ValueRule('flow_grpo', "the final reward's group advantage on every step", title='Flow-GRPO')
+STEPWISE = ValueRule('stepwise', "each step's Tweedie-estimated reward gain, group-normalised",
+                     title='Stepwise-Flow-GRPO')
+DENSE = ValueRule('dense', "each step's ODE-completed reward gain, group-normalised", sparse_credit=True,
+                  title='DenseGRPO')
+TURNING_POINT = ValueRule('turning_point', "the final reward, or a step's own gain at turning points",
+                          sparse_credit=True, title='TP-GRPO')
+
+# %% ../nbs/06_collect.ipynb #c0e1c003
+class TempFlow(Method):
+    "TempFlow-GRPO: scored SDE branches off a deterministic trunk at each loss step (05e_tempflow)."
+    name, title = 'tempflow', 'TempFlow-GRPO'
+    summary = "per-step advantages of B scored SDE branches off an ODE trunk"
+    own_rollout, one_process, fidelity = True, True, 'branches'
+    # the KL's beta of its released configs (config/dgx.py: pickscore_sd3_pr, geneval_sd3_pr, flux_pr)
+    released = dict(sd35m_pickscore=dict(beta=0.001), sd35m_geneval=dict(beta=0.004), flux_pickscore=dict(beta=0.004))
+    def collect(self, policy, cfg, step, prompts, reward_fn, generator, psi=None, rows=slice(None), gather=None):
+        return collect_tempflow(policy, cfg, step, prompts, reward_fn, generator)
+    def pair_logprob(self, policy, batch, ii, kk): return branch_pairs_logprob(policy, batch, ii, kk)
+    def rows_per_sample(self, cfg) -> int: return cfg.tempflow_branches
+    def credited(self, cfg, step:int=0) -> torch.Tensor: return cfg.loss_steps(step)
+    def nfe(self, cfg) -> float:
+        steps = cfg.loss_steps().nonzero().flatten().tolist()
+        return tempflow_nfe(cfg.K, cfg.group_size, cfg.tempflow_branches, steps) / cfg.group_size
+
+TEMPFLOW = TempFlow()
+
+# %% ../nbs/06_collect.ipynb #c0e1c004
+_WINDOW = dict(window_start=0, window_size=None, window_slide=0, train_start=None, train_size=None,
+               trim_degenerate=False)
+
+class Flash(Method):
+    "Flash-GRPO: one SDE step per sample at its prompt's k*, TGR-weighted (05f_flash)."
+    name, title = 'flash', 'Flash-GRPO'
+    summary = "the final reward's advantage at one SDE step per sample, TGR-weighted"
+    own_rollout, one_process = True, True
+    released = {r: dict(beta=0.0) for r in ('sd35m_geneval', 'sd35m_pickscore', 'flux_pickscore')}  # no KL (released)
+    def credited(self, cfg, step:int=0) -> torch.Tensor:  # [K] bool: the pool its samples' one step is drawn from
+        return torch.isin(torch.arange(cfg.K), flash_config(cfg).pool_steps(cfg.K))
+    def check(self, cfg):
+        if cfg.sampler != 'flow_sde':
+            bad_field('GRPOConfig', 'sampler', cfg.sampler,
+                      "'flow_sde' for method='flash' (flash_sampler picks its SDE)")
+        for k, v in _WINDOW.items():
+            if getattr(cfg, k) != v:
+                bad_field('GRPOConfig', k, getattr(cfg, k),
+                          f"{v!r} for method='flash' (flash_pool sets the steps it trains)")
+    def collect(self, policy, cfg, step, prompts, reward_fn, generator, psi=None, rows=slice(None), gather=None):
+        draw = seeded_generator(cfg.seed, step, 1)  # the prompts' k*: stream 1, apart from the noise
+        return collect_flash(policy, cfg, step, prompts, reward_fn, generator, draw)
+
+FLASH = Flash()

@@ -20,10 +20,11 @@ from .flow import SAMPLERS, DDIM_SCHEDULES, flow_sigmas, step_coefficients
 from .policy import LORA_TARGETS
 from .rollout import (RolloutConfig, bad_field, field_types, check_fields, check_window, check_steps,
                                  parse_lookahead)
-from .credit import (METHODS, ROLLOUT_METHODS, CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL,
+from .credit import (CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL,
                                 CALIB_STOP, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS, FLASH_SAMPLERS, TGR_NORMS)
 from .task import check_task_names, grid_world, DTYPES
 from .checkpoint import RunFolder
+from .method import method_of
 from .precision import FAST_CHOICES
 
 # %% ../nbs/05c_config.ipynb #439a1cd4
@@ -280,7 +281,9 @@ def preset_config(name:str, # a key of `PRESETS`, or several joined by '+' (late
     d.update(overrides)
     recipe = d.get('recipe') or model_recipe(d.get('model', 'tiny'), d.get('reward'))
     if recipe not in RECIPES: _fail('recipe', recipe, ', '.join(RECIPES))
-    return GRPOConfig(**{**RECIPES[recipe], **d, 'recipe': recipe})
+    try: released = method_of(d.get('method', GRPOConfig.method)).released.get(recipe, {})
+    except ValueError: released = {}  # GRPOConfig's check names the method
+    return GRPOConfig(**{**RECIPES[recipe], **released, **d, 'recipe': recipe})
 
 
 # %% ../nbs/05c_config.ipynb #4830a000
@@ -342,7 +345,7 @@ _POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance
              'tempflow_weight_const', 'flash_eta')
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 LR_SCHEDULES, PROMPT_MIXES = ('constant', 'cosine', 'linear'), ('category', 'prompt')
-_CHOICES = dict(method=METHODS + ROLLOUT_METHODS, sampler=tuple(s for s in SAMPLERS if s != 'ode'), untrained=UNTRAINED,
+_CHOICES = dict(sampler=tuple(s for s in SAMPLERS if s != 'ode'), untrained=UNTRAINED,
                 group_size_one=GROUP_SIZE_ONE, dtype=DTYPES,
                 ddim_schedule=tuple(DDIM_SCHEDULES), calib_no_signal=NO_SIGNAL, calib_stop=CALIB_STOP,
                 lr_schedule=LR_SCHEDULES, prompt_mix=PROMPT_MIXES, tempflow_group=TEMPFLOW_GROUPS,
@@ -356,6 +359,8 @@ def validate_config(c:GRPOConfig):
         c.flash_pool = tuple(int(k) if isinstance(k, str) and k.strip().isdigit() else k for k in c.flash_pool)
     if c.log_with is None: c.log_with = 'none'
     check_fields(c, _AT_LEAST, _POSITIVE, _NON_NEGATIVE, _CHOICES)
+    try: method_of(c.method)  # a built-in, registered or py:MODULE:NAME method, loaded once
+    except ValueError as e: raise ValueError(f"GRPOConfig.{e}") from None
     if c.log_with not in trackers():
         _fail('log_with', c.log_with, f"one of {', '.join(trackers())} (accelerate's trackers, or none)")
     if c.gradient_checkpointing not in (True, False):
@@ -368,7 +373,7 @@ def validate_config(c:GRPOConfig):
     check_window(c)
     if c.flash_pool is not None: check_steps(c, 'flash_pool', c.flash_pool, c.K)
     _check_combinations(c)
-    _check_own_rollouts(c)
+    _check_own_rollout(c)
     _check_noise(c)
 
 # %% ../nbs/05c_config.ipynb #933d608b
@@ -389,10 +394,11 @@ def _check_train_steps(c:GRPOConfig, rc):
               f"1..{e - a}: the loss steps [{a}, {a}+train_size) must lie in the SDE window [{s}, {e})")
 
 def _check_combinations(c:GRPOConfig):
-    if LOOKAHEAD.get(c.method) is None and c.lookahead is not None:
-        why = 'it uses the final reward only' if c.method == 'flow_grpo' else 'its credit comes with its own rollout'
+    m = method_of(c.method)
+    if m.lookahead is None and c.lookahead is not None:
+        why = 'its credit comes with its own rollout' if m.own_rollout else 'it uses the final reward only'
         _fail('lookahead', c.lookahead, f"None for method={c.method!r} ({why})")
-    if c.method in METHODS: c.lookahead = c.lookahead or LOOKAHEAD[c.method]
+    c.lookahead = c.lookahead or m.lookahead
     if c.lookahead is not None: _check_lookahead(c.lookahead)
     if c.calibrate and c.sampler != 'flow_sde':
         _fail('sampler', c.sampler, "'flow_sde' when calibrate=True (psi replaces its s_k)")
@@ -433,19 +439,12 @@ def _check_noise(c:GRPOConfig):
             stacklevel=3,
         )
 
-_WINDOW = dict(window_start=0, window_size=None, window_slide=0, train_start=None, train_size=None,
-               trim_degenerate=False)
-
-def _check_own_rollouts(c:GRPOConfig):
-    "TempFlow and Flash sample their own rollouts: no calibration; Flash's pool, not a window, sets its steps."
-    if c.method not in ROLLOUT_METHODS: return
-    if c.calibrate: _fail('calibrate', True, f"False for method={c.method!r} (psi calibrates a trajectory's window)")
-    if c.method != 'flash': return
-    if c.sampler != 'flow_sde':
-        _fail('sampler', c.sampler, "'flow_sde' for method='flash' (flash_sampler picks its SDE)")
-    for k, v in _WINDOW.items():
-        if getattr(c, k) != v:
-            _fail(k, getattr(c, k), f"{v!r} for method='flash' (flash_pool sets the steps it trains)")
+def _check_own_rollout(c:GRPOConfig):
+    "A method with its own rollout is not calibrated (psi calibrates a trajectory's window); then the method's checks."
+    m = method_of(c.method)
+    if m.own_rollout and c.calibrate:
+        _fail('calibrate', True, f"False for method={c.method!r} (psi calibrates a trajectory's window)")
+    m.check(c)
 
 # %% ../nbs/05c_config.ipynb #71ef0ac1
 # written by older versions, read by nothing (eval_start: a run's own choice, `GRPOTrainer(evaluate_base=...)`)

@@ -14,20 +14,20 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
-from .rollout import check_fields
+from .rollout import check_fields, bad_field
+from .method import method_names
 from .display import MAX_WIDTH
 
 # %% auto #0
-__all__ = ['METHODS', 'ROLLOUT_METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'TEMPFLOW_GROUPS', 'TEMPFLOW_WEIGHTS', 'FLASH_SAMPLERS',
-           'TGR_NORMS', 'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig', 'step_spans',
-           'check_credit_inputs', 'group_stats', 'Credit', 'normalize_rewards', 'final_rewards', 'credit_flow_grpo',
+__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'TEMPFLOW_GROUPS', 'TEMPFLOW_WEIGHTS', 'FLASH_SAMPLERS', 'TGR_NORMS',
+           'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig', 'step_spans', 'check_credit_inputs',
+           'group_stats', 'Credit', 'normalize_rewards', 'group_advantages', 'final_rewards', 'credit_flow_grpo',
            'step_gains', 'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points',
            'turning_point_rewards', 'credit_turning_point', 'compute_credit', 'synthetic_values', 'plot_credit',
            'MethodCredit', 'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration', 'credit_stats']
 
 # %% ../nbs/05_credit.ipynb #ae0cbcf1
 METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')  # the rules on step values (`compute_credit`)
-ROLLOUT_METHODS = ('tempflow', 'flash')  # methods whose credit comes with their own rollout (05e_tempflow, 05f_flash)
 UNTRAINED = ('fold', 'drop')  # what happens to the gain of an untrained step
 GROUP_SIZE_ONE = ('error', 'warn_zero')  # what happens to a group with a single sample
 TEMPFLOW_GROUPS = ('seed', 'prompt')  # TempFlow's advantage group: the B branches of one seed, or all N·B of the prompt
@@ -39,7 +39,7 @@ TGR_NORMS = ('batch', 'pool')  # Flash's gradient rectification: c_k over its me
 @dataclass
 class CreditConfig:
     "Every open choice of the credit rules."
-    # credit rule: flow_grpo, stepwise, dense or turning_point (`METHODS`); tempflow or flash (`ROLLOUT_METHODS`)
+    # the method: a credit rule on step values (`METHODS`), another registered method (`method_names`) or py:MODULE:NAME
     method:str='flow_grpo'
     # flow_grpo, flash: normalise by the batch's std of R instead of the group's (both papers' released default)
     global_std:bool=True
@@ -52,10 +52,10 @@ class CreditConfig:
     unbiased_std:bool=False     # std with n-1 instead of n (Flow-GRPO uses n, as numpy)
 
     def __post_init__(self):
-        check_fields(
-            self, positive=('eps', 'adv_clip'),
-            choices=dict(method=METHODS + ROLLOUT_METHODS, untrained=UNTRAINED, group_size_one=GROUP_SIZE_ONE)
-        )
+        check_fields(self, positive=('eps', 'adv_clip'),
+                     choices=dict(untrained=UNTRAINED, group_size_one=GROUP_SIZE_ONE))
+        if not (self.method in method_names() or str(self.method).startswith('py:')):
+            bad_field(self, 'method', self.method, f"{', '.join(method_names())} or py:MODULE:NAME")
 
 # %% ../nbs/05_credit.ipynb #d323c534
 def step_spans(trained:Tensor,      # [K] bool, the SDE window
@@ -176,6 +176,21 @@ def normalize_rewards(r:Tensor,          # [B, K] step rewards, 0 on untrained s
     A = ((r - mean) / (std + cfg.eps)).clamp(-cfg.adv_clip, cfg.adv_clip)
     _, inv, counts = torch.unique(group, return_inverse=True, return_counts=True)
     return torch.where(trained[None] & (counts[inv] > 1)[:, None], A, torch.zeros_like(A))
+
+# %% ../nbs/05_credit.ipynb #991bbf8c
+def group_advantages(r:Tensor,                    # [n, S] rewards, one column per step
+                     group:Tensor,                # [n] group id of each row
+                     cfg:CreditConfig|None=None,  # eps, adv_clip, unbiased_std
+                     global_std:bool=False        # divide by the whole column's std instead of the group's
+                    ) -> Tensor:                  # [n, S] advantages
+    "Per-column group-normalised advantages (`normalize_rewards`), exactly 0 where a group's rewards are all equal."
+    A = normalize_rewards(r, group, torch.ones(r.shape[1], dtype=torch.bool, device=r.device), cfg or CreditConfig(),
+                          global_std=global_std)
+    _, inv = torch.unique(group, return_inverse=True)
+    idx, shape = inv[:, None].expand_as(r), (int(inv.max()) + 1, r.shape[1])
+    hi = r.new_full(shape, -float('inf')).scatter_reduce(0, idx, r, 'amax')
+    lo = r.new_full(shape, float('inf')).scatter_reduce(0, idx, r, 'amin')
+    return torch.where((hi > lo)[inv], A, torch.zeros_like(A))
 
 # %% ../nbs/05_credit.ipynb #e28e198b
 def final_rewards(V:Tensor,       # [B, K+1] step values
@@ -328,9 +343,9 @@ def compute_credit(V:Tensor,       # [B, K+1] step values, V[:, K] = final rewar
                   ) -> Credit:
     "Advantages and step rewards of the rule `cfg.method`."
     cfg = cfg or CreditConfig()
-    if cfg.method in ROLLOUT_METHODS:
-        raise ValueError(f"CreditConfig.method={cfg.method!r}: its credit comes with its own rollout "
-                         f"({cfg.method}_advantages), not from step values; allowed {', '.join(METHODS)}")
+    if cfg.method not in RULES:
+        raise ValueError(f"CreditConfig.method={cfg.method!r}: its credit comes with its own rollout (its `Method`'s "
+                         f"collect), not from step values; allowed {', '.join(METHODS)}")
     return RULES[cfg.method](V, group, trained, cfg)
 
 # %% ../nbs/05_credit.ipynb #f712717d

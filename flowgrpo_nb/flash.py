@@ -11,11 +11,10 @@ from typing import Callable
 
 import torch
 from torch import Tensor
-from .flow import flow_sde_scale, sampler_step
+from .flow import flow_sde_scale
 from .policy import Policy
-from .rollout import Rollout, RolloutConfig, bad_field, check_fields, check_steps, reward_states
-from .credit import CreditConfig, FLASH_SAMPLERS, TGR_NORMS
-from .tempflow import group_advantages
+from .rollout import Rollout, RolloutConfig, bad_field, check_fields, check_steps, rollout
+from .credit import CreditConfig, FLASH_SAMPLERS, TGR_NORMS, group_advantages
 
 # %% auto #0
 __all__ = ['FlashConfig', 'sde_scale', 'tgr_lambda', 'tgr_weights', 'draw_k_star', 'flash_rollout', 'flash_advantages']
@@ -94,27 +93,9 @@ def flash_rollout(policy:Policy, prompts:list[str],    # P prompts
     if k_star.shape != (P,) or not torch.isin(k_star, pool).all():
         raise ValueError(f"k_star={k_star.tolist()}: allowed one step of the pool {pool.tolist()} per prompt (P={P})")
     rc = replace(cfg, sampler='flow_sde', window_start=int(pool[0]), window_size=int(pool[-1] - pool[0]) + 1)
-    t = policy.sigmas(K, cfg.shift).to(dev)
-    s, k_rows = sde_scale(t.cpu(), fcfg.sampler, fcfg.eta, cfg.level).to(dev), k_star.repeat_interleave(G).to(dev)
-    names, B = [p for p in prompts for _ in range(G)], P * G
-    x = policy.noise(P if cfg.shared_noise else B, generator)
-    x, cond, xs, vs, outs = x.repeat_interleave(G, 0) if cfg.shared_noise else x, policy.encode(names), [], [], []
-    with policy.count_nfe('rollout'):
-        for k in range(K):
-            xs.append(x)
-            v = policy.velocity(x, t[k].expand(B), cond, cfg.guidance, cfg.max_batch)
-            on = k_rows == k
-            out = sampler_step(v, x, t[k].expand(B), t[k + 1].expand(B), 'flow_sde' if on.any() else 'ode', cfg.level,
-                               scale=torch.where(on, s[k], 0.) if on.any() else None,
-                               noise=policy.noise(B, generator) if on.any() else None)
-            x = out.x_next
-            vs.append(v); outs.append(out)
-    reward, images = reward_states(policy, x, names, reward_fn, cfg.max_batch)
-    stack = lambda name: torch.stack([getattr(o, name) for o in outs], 1)
-    return Rollout(prompts=names, group=torch.arange(P, device=dev).repeat_interleave(G), t=t,
-                   x=torch.stack(xs + [x], 1), v=torch.stack(vs, 1), mean=stack('mean'), std=stack('std'),
-                   log_prob=stack('log_prob'), trained=rc.trained.to(dev), reward=reward, images=images, cfg=rc, psi=s,
-                   sde=k_rows[:, None] == torch.arange(K, device=dev))
+    s = sde_scale(policy.sigmas(K, cfg.shift).cpu(), fcfg.sampler, fcfg.eta, cfg.level)
+    sde = k_star.repeat_interleave(G)[:, None] == torch.arange(K)  # [P × G, K]: row i explores at k*(group i) only
+    return rollout(policy, prompts, rc, reward_fn, generator, psi=s, sde=sde)
 
 # %% ../nbs/05f_flash.ipynb #6d1184af
 def flash_advantages(reward:Tensor,              # [B] final rewards

@@ -180,6 +180,16 @@ def _check_psi(psi, K:int, device):
         raise ValueError(f"psi={psi.tolist()}: must be a finite, non-negative Tensor[K={K}]")
     return psi
 
+def _check_sde(sde, n:int, K:int, psi, cfg) -> torch.Tensor:
+    "A per-sample SDE mask [P × G, K] bool inside the window, with the scale psi its rows step with."
+    sde = torch.as_tensor(sde)
+    if sde.dtype != torch.bool or sde.shape != (n, K):
+        raise ValueError(f"sde: got a {sde.dtype} tensor of shape {tuple(sde.shape)}; "
+                         f"allowed bool [P × G, K] = ({n}, {K})")
+    if psi is None: raise ValueError("sde: a per-sample mask needs psi, the scale of its SDE steps (0 elsewhere)")
+    if (sde.cpu() & ~cfg.trained).any(): raise ValueError(f"sde: marks steps outside the window {cfg.window}")
+    return sde
+
 def _check_rows(rows, n:int) -> torch.Tensor:
     "Sample indices [B] selected by `rows` (None, a slice or indices) among n = P × G."
     idx = torch.arange(n)
@@ -201,7 +211,8 @@ def rollout(policy:Policy, prompts:list[str],     # P prompts
             cfg:RolloutConfig, reward_fn:Callable,  # reward_fn(images, prompts) -> Tensor[B]
             generator:torch.Generator|None=None,  # draws the initial and the SDE noise (on its own device)
             psi:torch.Tensor|None=None,           # [K] noise-scale override on the window
-            rows=None                             # which of the P × G samples to produce (slice or indices); None: all
+            rows=None,                            # which of the P × G samples to produce (slice or indices); None: all
+            sde:torch.Tensor|None=None            # [P × G, K] bool: each sample's own SDE steps, scale psi (Flash-GRPO)
            ) -> Rollout:
     "Sample P × G trajectories (or the `rows` of them) and score their final images."
     if isinstance(prompts, str) or not len(prompts) or not all(isinstance(p, str) for p in prompts):
@@ -212,6 +223,7 @@ def rollout(policy:Policy, prompts:list[str],     # P prompts
     names = [prompts[i // G] for i in idx.tolist()]
     B = len(names)
     cond, trained = policy.encode(names), cfg.trained.tolist()
+    if sde is not None: sde = _check_sde(sde, n_all, K, psi, cfg)[idx].to(dev)
     x = policy.noise(P if cfg.shared_noise else n_all, generator)
     x = (x.repeat_interleave(G, 0) if cfg.shared_noise else x)[idx]
     t = policy.sigmas(K, cfg.shift).to(dev)
@@ -220,8 +232,10 @@ def rollout(policy:Policy, prompts:list[str],     # P prompts
         for k in range(K):
             tk, tn = t[k].expand(B), t[k + 1].expand(B)
             v = policy.velocity(x, tk, cond, cfg.guidance, cfg.max_batch)
-            eps = policy.noise(n_all, generator)[idx] if trained[k] and cfg.sampler != 'ode' else None
-            out = _step(cfg, v, x, tk, tn, trained[k], None if psi is None else psi[k].expand(B), noise=eps)
+            on = trained[k] if sde is None else bool(sde[:, k].any())  # an SDE step for some row
+            eps = policy.noise(n_all, generator)[idx] if on and cfg.sampler != 'ode' else None
+            scale = None if psi is None else psi[k].expand(B) if sde is None else torch.where(sde[:, k], psi[k], 0.)
+            out = _step(cfg, v, x, tk, tn, on, scale, noise=eps)
             x = out.x_next
             xs.append(x); vs.append(v); outs.append(out)
     reward, images = reward_states(policy, x, names, reward_fn, cfg.max_batch)
@@ -229,7 +243,7 @@ def rollout(policy:Policy, prompts:list[str],     # P prompts
     return Rollout(prompts=names, group=(idx // G).to(dev), t=t,
                    x=torch.stack(xs, 1), v=torch.stack(vs, 1), mean=stack('mean'), std=stack('std'),
                    log_prob=stack('log_prob'), trained=cfg.trained.to(dev), reward=reward, images=images,
-                   cfg=cfg, psi=psi)
+                   cfg=cfg, psi=psi, sde=sde)
 
 # %% ../nbs/04_rollout.ipynb #b2b50689
 def logprob_of(policy:Policy, rollout:Rollout,

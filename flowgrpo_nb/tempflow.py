@@ -14,11 +14,11 @@ from torch import Tensor
 from .flow import StepOutput, sampler_step
 from .policy import Policy
 from .rollout import RolloutConfig, bad_field, check_fields, check_steps, complete, reward_states, _grids
-from .credit import CreditConfig, normalize_rewards, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS
+from .credit import CreditConfig, group_advantages, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS
 
 # %% auto #0
-__all__ = ['TempFlowConfig', 'tempflow_nfe', 'TempFlowRollout', 'tempflow_rollout', 'branch_logprob', 'group_advantages',
-           'tempflow_advantages', 'tempflow_weight', 'BranchPairs', 'branch_pairs_logprob']
+__all__ = ['TempFlowConfig', 'tempflow_nfe', 'TempFlowRollout', 'tempflow_rollout', 'branch_logprob', 'tempflow_advantages',
+           'tempflow_weight', 'BranchPairs', 'branch_pairs_logprob']
 
 # %% ../nbs/05e_tempflow.ipynb #91dbdfaa
 @dataclass
@@ -138,21 +138,6 @@ def branch_logprob(policy:Policy, ro:TempFlowRollout,
     out = sampler_step(rep(v), rep(x), rep(ro.t[k]), rep(ro.t[k + 1]), ro.cfg.sampler, ro.cfg.level,
                        x_next=y.flatten(0, 1), ddim_schedule=ro.cfg.ddim_schedule)
     return StepOutput(**{f.name: getattr(out, f.name).unflatten(0, (len(rows), B)) for f in fields(out)})
-
-# %% ../nbs/05e_tempflow.ipynb #991bbf8c
-def group_advantages(r:Tensor,                    # [n, S] rewards, one column per step
-                     group:Tensor,                # [n] group id of each row
-                     cfg:CreditConfig|None=None,  # eps, adv_clip, unbiased_std
-                     global_std:bool=False        # divide by the whole column's std instead of the group's
-                    ) -> Tensor:                  # [n, S] advantages
-    "Per-column group-normalised advantages (`normalize_rewards`), exactly 0 where a group's rewards are all equal."
-    A = normalize_rewards(r, group, torch.ones(r.shape[1], dtype=torch.bool, device=r.device), cfg or CreditConfig(),
-                          global_std=global_std)
-    _, inv = torch.unique(group, return_inverse=True)
-    idx, shape = inv[:, None].expand_as(r), (int(inv.max()) + 1, r.shape[1])
-    hi = r.new_full(shape, -float('inf')).scatter_reduce(0, idx, r, 'amax')
-    lo = r.new_full(shape, float('inf')).scatter_reduce(0, idx, r, 'amin')
-    return torch.where((hi > lo)[inv], A, torch.zeros_like(A))
 
 # %% ../nbs/05e_tempflow.ipynb #04a828e6
 def tempflow_advantages(reward:Tensor,             # [P, N, B, S] branch rewards

@@ -19,11 +19,10 @@ from fastcore.script import call_parse
 from fastcore.basics import patch
 from .flow import flow_sde_scale
 from .policy import Policy, PHASES, ema_of, ema_weights, seeded_generator, timed
-from .rollout import rollout, step_values, logprob_pairs
+from .rollout import rollout, step_values
 from .update import pair_loss, step_grad_norms
-from .credit import METHODS, ROLLOUT_METHODS, calibrate_exploration, Calibration
-from .tempflow import branch_pairs_logprob
-from .collect import collect_values, collect_tempflow, collect_flash
+from .credit import METHODS, calibrate_exploration, Calibration
+from .method import Method, method_of, method_names, methods_help
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
 from flowgrpo_nb.config import (
     GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker,
@@ -115,11 +114,8 @@ def collect(self:GRPOTrainer, step:int) -> dict:
     "Roll out and credit the batch of `step` with the method's collector; returns the local batch and its statistics."
     cfg, pol = self.cfg, self.policy
     prompts, gen = step_prompts(cfg, step, self.task.train_prompts, self.task.category), step_generator(cfg, step)
-    if cfg.method == 'tempflow': return collect_tempflow(pol, cfg, step, prompts, self.task.reward, gen)
-    if cfg.method == 'flash':
-        return collect_flash(pol, cfg, step, prompts, self.task.reward, gen, step_generator(cfg, step, 1))
     gather = lambda t: self.acc.gather(t.to(self.acc.device)).cpu()
-    return collect_values(pol, cfg, step, prompts, self.task.reward, gen, self.psi, self.rows(), gather)
+    return self.method.collect(pol, cfg, step, prompts, self.task.reward, gen, self.psi, self.rows(), gather)
 
 # %% ../nbs/06_train.ipynb #d84e0055
 @patch
@@ -129,14 +125,17 @@ def rows(self:GRPOTrainer) -> slice:
     return slice(self.acc.process_index * n, (self.acc.process_index + 1) * n)
 
 @patch(as_prop=True)
+def method(self:GRPOTrainer) -> Method: return method_of(self.cfg.method)  # the run's method (04b_method)
+
+@patch(as_prop=True)
 def rows_per_sample(self:GRPOTrainer) -> int:
     "Rows of the update's table per sample: TempFlow's B branches of a seed (a minibatch counts seeds), else 1."
-    return self.cfg.tempflow_branches if self.cfg.method == 'tempflow' else 1
+    return self.method.rows_per_sample(self.cfg)
 
 @patch(as_prop=True)
 def pair_logprob(self:GRPOTrainer):
     "The function recomputing a batch's pairs' log-probs: TempFlow's (an NFE per trunk state), or `logprob_pairs`."
-    return branch_pairs_logprob if self.cfg.method == 'tempflow' else logprob_pairs
+    return self.method.pair_logprob
 
 # %% ../nbs/06_train.ipynb #74f92cb4
 @patch
@@ -337,7 +336,7 @@ def calibrate(self:GRPOTrainer) -> Calibration:
 def _check_sizes(self:GRPOTrainer):
     "The batch must split evenly over processes, updates and minibatches."
     cfg, n = self.cfg, self.acc.num_processes
-    if cfg.method in ROLLOUT_METHODS and n > 1:
+    if method_of(cfg.method).one_process and n > 1:
         raise ValueError(f"method={cfg.method!r} trains in one process (its rollouts are not split over processes "
                          f"yet); run it without accelerate's --num_processes {n}")
     if cfg.batch_size % n:
@@ -556,6 +555,7 @@ def _cli_config(preset, set, **names) -> GRPOConfig:
 def train_cli(
     preset: Annotated[str, f"preset(s) joined by '+': {', '.join(PRESETS)}"] = 'flow_grpo',
     out: str = 'runs/train',  # run folder
+    method: str = None,  # the preset's method replaced: a name listed below, or your own as py:MODULE:NAME
     resume: bool = False,  # continue from the newest checkpoint in `out`
     model: str = None,  # backend: tiny (default), sd3 or flux
     model_path: str = None,  # the backend's local weights folder (sd3/flux)
@@ -571,9 +571,8 @@ def train_cli(
     if quiet:
         import diffusers, transformers
         diffusers.utils.logging.disable_progress_bar(); transformers.utils.logging.disable_progress_bar()
-    cfg = _cli_config(
-        preset, set, model=model, model_path=model_path, prompts=prompts, eval_prompts=eval_prompts, reward=reward
-    )
+    cfg = _cli_config(preset, set, method=method, model=model, model_path=model_path, prompts=prompts,
+                      eval_prompts=eval_prompts, reward=reward)
     # the first line: the recipe in force (the model's published one for sd3/flux), from one process
     if os.environ.get('RANK', '0') == '0': print(recipe_line(cfg), flush=True)
     # Ctrl-C, SIGTERM: one sentence naming the checkpoint kept and the command that resumes from it
@@ -584,7 +583,7 @@ def train_cli(
     if trainer.acc.is_main_process: print(result_line(s, out))
 
 train_cli.epilog = train_cli.__wrapped__.epilog = (
-    recipes_help() + '\n\nGRPOConfig fields (--set FIELD=VALUE):\n' + config_help()
+    methods_help() + '\n\n' + recipes_help() + '\n\nGRPOConfig fields (--set FIELD=VALUE):\n' + config_help()
 )
 
 

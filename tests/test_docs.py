@@ -62,10 +62,10 @@ def test_readme_first_screen():
               'flowgrpo app --runs runs/compare', 'glossary.ipynb'):
         assert s in top, f"{s!r} is not in the README's first 30 lines"
     heads = [l for l in lines if l.startswith('## ')]
-    methods, found = heads.index('## The four methods side by side'), heads.index('## What the studies found')
+    methods, found = heads.index('## The six methods side by side'), heads.index('## What the studies found')
     assert methods < found, heads
-    table = readme[readme.index('## The four methods side by side'):readme.index('## What the studies found')]
-    assert '| method | preset | credit |' in table and table.count('\n| ') >= 5, table  # a header and a row per method
+    table = readme[readme.index('## The six methods side by side'):readme.index('## What the studies found')]
+    assert '| method, preset | credit |' in table and table.count('\n| ') >= 7, table  # a header, a row per method
     study = readme[readme.index('## What the studies found'):]
     # one claims table at most: the question's (the credit study's registered claims) right under its one-sentence
     # answer; every other verdict table belongs on nbs/study/findings.ipynb

@@ -64,6 +64,23 @@ METHOD_SIDE = ('rollout', 'credit', 'config', 'tempflow', 'flash', 'collect', 't
 def test_method_side_does_not_import_the_grid_world(module):
     assert not GRAPH[module] & WORLD, GRAPH[module] & WORLD
 
+# a method is one entry (`method.Method`): only the methods' own modules name methods to decide what to do
+METHOD_MODULES = ('method', 'collect', 'credit', 'tempflow', 'flash')
+DISPATCH = re.compile(r"""method\s*[!=]=\s*['"]|method\s+(?:not\s+)?in\s*(?:[(\[{]\s*['"]|[A-Z_]*METHODS\b)""")
+
+def test_dispatch_pattern_finds_what_it_forbids():
+    hits = ["if cfg.method == 'tempflow':", "cfg.method != 'flash'", "c.method in ('dense', 'turning_point')",
+            "run.method not in FIDELITY_METHODS", "method in ['a']", "self.cfg.method in ROLLOUT_METHODS"]
+    misses = ["method=cfg.method", "method_of(cfg.method).fidelity == 'branches'", "for m in METHODS:"]
+    assert all(DISPATCH.search(h) for h in hits) and not any(DISPATCH.search(m) for m in misses)
+
+@pytest.mark.parametrize('module', sorted(set(MODULES) - set(METHOD_MODULES)))
+def test_no_string_dispatch_on_the_method(module):
+    "Outside the methods' own modules, code asks the method's entry (`method_of`), never tests its name."
+    lines = MODULES[module].read_text().splitlines()
+    found = [f'{module}:{i}: {line.strip()}' for i, line in enumerate(lines, 1) if DISPATCH.search(line)]
+    assert not found, found
+
 def notebook_modules() -> dict[str, Path]:
     "{module: notebook} from each numbered notebook's default_exp, the study's under nbs/study/."
     out = {}

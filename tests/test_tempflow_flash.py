@@ -11,8 +11,9 @@ from flowgrpo_nb.flash import (FlashConfig, draw_k_star, flash_advantages, flash
 from flowgrpo_nb.flow import flow_sigmas, step_coefficients
 from flowgrpo_nb.rollout import RolloutConfig, logprob_pairs, rollout
 from flowgrpo_nb.update import ppo_loss, ppo_surrogate
-from flowgrpo_nb.tempflow import (TempFlowConfig, branch_logprob, group_advantages, tempflow_advantages, tempflow_nfe,
-                                  tempflow_rollout, tempflow_weight)
+from flowgrpo_nb.credit import group_advantages
+from flowgrpo_nb.tempflow import (TempFlowConfig, branch_logprob, tempflow_advantages, tempflow_nfe, tempflow_rollout,
+                                  tempflow_weight)
 
 torch.set_num_threads(1)
 close = lambda a, b, eps=1e-4: torch.testing.assert_close(torch.as_tensor(a).float(), torch.as_tensor(b).float(),
@@ -268,12 +269,12 @@ def test_tempflow_nfe_per_prompt_of_the_trainers_own_run_is_the_formula(base, tm
 def test_flash_trains_only_its_one_sde_step_per_sample(base, tmp_path, monkeypatch):
     """With beta > 0 and no skipping (every pair kept), the update still scores only each sample's k*, never an Euler
     step."""
-    import flowgrpo_nb.train as train_mod
+    import flowgrpo_nb.method as method_mod  # `Method.pair_logprob`, Flash's (it keeps the default)
     seen = []
     def spy(policy, ro, ii, kk):
         seen.append((ro, ii.clone(), kk.clone()))
         return logprob_pairs(policy, ro, ii, kk)
-    monkeypatch.setattr(train_mod, 'logprob_pairs', spy)
+    monkeypatch.setattr(method_mod, 'logprob_pairs', spy)
     tr = trainer(base, tmp_path, 'flash+smoke', beta=0.01, skip_zero_adv=False, kl_every=1, diag_every=1)
     m = tr.train_step()
     assert seen and math.isfinite(m['loss']) and m['kl'] >= 0

@@ -1,7 +1,7 @@
 """Train a few presets for 3 steps with a fixed seed and print each run's adapter sha256: a refactor that claims to
 change nothing numerically is checked by running this before and after it.
 
-Each case is `PRESET[:FIELD=VALUE,...]` (the default list covers the four methods, the chunked backward, the KL term
+Each case is `PRESET[:FIELD=VALUE,...]` (the default list covers the six methods, the chunked backward, the KL term
 and both precision paths). A run's adapter is its last checkpoint's `pytorch_lora_weights.safetensors`; its metrics
 are metrics.jsonl without the timings (`sec_*`, `cpu_*`), so the logged loss, ratio, KL and gradient shares are
 checked too. The hashes hold for one machine (bf16 and fp32 kernels round differently on other CPUs): compare
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = (
     'flow_grpo+smoke', 'flow_grpo+smoke:fast=true', 'flow_grpo+smoke:fast=false', 'dense+smoke', 'turning_point+smoke',
     'stepwise+smoke', 'flow_grpo+smoke:backward_pairs=3', 'flow_grpo+smoke:beta=0.01',
-    'flow_grpo+smoke:beta=0.01,fast=false', 'dense+smoke:beta=0.01,backward_pairs=3',
+    'flow_grpo+smoke:beta=0.01,fast=false', 'dense+smoke:beta=0.01,backward_pairs=3', 'tempflow+smoke', 'flash+smoke',
 )
 
 def sha(b:bytes) -> str: return hashlib.sha256(b).hexdigest()

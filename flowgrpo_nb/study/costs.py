@@ -12,6 +12,7 @@ __all__ = ['COSTS', 'REFERENCE', 'UNIT_ROWS', 'ZERO_SHARE', 'LIMIT', 'limit_of',
 import math
 from ..rollout import lookahead_nfe
 from ..config import GRPOConfig
+from ..method import method_of
 from ..precision import machine_paths, resolve_fast
 from .design import BUDGETS, TASKS, CompareConfig
 
@@ -51,7 +52,7 @@ def step_cost(cfg:GRPOConfig, levels:str='few', timings:dict|None=None) -> dict:
     "Expected CPU seconds of one training step of `cfg`, by phase."
     (s, e), B = cfg.rollout_config().window, cfg.batch_size
     la = lookahead_nfe(cfg.lookahead, cfg.K, (s, e), cfg.group_size, cfg.shared_noise) if cfg.lookahead else 0
-    skips = cfg.method in ('dense', 'turning_point') and cfg.beta == 0 and cfg.skip_zero_adv
+    skips = method_of(cfg.method).sparse_credit and cfg.beta == 0 and cfg.skip_zero_adv
     diag = cfg.minibatch / (B * cfg.diag_every) if cfg.diag_every else 0  # one more pass over a minibatch every n steps
     # the KL diagnostic: two no-grad passes, about one
     diag += cfg.minibatch / (B * cfg.kl_every) if cfg.kl_every and cfg.beta == 0 else 0

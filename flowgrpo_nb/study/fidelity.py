@@ -22,6 +22,7 @@ from flowgrpo_nb.rollout import (
 from ..credit import Credit, step_spans, method_credits, METHODS
 from ..tempflow import TempFlowRollout, BranchPairs, tempflow_rollout, tempflow_advantages, tempflow_nfe
 from ..collect import tempflow_config
+from ..method import method_of, method_names
 from ..task import Task, balanced_prompts
 from ..config import GRPOConfig, preset_config
 from .stats import STATS, cluster_draws, boot_stats, percentile_ci
@@ -32,7 +33,8 @@ __all__ = ['FIDELITY_METHODS', 'QUANTITIES', 'TABLE', 'Arm', 'check_arms', 'arm_
            'branch_values', 'FidelityConfig', 'arm_fidelity', 'fidelity_table', 'fidelity_nfe']
 
 # %% ../../nbs/study/02_fidelity.ipynb #b3b79d56
-FIDELITY_METHODS = (*METHODS, 'tempflow')  # methods whose credit is measured
+FIDELITY_METHODS = tuple(n for n in method_names() if method_of(n).fidelity)  # built-in methods it measures
+def _branched(cfg) -> bool: return method_of(cfg.method).fidelity == 'branches'  # measured on its own branches
 
 @dataclass(frozen=True)
 class Arm:
@@ -42,12 +44,12 @@ class Arm:
     psi:Tensor|None=None   # [K] DenseGRPO's calibrated noise scales; None: the sampler's own
     @property
     def credited(self) -> Tensor:  # [K] bool: the steps its credit falls on (TempFlow-GRPO: its branch steps)
-        return self.cfg.loss_steps() if self.cfg.method == 'tempflow' else self.rollout.trained
+        return self.cfg.loss_steps() if _branched(self.cfg) else self.rollout.trained
     @property
     def key(self) -> str:  # arms with the same key share their rollouts and Monte-Carlo values
         # the trained steps however the window is written: window_size None or explicit
         rc = {**asdict(self.rollout), 'window_start': None, 'window_size': None, 'window': self.rollout.window}
-        branched = [self.cfg.tempflow_branches, self.credited.tolist()] if self.cfg.method == 'tempflow' else []
+        branched = [self.cfg.tempflow_branches, self.credited.tolist()] if _branched(self.cfg) else []
         return json.dumps([rc, None if self.psi is None else self.psi.tolist(), *branched])
 
 # %% ../../nbs/study/02_fidelity.ipynb #203c6943
@@ -66,11 +68,11 @@ def check_arms(arms:dict,                  # name -> GRPOConfig or (GRPOConfig, 
         cfg, psi = (a, None) if isinstance(a, GRPOConfig) else a if pair else (a, None)
         if not isinstance(cfg, GRPOConfig):
             raise ValueError(f"arms[{name!r}]: expected a GRPOConfig or (GRPOConfig, psi), got {type(a).__name__}")
-        if cfg.method not in FIDELITY_METHODS:
+        if not method_of(cfg.method).fidelity:
             raise ValueError(f"arms[{name!r}]: {cfg.method}'s credit is not measured (it is Flow-GRPO's "
                              "final-reward advantage at one step per sample: measure flow_grpo); allowed "
                              f"{', '.join(FIDELITY_METHODS)}")
-        if sampler_of is not None and cfg.method == 'tempflow':
+        if sampler_of is not None and _branched(cfg):
             raise ValueError(
                 f"arms[{name!r}]: TempFlow-GRPO explores by its own branches; measure it without sampler_of"
             )
@@ -392,7 +394,7 @@ def _collect(policy, reward_fn, names, arms:dict[str, Arm], plan:dict, cfg:Fidel
     out = {n: dict(truth=[], truth_se=[], rewards=[], advantages=[], cluster=[]) for n in arms}
     for b, i in enumerate(range(0, len(names), bp)):
         for members in by_key.values():
-            if arms[members[0]].cfg.method == 'tempflow':
+            if _branched(arms[members[0]].cfg):
                 got = _tempflow_batch(policy, reward_fn, names[i:i + bp], arms, members, plan, cfg, b, book)
                 for n, d in got.items():
                     for k, v in (d | dict(cluster=d['cluster'] + i)).items(): out[n][k].append(v.cpu())
@@ -515,7 +517,7 @@ def fidelity_nfe(arms:dict[str, Arm], prompts:int, M:int, steps=None) -> dict[st
     for members in seen.values():
         a = arms[members[0]]
         rc, B = a.rollout, prompts * a.rollout.group_size
-        if a.cfg.method == 'tempflow':
+        if _branched(a.cfg):
             for k, v in _tempflow_nfe(rc.K, rc.group_size, a.cfg.tempflow_branches, _arm_steps(members[0], a, steps),
                                       M).items(): out[k] += prompts * v
             continue

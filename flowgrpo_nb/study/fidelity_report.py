@@ -22,6 +22,7 @@ from ..processes import write_pngs, stopped, invoked
 from ..display import STYLES, color, display_name
 from ..policy import Policy
 from ..credit import METHODS
+from ..method import method_of
 from ..task import Task, load_task, load_policy
 from ..config import GRPOConfig, preset_config, run_config
 from ..checkpoint import read_checkpoint, RunFolder, FolderLock, read_json, write_json, write_text
@@ -179,8 +180,8 @@ def report_arms(names=None,                 # preset names (list or comma-separa
     """Arms by preset name; without names the four methods (and a TempFlow-GRPO run's own), the run's own method taken
     from the run."""
     default = names is None
-    own = [] if run is None or run[0].method in METHODS or run[0].method not in FIDELITY_METHODS else [run[0].method]
-    if default: names = [*METHODS, *own]
+    own = [] if run is None or not method_of(run[0].method).fidelity else [run[0].method]  # the run's, if measured
+    if default: names = list(dict.fromkeys([*METHODS, *own]))
     elif isinstance(names, str): names = [n.strip() for n in names.split(',')]
     else: names = list(names)
     if 'run' in names and run is None: raise ValueError("arms: 'run' is the run's own arm: give a run folder (--run)")
@@ -292,7 +293,7 @@ def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowg
             "--out)"
         )
     # Flash-GRPO's credit is Flow-GRPO's final-reward advantage at one step per sample (study/02_fidelity says why)
-    other = [f'{t}/seed{s}/{a}' for t, s, a, d in runs if run_config(RunFolder(d)).method not in FIDELITY_METHODS]
+    other = [f'{t}/seed{s}/{a}' for t, s, a, d in runs if not method_of(run_config(RunFolder(d)).method).fidelity]
     runs = [r for r in runs if f'{r[0]}/seed{r[1]}/{r[2]}' not in other]
     if other:
         warnings.warn(f"{len(other)} {'run' if len(other) == 1 else 'runs'} left out, of methods whose credit this "
