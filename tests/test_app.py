@@ -433,6 +433,11 @@ def test_cli_serves_and_leaves_nothing(runs, tmp_path):
     assert out.splitlines()[-1] == f'flowgrpo app: stopped by SIGTERM: the server on 127.0.0.1:{port} is closed', \
         out[-2000:]
     assert not private[0].exists(), f'left behind: {list(private[0].rglob("*"))}'
+    # what it loads, said first; then where it serves
+    loading, serving = (next((i for i, l in enumerate(out.splitlines()) if l.startswith(s)), None)
+                        for s in (f'loading 3 fine-tuned models and their base from {runs}',
+                                  f'serving at http://127.0.0.1:{port}'))
+    assert loading is not None and serving is not None and loading < serving, out[-2000:]
 
 # --- a real browser ---
 
