@@ -8,7 +8,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/compare.html.md"""
 __all__ = ['base_eval', 'run_dir', 'base_file', 'finished', 'jobs_left', 'earlier_invocations', 'usable_cores', 'default_workers',
            'load_tasks', 'run_jobs', 'say', 'steps_logged', 'steps_bar', 'measured_cpu', 'machine', 'read_fidelity',
            'plan_line', 'compare', 'run_paths', 'setup', 'build_report', 'rebuild_report', 'report_from_records',
-           'write_report']
+           'write_plotly_js', 'write_report']
 
 # %% ../../nbs/study/08_compare.ipynb #0899624f
 import copy, importlib, json, os, pickle, sys, threading, time
@@ -38,7 +38,7 @@ from .summary import task_section, correct, judge, add_fidelity, FAMILIES
 from .figures import report_figures
 from .reference import reference_figures
 from .report import findings
-from .document import report_html
+from .document import report_html, PLOTLY_JS
 
 # %% ../../nbs/study/08_compare.ipynb #b60a4e6e
 def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, progress:bool=True) -> EvalReport:
@@ -530,6 +530,12 @@ def report_from_records(report:Report, fidelity:list|None=None) -> Report:
     return _judged(ccfg, sections, report.setup, fidelity)
 
 # %% ../../nbs/study/08_compare.ipynb #dedf95d4
+def write_plotly_js(out:Path):
+    "plotly.js beside report.html (`PLOTLY_JS`), from the installed plotly, written whole; kept when it is the same."
+    from plotly.offline import get_plotlyjs
+    js, dest = get_plotlyjs(), Path(out)/PLOTLY_JS
+    if not dest.is_file() or dest.stat().st_size != len(js.encode()): write_text(dest, js, 'plotly.js')
+
 def write_report(report:Report, out:str|Path, png:bool=True):
     """report.json, report.html, figures/<task>_<figure>.json (what the app shows) and (`png`) .png in `out`, each file
     whole or not at all."""
@@ -539,5 +545,6 @@ def write_report(report:Report, out:str|Path, png:bool=True):
     for t, fs in figs.items():
         for name, f in fs.items(): write_text(out/'figures'/f'{t}_{name}.json', f.to_json(), 'the report figure')
     write_text(out/'report.html', report_html(report, figs), 'the report page')
+    write_plotly_js(out)
     # one browser start
     if png: write_pngs({out/'figures'/f'{t}_{name}.png': f for t, fs in figs.items() for name, f in fs.items()})
