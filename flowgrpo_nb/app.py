@@ -323,8 +323,10 @@ def _settings(bank:ModelBank, groups:dict, first:list[str]) -> list:
     import gradio as gr
     examples = list(dict.fromkeys([*first, *bank.task.eval_prompts]))[:200]
     with gr.Row():
-        prompt = gr.Textbox(label='prompt', value=examples[0], scale=3, elem_id='prompt',
-                            info=f'the task {bank.task.name!r}: e.g. ' + ', '.join(f'"{p}"' for p in examples[:3]))
+        # the box stops at the app's own limit and says it (a longer paste got Gradio's generic error, not the sentence)
+        prompt = gr.Textbox(label='prompt', value=examples[0], scale=3, elem_id='prompt', max_length=MAX_PROMPT_CHARS,
+                            info=f'at most {MAX_PROMPT_CHARS} characters; the task {bank.task.name!r}: e.g. '
+                            + ', '.join(f'"{p}"' for p in examples[:3]))
         example = gr.Dropdown(examples, label='evaluation prompts (where the models differ most first)', value=None,
                               scale=2)
     with gr.Row():

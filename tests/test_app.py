@@ -235,6 +235,9 @@ def test_first_screen_where_models_differ(bank, app):
     prompt = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'prompt')
     gallery = app.gallery
     assert prompt.value == ranked[0][0] and len(gallery.value) == len(bank.names)
+    # the box holds what the app accepts, and says so
+    limit = app_mod.MAX_PROMPT_CHARS
+    assert prompt.max_length == limit and f'at most {limit} characters' in prompt.info
     samples = generate_all(bank, ranked[0][0], 0, 10, 4.0, 'ode')
     scores = [s.report.overall for s in samples]
     assert max(scores) - min(scores) == pytest.approx(spreads[0][0]), \
