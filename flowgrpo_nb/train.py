@@ -270,21 +270,16 @@ def train(self:GRPOTrainer) -> dict:
     "Run (or continue) training to `cfg.steps`; returns the summary also written to summary.json."
     cfg = self.cfg
     if self.lock is not None and not self.lock.held: self.lock = self.folder.lock()  # a second `train` of this trainer
-    def say(line):  # above the bar, flushed: a pipe would hold the line back until the run ends
-        if self.progress and self.acc.is_main_process: tqdm.write(line); sys.stdout.flush()
+    show = self.progress and self.acc.is_main_process
+    say = lambda line: show and (tqdm.write(line), sys.stdout.flush())  # flushed: a pipe would hold it back
     say(f"{self.run_dir}: {self.precision['path']} path ({self.precision['why']})")
     try:
         if cfg.calibrate and self.psi is None: self.calibrate()
         if self.step == 0 and not self.history and self.evaluates and self.evaluate_base:
             say(f"evaluating the base model ({cfg.eval_images} images)")
             self.log(self.eval_metrics() | dict(sec_total=0.0))
-        # what the bar counts, before its first step (a step of a slow method can take minutes)
-        say(f"training: steps {self.step + 1}..{cfg.steps} of {cfg.steps}, each {cfg.prompts_per_step} prompts x "
-            f"{cfg.group_size} samples ({cfg.method})")
-        bar = tqdm(
-            total=cfg.steps, initial=self.step, desc=cfg.method,
-            disable=not (self.progress and self.acc.is_main_process)
-        )
+        say(f"training: steps {self.step + 1}..{cfg.steps}, {cfg.prompts_per_step} prompts x {cfg.group_size} samples")
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.method, disable=not show)
         while self.step < cfg.steps:
             m = self.train_step()
             if self.evaluates and ((cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps):
