@@ -23,7 +23,7 @@ from .task import Task, EvalReport
 from .credit import method_credits
 from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 import plotly.io as pio
-from .bank import ModelBank, QUICK_STEPS, KEPT
+from .bank import ModelBank, QUICK_STEPS, KEPT, find_models
 from .processes import stop_on_signals, stopped
 from .door import clip, CheckCalls, RefuseUploads
 
@@ -323,8 +323,10 @@ def _settings(bank:ModelBank, groups:dict, first:list[str]) -> list:
     import gradio as gr
     examples = list(dict.fromkeys([*first, *bank.task.eval_prompts]))[:200]
     with gr.Row():
-        prompt = gr.Textbox(label='prompt', value=examples[0], scale=3, elem_id='prompt',
-                            info=f'the task {bank.task.name!r}: e.g. ' + ', '.join(f'"{p}"' for p in examples[:3]))
+        # the box stops at the app's own limit and says it (a longer paste got Gradio's generic error, not the sentence)
+        prompt = gr.Textbox(label='prompt', value=examples[0], scale=3, elem_id='prompt', max_length=MAX_PROMPT_CHARS,
+                            info=f'at most {MAX_PROMPT_CHARS} characters; the task {bank.task.name!r}: e.g. '
+                            + ', '.join(f'"{p}"' for p in examples[:3]))
         example = gr.Dropdown(examples, label='evaluation prompts (where the models differ most first)', value=None,
                               scale=2)
     with gr.Row():
@@ -573,9 +575,14 @@ def app_cli(runs:str=None,
     if own: os.environ['GRADIO_TEMP_DIR'] = own  # Gradio's files (images, uploads) go there, removed on exit
     try:
         with stop_on_signals():  # SIGTERM stops the server the way Ctrl-C does, clean-up included
+            # loading and ranking the prompts take a while (about a minute for results/confirm on 2 busy cores)
+            print(f"loading {len(find_models(runs)[0])} fine-tuned models and their base from {runs}" if runs else
+                  "loading the embedded base model (no --runs)", flush=True)
             app = make_app(runs, base=base, lanes=lanes, device=device)
             try:
-                serve(app, host, port, share, block=False)
+                serve(app, host, port, share, block=False, quiet=True)  # Gradio's own lines name its Python API
+                print(f"serving at {app.local_url}" + (f" and {app.share_url}" if share else
+                      " (--share: a public gradio.live link too)") + "; Ctrl-C stops it", flush=True)
                 # not Gradio's wait, which takes Ctrl-C as a success (exit 0) with its own line
                 while app.is_running: time.sleep(0.1)
             finally: app.close(verbose=False)

@@ -9,7 +9,7 @@ __all__ = ['EVAL_SEED', 'step_prompts', 'step_generator', 'GRPOTrainer', 'check_
            'train_cli', 'result_line']
 
 # %% ../nbs/06_train.ipynb #7c75e6cd
-import json, math, os, warnings
+import json, math, os, sys, warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 import numpy as np, torch
@@ -269,16 +269,16 @@ def train(self:GRPOTrainer) -> dict:
     "Run (or continue) training to `cfg.steps`; returns the summary also written to summary.json."
     cfg = self.cfg
     if self.lock is not None and not self.lock.held: self.lock = self.folder.lock()  # a second `train` of this trainer
-    if self.progress and self.acc.is_main_process:
-        tqdm.write(f"{self.run_dir}: {self.precision['path']} path ({self.precision['why']})")
+    show = self.progress and self.acc.is_main_process
+    say = lambda line: show and (tqdm.write(line), sys.stdout.flush())  # flushed: a pipe would hold it back
+    say(f"{self.run_dir}: {self.precision['path']} path ({self.precision['why']})")
     try:
         if cfg.calibrate and self.psi is None: self.calibrate()
         if self.step == 0 and not self.history and self.evaluates and self.evaluate_base:
+            say(f"evaluating the base model ({cfg.eval_images} images)")
             self.log(self.eval_metrics() | dict(sec_total=0.0))
-        bar = tqdm(
-            total=cfg.steps, initial=self.step, desc=cfg.method,
-            disable=not (self.progress and self.acc.is_main_process)
-        )
+        say(f"training: steps {self.step + 1}..{cfg.steps}, {cfg.prompts_per_step} prompts x {cfg.group_size} samples")
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.method, disable=not show)
         while self.step < cfg.steps:
             m = self.train_step()
             if self.evaluates and ((cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps):

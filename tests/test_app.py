@@ -235,6 +235,9 @@ def test_first_screen_where_models_differ(bank, app):
     prompt = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'prompt')
     gallery = app.gallery
     assert prompt.value == ranked[0][0] and len(gallery.value) == len(bank.names)
+    # the box holds what the app accepts, and says so
+    limit = app_mod.MAX_PROMPT_CHARS
+    assert prompt.max_length == limit and f'at most {limit} characters' in prompt.info
     samples = generate_all(bank, ranked[0][0], 0, 10, 4.0, 'ode')
     scores = [s.report.overall for s in samples]
     assert max(scores) - min(scores) == pytest.approx(spreads[0][0]), \
@@ -433,6 +436,11 @@ def test_cli_serves_and_leaves_nothing(runs, tmp_path):
     assert out.splitlines()[-1] == f'flowgrpo app: stopped by SIGTERM: the server on 127.0.0.1:{port} is closed', \
         out[-2000:]
     assert not private[0].exists(), f'left behind: {list(private[0].rglob("*"))}'
+    # what it loads, said first; then where it serves
+    loading, serving = (next((i for i, l in enumerate(out.splitlines()) if l.startswith(s)), None)
+                        for s in (f'loading 3 fine-tuned models and their base from {runs}',
+                                  f'serving at http://127.0.0.1:{port}'))
+    assert loading is not None and serving is not None and loading < serving, out[-2000:]
 
 # --- a real browser ---
 

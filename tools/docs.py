@@ -13,8 +13,8 @@ built in plain Python:
 4. every page gets the navbar of `nbs/_quarto.yml` and the sidebar nbdev would generate (index first, then the
    numbered notebooks, then each folder as a section), and links to notebooks point to their pages;
 5. the pages are for reading offline: nbdev's API links (written for the published site, `doc_host`/`doc_baseurl`)
-   lead to the local page and heading (headings get Quarto's ids), a link to another host becomes its text with the
-   address shown, the "source" links to the code host are left out (`--source-links` keeps them), no prompts.
+   lead to the local page and heading (headings get Quarto's ids), a link to another host (a paper) stays a link with
+   its address shown, the "source" links to the code host are left out (`--source-links` keeps them), no prompts.
 
 Nothing is fetched: the pages open from disk, offline (`_docs/index.html`). `--only` builds some pages (the others
 still appear in the navigation), which is what the tests do."""
@@ -344,8 +344,8 @@ HREF = re.compile(r'''\shref=(["'])(.*?)\1''', re.S)
 
 def offline_links(body:str, rel:Path, all_pages:list, source_links:bool=False) -> str:
     """Links for reading from disk: an API link to the published site leads to the local page (`05_credit.html#...`),
-    a source link to the code host is dropped (kept with `source_links`), any other link to another host becomes its
-    text, followed by the address where the text is not code (so that a paper can still be looked up)."""
+    a source link to the code host is dropped (kept with `source_links`), any other link to another host stays a link,
+    followed by its address where the text is not code (so that a printed paper can still be looked up)."""
     st, up = _settings(), '../' * (len(rel.parts) - 1)
     local = {nbpath2html(p).as_posix(): p for p in all_pages}
     docs = {st['doc'], re.sub(r'^https:', 'http:', st['doc']), re.sub(r'^http:', 'https:', st['doc'])}
@@ -361,9 +361,12 @@ def offline_links(body:str, rel:Path, all_pages:list, source_links:bool=False) -
                 target = up + local[page].with_suffix('.html').as_posix() + (f'#{anchor}' if anchor else '')
                 return f'<a href="{html.escape(target)}">{text}</a>'
         if url.startswith(st['git']): return m.group(0) if source_links else ''
-        if '<code' in text or _text(text).strip() == url: return text
+        # a link to another host stays a link (a click, when online, opens the paper; nothing is fetched), with its
+        # address shown after a text that is not code or the address itself (printed, it can still be looked up)
+        a = f"<a href='{html.escape(url)}' rel='noopener'>{text}</a>"
+        if '<code' in text or _text(text).strip() == url: return a
         shown = re.sub(r'^[a-z]+://(www\.)?', '', url).rstrip('/')
-        return f"<span title='{html.escape(url)}'>{text}</span> <span class='ext-url'>({html.escape(shown)})</span>"
+        return f"{a} <span class='ext-url'>({html.escape(shown)})</span>"
     body = re.sub(r'<a\b([^>]*)>(.*?)</a>', fix, body, flags=re.S)
     return body if source_links else re.sub(r'<p>\s*</p>', '', body)  # the paragraphs the source links stood in
 

@@ -6,11 +6,12 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/compare.html.md"""
 
 # %% auto #0
 __all__ = ['base_eval', 'run_dir', 'base_file', 'finished', 'jobs_left', 'earlier_invocations', 'usable_cores', 'default_workers',
-           'load_tasks', 'run_jobs', 'measured_cpu', 'machine', 'read_fidelity', 'compare', 'run_paths', 'setup',
-           'build_report', 'heldout_prompts', 'rebuild_report', 'report_from_records', 'write_report']
+           'load_tasks', 'run_jobs', 'say', 'steps_logged', 'steps_bar', 'measured_cpu', 'machine', 'read_fidelity',
+           'plan_line', 'compare', 'run_paths', 'setup', 'build_report', 'heldout_prompts', 'rebuild_report',
+           'report_from_records', 'write_plotly_js', 'write_report']
 
 # %% ../../nbs/study/08_compare.ipynb #0899624f
-import copy, importlib, json, os, pickle, time
+import copy, importlib, json, os, pickle, sys, threading, time
 from datetime import datetime, timezone
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
@@ -37,7 +38,7 @@ from .summary import task_section, correct, judge, add_fidelity, FAMILIES
 from .figures import report_figures
 from .reference import reference_figures
 from .report import findings
-from .document import report_html
+from .document import report_html, PLOTLY_JS
 
 # %% ../../nbs/study/08_compare.ipynb #b60a4e6e
 def base_eval(policy:Policy, task:Task, cfg:GRPOConfig, path:Path|None=None, progress:bool=True) -> EvalReport:
@@ -180,8 +181,10 @@ def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Po
         try:
             futures = {ex.submit(mod._worker_job, k, out, asdict(ccfg)): k for k in jobs}
             for f in tqdm(as_completed(futures), total=len(futures), desc=f'compare ({workers} workers)',
-                          disable=not progress):
-                try: done[futures[f]] = f.result()
+                          unit='job', position=0, disable=not progress):
+                try:
+                    done[futures[f]] = f.result()
+                    if progress: say(f"finished {_job_name(futures[f])} ({len(done)} of {len(futures)} jobs)")
                 except Exception as e:
                     ex.shutdown(wait=True, cancel_futures=True)
                     raise ValueError(
@@ -196,6 +199,31 @@ def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Po
             stop_pool(ex)
             raise
     return done
+def say(line:str):
+    "A progress line on stdout, above the bars and flushed (a pipe would hold it back)."
+    tqdm.write(line); sys.stdout.flush()
+
+def steps_logged(run:Path) -> int:
+    "Training steps `run` has logged so far: the complete lines of its metrics.jsonl that time a step."
+    try: lines = RunFolder(run).file('metrics').read_text().split('\n')[:-1]  # a line being appended is not counted
+    except OSError: return 0
+    return sum('"sec_step"' in l for l in lines)
+
+def steps_bar(out:Path, ccfg:CompareConfig, runs:list, disable:bool=False, every:float=2.0):
+    """Start a bar over every training step of `runs` that a thread moves as the workers log them (every `every`
+    seconds); returns the function that stops it."""
+    dirs = [run_dir(out, *k) for k in runs]
+    count = lambda: sum(steps_logged(d) for d in dirs)
+    bar = tqdm(total=sum(ccfg.train_config(k[2], k[1], k[0]).steps for k in runs), initial=count(),
+               desc='training steps', unit='step', position=1, disable=disable)
+    stop = threading.Event()
+    def poll():
+        while not stop.wait(every):
+            if (n := count()) > bar.n: bar.update(n - bar.n)
+    t = threading.Thread(target=poll, daemon=True); t.start()
+    def close(): stop.set(); t.join(); bar.update(count() - bar.n); bar.close()
+    return close
+
 
 # %% ../../nbs/study/08_compare.ipynb #a198f022
 def _given_tasks(ccfg:CompareConfig, task) -> dict|None:
@@ -297,6 +325,16 @@ def read_fidelity(path:str|None) -> list[dict]|None:
             for r in res['stats'] if r['quantity'] == 'advantage' and r['step'] == 'all']
 
 # %% ../../nbs/study/08_compare.ipynb #e9568493
+def plan_line(ccfg:CompareConfig, jobs:list, reused:list, workers:int) -> str:
+    "What `compare` is about to do, said before it starts: its jobs, their steps and the estimate of their wall time."
+    runs = [k for k in jobs if k[0] != 'base' and k not in reused]
+    steps = sum(ccfg.train_config(k[2], k[1], k[0]).steps for k in runs)
+    e = estimate_cost(ccfg, workers)
+    return (f"{sum(k[0] == 'base' for k in jobs)} base evaluation(s), then "
+            f"{len(runs)} run(s) to train ({steps} steps"
+            + (f"; {len(reused)} finished run(s) reused" if reused else '') + f") on {workers} worker(s); "
+            f"estimated {e['wall_seconds'] / 60:.0f} min for the whole job (flowgrpo compare --estimate)")
+
 def compare(out:str|Path='runs/compare',   # the run folder of the comparison
             ccfg:CompareConfig|None=None,   # budget, seeds, tasks, arms (and a fidelity result to draw)
             # default: `load_tasks`; one Task (one-task comparisons) or {task name: Task}
@@ -342,6 +380,9 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
             out, id=me, wall_seconds=time.perf_counter() - t0, runs_trained=trained()
         )
         beat = _heartbeat(tick)  # a kill -9 still leaves this invocation's time to within HEARTBEAT seconds
+        if progress: say(plan_line(ccfg, jobs, reused, workers))
+        # with workers, the runs' own bars stay quiet: one bar counts their steps (in this process, each run shows its)
+        bars = steps_bar(out, ccfg, runs, disable=not progress or workers == 1)
         try:
             done = (_in_process(jobs, out, ccfg, tasks, policy, threads, progress, tick) if workers == 1 else
                     run_jobs(jobs, out, ccfg, given, policy, workers, threads, progress, tick))
@@ -356,7 +397,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
                 "checkpoint)",
                 invoked() or command_line(ccfg, out)  # the command as typed, every flag; from Python: its equivalent
             ) from None
-        finally: beat.set()
+        finally: beat.set(); bars()
         bases = {k: v for k, v in done.items() if k[0] == 'base'}
         report = build_report(ccfg, out, tasks, bases, given is not None, fidelity)
         report.wall_seconds = time.perf_counter() - t0
@@ -504,6 +545,12 @@ def report_from_records(report:Report, fidelity:list|None=None) -> Report:
     return _judged(ccfg, sections, report.setup, fidelity)
 
 # %% ../../nbs/study/08_compare.ipynb #dedf95d4
+def write_plotly_js(out:Path):
+    "plotly.js beside report.html (`PLOTLY_JS`), from the installed plotly, written whole; kept when it is the same."
+    from plotly.offline import get_plotlyjs
+    js, dest = get_plotlyjs(), Path(out)/PLOTLY_JS
+    if not dest.is_file() or dest.stat().st_size != len(js.encode()): write_text(dest, js, 'plotly.js')
+
 def write_report(report:Report, out:str|Path, png:bool=True):
     """report.json, report.html, figures/<task>_<figure>.json (what the app shows) and (`png`) .png in `out`, each file
     whole or not at all."""
@@ -514,5 +561,6 @@ def write_report(report:Report, out:str|Path, png:bool=True):
     for t, fs in figs.items():
         for name, f in fs.items(): write_text(out/'figures'/f'{t}_{name}.json', f.to_json(), 'the report figure')
     write_text(out/'report.html', report_html(report, figs), 'the report page')
+    write_plotly_js(out)
     # one browser start
     if png: write_pngs({out/'figures'/f'{t}_{name}.png': f for t, fs in figs.items() for name, f in fs.items()})

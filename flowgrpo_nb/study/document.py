@@ -18,9 +18,9 @@ from flowgrpo_nb.study.page import (
 
 
 # %% auto #0
-__all__ = ['CSS', 'READINGS', 'UNINFORMATIVE', 'QUESTION', 'setup_html', 'reading_of', 'reading_words', 'answer_lines',
-           'arm_steps', 'where_read', 'headline_html', 'report_html', 'contrast_readings', 'question_answer',
-           'question_table']
+__all__ = ['CSS', 'READINGS', 'UNINFORMATIVE', 'PLOTLY_JS', 'HEADLINE_PX', 'QUESTION', 'setup_html', 'reading_of',
+           'reading_words', 'answer_lines', 'arm_steps', 'where_read', 'headline_figure', 'fitted', 'headline_html',
+           'report_html', 'contrast_readings', 'question_answer', 'question_table']
 
 # %% ../../nbs/study/06c_document.ipynb #ee6bc571
 CSS = (
@@ -225,18 +225,39 @@ def where_read(c, steps:int|None=None) -> str:
     if not c.read or (m and steps and int(m.group(1)) == steps): return 'at equal optimizer steps'
     return f"{c.read}, {c.arm} to step {steps}" if m and steps else c.read
 
+PLOTLY_JS = 'plotly.min.js'  # beside report.html: one copy per report folder, the page still offline
+
+def headline_figure(report:Report, figures:dict):
+    "The first screen's figure: the first task's curves on the reference's bands (the main job), else vs CPU seconds."
+    t = next(iter(figures), None)
+    ref = (report.budget or {}).get('reference') and t is not None
+    return (figures[t].get('reference') if ref else None) or (figures[t].get('curve_seconds') if t else None)
+
+HEADLINE_PX = 540  # the first figure's height at most: under the title and the answer's first line on a 1280x800 screen
+
+def fitted(fig, height:int=HEADLINE_PX):
+    """A copy of `fig` at most `height` px high, the plot shrunk (its margins and legend under it kept, the legend as
+    far below the plot in px); None stays None."""
+    if fig is None or (fig.layout.height or 450) <= height: return fig
+    m, y = fig.layout.margin, fig.layout.legend.y
+    plot, new = fig.layout.height - (m.t or 0) - (m.b or 0), height - (m.t or 0) - (m.b or 0)
+    legend = dict(y=y * plot / new) if y is not None and y < 0 and new > 0 else {}
+    return type(fig)(fig).update_layout(height=height, legend=legend)
+
 def headline_html(report:Report, figures:dict) -> str:
     """The first screen of report.html: the answer in plain words, then every arm's held-out score against CPU seconds;
     for a budget with a reference (the main job), its curves on the reference's bands and what it can decide."""
     t = next(iter(figures), None)
     ref = (report.budget or {}).get('reference') and t is not None
     lines = reference_findings(report, t) if ref else [s for s in [question_answer(report)] if s] + answer_lines(report)
-    fig = (figures[t].get('reference') if ref else None) or (figures[t].get('curve_seconds') if t else None)
-    said = f"<ul class='answer'>{''.join(f'<li>{_md(s)}</li>' for s in lines)}</ul>" if lines else ''
+    fig = fitted(headline_figure(report, figures))
+    said = lambda ls: f"<ul class='answer'>{''.join(f'<li>{_md(s)}</li>' for s in ls)}</ul>" if ls else ''
     return (
         "<h2>The answer</h2>"
-        + said
-        + (fig.to_html(full_html=False, include_plotlyjs=True, div_id='headline') if fig is not None else '')
+        # the answer's first line, the figure whole on a 1280x800 screen, then the other lines
+        + said(lines[:1])
+        + (fig.to_html(full_html=False, include_plotlyjs=False, div_id='headline') if fig is not None else '')
+        + said(lines[1:])
         + ("<p class='note'>The bands are the confirmatory study's runs, the same recipe on the fp32 path: where the "
            "mean of as many runs as this job's lands 95% of the time (study/05b_reference). Definitions, tables and "
            "method notes follow.</p>" if ref else
@@ -249,7 +270,9 @@ def headline_html(report:Report, figures:dict) -> str:
 def report_html(report:Report, figures:dict) -> str:
     """report.html: setup, claims, findings, then per task its table, its study measures and its figures ({task: {name:
     figure}})."""
-    parts, first = [], False  # the headline carries plotly.js
+    # plotly.js once, beside the page (`write_report` puts it there): the figures only draw
+    parts, top = [], headline_figure(report, figures)
+    shown = {top.layout.title.text} if top is not None else set()  # a figure of the whole report (claims): once
     for t, figs in figures.items():
         parts.append(
             f"<h2>Task {html.escape(t)}: {html.escape(report.setup['tasks'][t]['about'])}</h2>"
@@ -257,15 +280,17 @@ def report_html(report:Report, figures:dict) -> str:
         )
         if study_rows(report, t)[1]:
             parts.append(html_table(*study_rows(report, t)) + f"<p>{html.escape(study_caption(report, t))}</p>")
-        for f in figs.values():
-            parts.append(f.to_html(full_html=False, include_plotlyjs=first)); first = False
+        for f in figs.values():  # the first screen's figure is not shown again, nor one every task has
+            if f is top or f.layout.title.text in shown: continue
+            shown.add(f.layout.title.text); parts.append(f.to_html(full_html=False, include_plotlyjs=False))
     claims = (f"<h2>The claims</h2>{html_table(*claims_rows(report))}<p>{html.escape(CLAIMS_NOTE)}</p>"
               if any(c.n for c in report.contrasts) and not (report.budget or {}).get('reference') else '')
     # (the main job says once what its seeds decide, instead of a row per claim);
     # a pre-registered study: its claims before everything
     pre = prereg_html(report) if report.setup.get('prereg') else ''
     return (
-        f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title><style>{CSS}</style></head><body>"
+        f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title><style>{CSS}</style>"
+        f"<script src='{PLOTLY_JS}' charset='utf-8'></script></head><body>"
         f"<h1>Flow-GRPO, its windows and dense credit: {_seeds(report.setup)}</h1>"
         + headline_html(report, figures)
         + (pre or '')

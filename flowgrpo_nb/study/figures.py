@@ -17,8 +17,9 @@ from .results import FIDELITY_MEASURES, Report, TaskSection
 from .design import contrast_label
 
 # %% auto #0
-__all__ = ['VERDICT_COLORS', 'AXES', 'fig_curves', 'fig_differences', 'fig_claims', 'fig_categories', 'fig_category_curves',
-           'fig_costs', 'fig_gradient', 'fig_psi', 'fidelity_by_arm', 'fig_fidelity_gain', 'report_figures']
+__all__ = ['VERDICT_COLORS', 'AXES', 'SCORE_RANGE', 'CLIPPED', 'clipped_bars', 'fig_curves', 'fig_differences', 'fig_claims',
+           'fig_categories', 'fig_category_curves', 'fig_costs', 'fig_gradient', 'fig_psi', 'fidelity_by_arm',
+           'fig_fidelity_gain', 'report_figures']
 
 # %% ../../nbs/study/05_figures.ipynb #3b38df2a
 def _below(fig, axis_px:int=60, plot_px:int=300, **layout) -> go.Figure:
@@ -35,15 +36,29 @@ AXES = dict(step='optimizer steps', seconds='process CPU seconds (calibration in
 
 def _section(report:Report, task:str|None=None) -> TaskSection: return report.tasks[task or next(iter(report.tasks))]
 
+# a score lies in [0, 1]: an interval is drawn within it (with 2 seeds a t interval can reach -0.5 or 1.25)
+SCORE_RANGE = (0.0, 1.0)
+CLIPPED = f'intervals drawn within the score\'s range [{SCORE_RANGE[0]:g}, {SCORE_RANGE[1]:g}]'
+
+def clipped_bars(mean, half, visible:bool=True) -> dict:
+    """Error bars of `mean` ± `half` (arrays) drawn within `SCORE_RANGE` (a mean outside it, another scale, keeps its
+    whole bar): plotly's `error_y`."""
+    mean, half = np.asarray(mean, float), np.asarray(half, float)
+    lo, hi = SCORE_RANGE
+    inside = (mean >= lo) & (mean <= hi)
+    return dict(type='data', symmetric=False, visible=visible,
+                array=np.where(inside, np.clip(mean + half, lo, hi) - mean, half),
+                arrayminus=np.where(inside, mean - np.clip(mean - half, lo, hi), half))
+
 def _mean_curve(fig, curves, x, name, colour):
-    "The mean over seeds with its 95% interval, when every seed has the same evaluations."
+    "The mean over seeds with its 95% interval (within the score's range), when every seed has the same evaluations."
     n = len(curves)
     xs = np.array([[getattr(p, x) for p in c] for c in curves], float)
     ys = np.array([[p.eval for p in c] for c in curves])
     fig.add_scatter(
         x=xs.mean(0), y=ys.mean(0), name=f'{display_name(name)} (mean ± 95% CI, {n} seeds)', legendgroup=name,
         mode='lines+markers', line=dict(color=colour, width=3),
-        error_y=dict(array=t_quantile(n) * ys.std(0, ddof=1) / math.sqrt(n), visible=True)
+        error_y=clipped_bars(ys.mean(0), t_quantile(n) * ys.std(0, ddof=1) / math.sqrt(n))
     )
 
 # %% ../../nbs/study/05_figures.ipynb #9f74bf04
@@ -60,14 +75,15 @@ def fig_curves(report:Report, x:str='step', task:str|None=None) -> go.Figure:
                             name=display_name(m) if n == 1 else f'{display_name(m)} (seed {seed})', legendgroup=m,
                             showlegend=n == 1, mode='lines+markers', opacity=1 if n == 1 else 0.25,
                             line=dict(color=color(m, i), width=2 if n == 1 else 1),
-                            error_y=dict(array=[p.se for p in c], visible=n == 1))
+                            error_y=clipped_bars([p.eval for p in c], [p.se for p in c], visible=n == 1))
         if n > 1 and len({len(c) for c in curves}) == 1: _mean_curve(fig, curves, x, m, color(m, i))
         if x == 'step' and summ.plateau and summ.plateau['step'] is not None:
             fig.add_vline(x=summ.plateau['step'], line=dict(color=color(m, i), dash='dot', width=1))
     fig.add_hline(y=sec.base['overall']['strict'], line_dash='dot', annotation_text='base')
     return _below(
         fig,
-        title=f"{sec.task}: held-out strict score vs {x}" + (' (dotted: where each curve goes flat)' * (x == 'step')),
+        title=f"{sec.task}: held-out strict score vs {x}" + (' (dotted: where each curve goes flat)' * (x == 'step'))
+        + f'<br><sup>{CLIPPED}</sup>',
         xaxis_title=AXES[x], yaxis_title='strict score'
     )
 
@@ -121,11 +137,13 @@ def fig_categories(report:Report, task:str|None=None) -> go.Figure:
     sec, fig = _section(report, task), go.Figure()
     cats = [c for c in sec.base if c not in ('overall', 'learned_score', 'per_seed')]
     fig.add_bar(x=cats, y=[sec.base[c]['strict'] for c in cats], name=display_name('base'), marker_color=color('base'),
-                error_y=dict(array=[sec.base[c]['se'] for c in cats]))
+                error_y=clipped_bars([sec.base[c]['strict'] for c in cats], [sec.base[c]['se'] for c in cats]))
     for i, (m, r) in enumerate(sec.arms.items()):
         fig.add_bar(x=cats, y=[r.per_category[c]['mean'] for c in cats], name=display_name(m), marker_color=color(m, i),
-                    error_y=dict(array=[_half(r.per_category[c]) for c in cats]))
-    return _below(fig, axis_px=30, barmode='group', title=f"{sec.task}: held-out strict score per category")
+                    error_y=clipped_bars([r.per_category[c]['mean'] for c in cats],
+                                         [_half(r.per_category[c]) for c in cats]))
+    return _below(fig, axis_px=30, barmode='group',
+                  title=f"{sec.task}: held-out strict score per category<br><sup>{CLIPPED}</sup>")
 
 # %% ../../nbs/study/05_figures.ipynb #7247cbda
 def fig_category_curves(report:Report, task:str|None=None, cols:int=3) -> go.Figure|None:
@@ -209,10 +227,9 @@ def fig_psi(report:Report, task:str|None=None) -> go.Figure|None:
     fig.update_xaxes(
         title_text='round', tickformat='d', tick0=0, dtick=max(1, math.ceil(max(len(m) for m in means) / 12))
     )
-    return fig.update_layout(
-        title=f"{sec.task}: calibrated noise psi(k) per calibration round",
-        legend_title_text='a line per trained step:', yaxis_title='psi(k)', height=360
-    )
+    # the legend under the panels, in rows: at the side a line per step outgrew the figure's height and scrolled
+    return _below(fig, plot_px=280, title=f"{sec.task}: calibrated noise psi(k) per calibration round",
+                  legend_title_text='a line per trained step:', yaxis_title='psi(k)')
 
 # %% ../../nbs/study/05_figures.ipynb #c6635132
 def fidelity_by_arm(report:Report, task:str|None=None) -> dict:
