@@ -32,7 +32,7 @@ from flowgrpo_nb.config import (
 from .precision import resolve_fast, path_name
 from flowgrpo_nb.checkpoint import (
     write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint, clean_interrupted, flatten_optimizer,
-    unflatten_optimizer, MetricsLog, check_output_dir, RunFolder, resumable
+    unflatten_optimizer, MetricsLog, check_output_dir, RunFolder, resumable, check_checkpoint_tensors
 )
 
 # %% ../nbs/06_train.ipynb #c31c22a1
@@ -414,6 +414,7 @@ def save(self:GRPOTrainer) -> Path|None:
 def load(self:GRPOTrainer, ckpt:Path):
     "Restore the state written by `save` (every file's checksum verified), and cut the log back to its step."
     d = read_checkpoint(ckpt)
+    check_checkpoint_tensors(ckpt, d, self.policy, self.params)  # before any of it is used: one sentence, rc 2
     self.policy.load_lora(ckpt)
     self.opt.load_state_dict(unflatten_optimizer(d['optimizer.safetensors'], d['optimizer.json']))
     torch.set_rng_state(d['rng.safetensors']['torch'])

@@ -19,10 +19,12 @@ import torch
 from tqdm.auto import tqdm
 from ..processes import write_pngs, Stopped, stopped, invoked
 from .pool import worker_context, init_worker, stop_pool
-from ..policy import Policy
-from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy
+from ..policy import Policy, LORA_FILE, read_lora_file
+from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy, check_no_code
 from ..config import GRPOConfig, config_diff, run_config
-from ..checkpoint import RunFolder, FolderLock, read_json, write_json, write_text
+from flowgrpo_nb.checkpoint import (
+    RunFolder, FolderLock, read_json, write_json, write_text, verify_checkpoint, check_tensors
+)
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
 from flowgrpo_nb.study.design import (
     ARMS, TASKS, BUDGETS, CONTRASTS, equal_compute, budget_of, load_prereg, prereg_file, CompareConfig, arm_settings
@@ -93,12 +95,22 @@ def earlier_invocations(out:Path) -> list[dict]:
 def _check_reused(keys:list, out:Path, ccfg:CompareConfig, policy:Policy|None):
     """Before any work: every finished run about to be reused was trained on the base weights of this comparison (one
     model load per backend)."""
-    fps = {}
+    fps, pols, refs = {}, {}, {}
     for task, seed, arm in keys:
         cfg = ccfg.train_config(arm, seed, task)
         b = json.dumps(cfg.backend(), sort_keys=True)
-        if b not in fps: fps[b] = (policy or load_policy(**cfg.backend())).base_fingerprint()
+        if b not in fps: pols[b] = policy or load_policy(**cfg.backend()); fps[b] = pols[b].base_fingerprint()
         check_base(run_dir(out, task, seed, arm), fps[b], 'reuse')
+        _check_final_adapter(run_dir(out, task, seed, arm), pols[b], cfg, refs)
+
+def _check_final_adapter(d:Path, policy:Policy, cfg:GRPOConfig, refs:dict):
+    """A reused run's final adapter, before it is counted: its checksum, and each tensor's shape and dtype against the
+    adapter `cfg` puts on `policy` (made once per shape, in `refs`); a run kept without checkpoints has none."""
+    if not (ckpts := RunFolder(d).checkpoints()): return
+    key = (id(policy), cfg.lora_rank, cfg.lora_alpha, tuple(cfg.lora_targets))
+    if key not in refs: refs[key] = copy.deepcopy(policy).add_lora(*key[1:]).lora_state_dict()
+    verify_checkpoint(ckpts[-1], [LORA_FILE])
+    check_tensors(read_lora_file(ckpts[-1])[0], refs[key], ckpts[-1]/LORA_FILE)
 
 def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:bool):
     "Train (or resume, or reuse) one run in `d` from `policy` (None: the trainer loads the config's)."
@@ -151,9 +163,12 @@ def default_workers(n_jobs:int, cores:int|None=None, workers:int|None=None) -> t
 
 # %% ../../nbs/study/08_compare.ipynb #02824254
 _worker = {}  # this worker process's tasks and policy, set once by `_init_worker`
-def load_tasks(ccfg:CompareConfig) -> dict:
+def load_tasks(ccfg:CompareConfig,
+               read_from:str|None=None) -> dict:  # the file `ccfg` was read from: its code (py: rewards) is not run
     "{task: Task} of `ccfg`'s tasks, as the runs' configs name them."
     cfgs = {t: ccfg.train_config('flow_grpo', ccfg.task_seeds(t)[0], t) for t in ccfg.tasks}
+    for c in cfgs.values():
+        if read_from: check_no_code(c.reward, read_from, "CompareConfig(overrides={'reward': ...}) given again")
     return {t: load_task(c.reward, c.prompts, c.eval_prompts, c.model) for t, c in cfgs.items()}
 
 def _init_worker(threads:int, ccfg:dict, tasks:dict|None, policy:Policy|None, parent:int):
@@ -468,7 +483,7 @@ def rebuild_report(out:str|Path,                 # a comparison folder: compare.
     "The report of a finished comparison rebuilt from its kept runs and base evaluations; nothing trained or written."
     out = Path(out)
     ccfg = CompareConfig(**{**read_json(out/'compare.json', 'the comparison config'), 'fidelity': None})
-    tasks, bases = load_tasks(ccfg), {}
+    tasks, bases = load_tasks(ccfg, read_from=str(out/'compare.json')), {}
     for g, ts in _eval_groups(ccfg).items():
         for s in sorted({s for t in ts for s in ccfg.task_seeds(t)}):
             t = next(t for t in ts if s in ccfg.task_seeds(t))

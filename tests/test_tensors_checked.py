@@ -1,0 +1,71 @@
+"""Every tensor a resume restores is checked against the model before any rollout: a checkpoint file changed after it
+was written (its checksum rewritten to match) is one sentence naming the file and the tensor, exit status 2."""
+import json, os, shutil, subprocess, sys
+from pathlib import Path
+import pytest, torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from flowgrpo_nb.checkpoint import _digest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+SMOKE = ['--preset', 'flow_grpo+smoke', '--quiet', '--set', 'log_with=none', 'eval_images=0', 'save_every=1',
+         'ema=true', 'ema_decay=0.9']
+
+def flowgrpo(*args):
+    return subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', *map(str, args)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    "A 2-step smoke run with an EMA (its LoRA file holds the EMA, live.safetensors the live adapter)."
+    out = tmp_path_factory.mktemp('tensors')/'r'
+    r = flowgrpo('train', '--out', out, *SMOKE, 'steps=2')
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+def rewrite(ckpt:Path, name:str, change, drop:str|None=None):
+    "Rewrite `name` of `ckpt` with `change(tensors)` and its checksum in state.json, as a careful forger would."
+    f = ckpt/name
+    with safe_open(str(f), 'pt') as fh: meta = fh.metadata()
+    tensors = change(load_file(str(f)))
+    save_file(tensors, str(f), metadata=meta)
+    st = json.loads((ckpt/'state.json').read_text())
+    st['files'][name] = _digest(f)
+    if drop: (ckpt/drop).unlink(); st['files'].pop(drop)
+    (ckpt/'state.json').write_text(json.dumps(st))
+
+def first(d:dict) -> str: return sorted(d)[0]
+
+CASES = {
+    'live': ('live.safetensors', lambda t: t | {'0': t['0'].half()}, None, "tensor '0' is"),
+    'optimizer': ('optimizer.safetensors', lambda t: t | {'0.exp_avg': t['0.exp_avg'].reshape(-1)}, None,
+                  "tensor '0.exp_avg' is"),
+    'lora (the EMA)': ('pytorch_lora_weights.safetensors', lambda t: t | {first(t): t[first(t)].t().contiguous()},
+                       None, 'lora_'),
+    'lora dtype': ('pytorch_lora_weights.safetensors', lambda t: t | {first(t): t[first(t)].half()}, None, 'float16'),
+    # the older layout: ema.safetensors beside the LoRA file, no live.safetensors
+    'ema': ('ema.safetensors', lambda t: t | {'1': t['1'][:1]}, 'live.safetensors', "tensor '1' is"),
+}
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_a_changed_tensor_is_refused_before_any_rollout(run, tmp_path, case):
+    name, change, drop, words = CASES[case]
+    out = tmp_path/'r'; shutil.copytree(run, out)
+    ckpt = out/'checkpoints'/'ckpt-000002'
+    if name == 'ema.safetensors':  # made from the live file, as an older version wrote it
+        shutil.copy(ckpt/'live.safetensors', ckpt/name)
+        st = json.loads((ckpt/'state.json').read_text()); st['files'][name] = _digest(ckpt/name)
+        (ckpt/'state.json').write_text(json.dumps(st))
+    rewrite(ckpt, name, change, drop)
+    lines = (out/'metrics.jsonl').read_text()
+    r = flowgrpo('train', '--out', out, '--resume', *SMOKE, 'steps=3')
+    said = [l for l in r.stderr.splitlines() if l.startswith('flowgrpo ')]
+    assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+    assert len(said) == 1 and str(ckpt/name) in said[0] and words in said[0], r.stderr
+    assert (out/'metrics.jsonl').read_text() == lines  # no step ran
+
+def test_the_unchanged_checkpoint_resumes(run, tmp_path):
+    out = tmp_path/'r'; shutil.copytree(run, out)
+    r = flowgrpo('train', '--out', out, '--resume', *SMOKE, 'steps=3')
+    assert r.returncode == 0, r.stderr[-2000:]
