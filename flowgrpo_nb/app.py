@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/app.html.md"""
 
 # %% ../nbs/08_app.ipynb #c51fab2b
 from __future__ import annotations
-import errno, json, os, shutil, signal, socket, tempfile, threading, time
+import contextlib, errno, json, os, shutil, signal, socket, tempfile, threading, time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +26,14 @@ import plotly.io as pio
 from .bank import ModelBank, QUICK_STEPS, KEPT
 from .processes import stop_on_signals, stopped
 from .door import clip, CheckCalls, RefuseUploads
+from .checkpoint import CheckpointError, write_bytes
 
 # %% auto #0
 __all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'MAX_PROMPTS', 'RANK_PROMPTS', 'REPORT_FIGURES', 'REBUILD', 'QUEUE_SIZE', 'MAX_FILES',
            'UPLOAD_LIMIT', 'GENERATE_AT_ONCE', 'PREVIEWS', 'GALLERY_COLUMNS', 'MAX_MESSAGE', 'PAGE_WIDTH',
            'NO_TURNING_POINT', 'TABS', 'CSS', 'check_prompt', 'check_settings', 'forget_prompts', 'Sample',
            'generate_all', 'model_label', 'strip_figure', 'samples_view', 'rank_prompts', 'models_view', 'find_report',
-           'report_view', 'credit_view', 'prune_files', 'make_app', 'serve', 'check_address', 'app_cli']
+           'report_view', 'credit_view', 'prune_files', 'cache_images', 'make_app', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #93ebcae0
 MAX_PROMPT_CHARS = 200
@@ -300,10 +301,33 @@ def prune_files(component, keep:int=MAX_FILES) -> int:
             except OSError: pass
         return len(old)
 
+def cache_images(component, items:list[tuple[np.ndarray, str]]) -> list[tuple[str, str]]:
+    """Each (image [H, W, 3] uint8, caption) written to `component`'s Gradio cache as Gradio names it, whole (temporary
+    file + rename): a full disk is one sentence naming the file, and leaves no empty image behind."""
+    from PIL import Image
+    from gradio.processing_utils import encode_pil_to_bytes, hash_bytes
+    out = []
+    for arr, caption in items:
+        data = encode_pil_to_bytes(Image.fromarray(arr), component.format)
+        f = Path(component.GRADIO_CACHE)/hash_bytes(data)/f'image.{component.format}'
+        if not (f.is_file() and f.stat().st_size == len(data)):
+            try:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                write_bytes(f, data, 'the image')
+            except OSError as e: raise CheckpointError(f"cannot write the image {f}: {e.strerror or e}") from None
+            except CheckpointError:
+                with contextlib.suppress(OSError): f.parent.rmdir()  # its folder, if it holds nothing else
+                raise
+        component.temp_files.add(str(f))  # what `prune_files` sees
+        out.append((str(f), caption))
+    return out
+
 def _error(e:Exception) -> str:
     """The message of a failed request in Markdown: a code block (a grammar keeps its columns) that `CSS` wraps at the
     page's edge."""
-    kind, text = 'Invalid input' if isinstance(e, ValueError) else f'Error ({type(e).__name__})', str(e)
+    kind = ('Cannot write' if isinstance(e, CheckpointError) else 'Invalid input' if isinstance(e, ValueError) else
+            f'Error ({type(e).__name__})')
+    text = str(e)
     text = text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f'... ({len(text)} characters)'
     return f"**{kind}:**\n\n```\n{text}\n```"
 
@@ -341,12 +365,14 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int, fir
     """One image per model from the same noise, their scores, Tweedie previews of the models picked (drawn for the
     prompt `first` when given); returns the gallery."""
     import gradio as gr
-    def draw(prompt, seed, steps, guidance, sampler, previews=None):
+    def draw(prompt, seed, steps, guidance, sampler, previews=None, cache=None):  # cache: the gallery, once made
         try:
             samples = generate_all(bank, prompt, seed, steps, guidance, sampler)
             images, table, strips = samples_view(
                 samples, previews=bank.names[:PREVIEWS] if previews is None else previews
             )
+            # written here, whole, rather than by Gradio after the handler (a full disk: a sentence, not a traceback)
+            if cache is not None: images = cache_images(cache, images)
             return (
                 f"{len(images)} model{'s' if len(images) > 1 else ''}, seed {int(seed)}, {int(steps)} steps, CFG "
                 f"{float(guidance):g}, {sampler}",
@@ -354,10 +380,10 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int, fir
             )
         except Exception as e:
             return _error(e), [], '', None
-    def generate(*args):
+    def generate(prompt, seed, steps, guidance, sampler, previews=None):  # the names a keyword call (/call/v2) uses
         try: prune_files(gallery, max_files)
         except OSError: pass  # housekeeping: an undeletable file never fails the request
-        return draw(*args)
+        return draw(prompt, seed, steps, guidance, sampler, previews, cache=gallery)
     with gr.Row():
         gen = gr.Button('Generate', variant='primary', elem_id='generate', scale=1)
         previews = gr.Dropdown(bank.names, value=bank.names[:PREVIEWS], multiselect=True, scale=3, elem_id='previews',
@@ -469,7 +495,8 @@ def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare, resu
     groups, report_first = _groups(bank), not bank.models and find_report(bank.runs) is not None
     first = [r[0] for r in rank_prompts(bank, rank)] if rank and bank.models else []
     head, table = models_view(bank)
-    with gr.Blocks(title='flowgrpo_nb', delete_cache=(600, 3600)) as app:
+    # an offline research app: Gradio's telemetry off
+    with gr.Blocks(title='flowgrpo_nb', delete_cache=(600, 3600), analytics_enabled=False) as app:
         gr.Markdown("## flowgrpo_nb: base vs fine-tuned\n\n" + head, elem_id='found')
         with gr.Accordion(f'the {len(bank.models)} fine-tuned models by arm', open=False, visible=bool(table),
                           elem_id='models'):
@@ -569,6 +596,7 @@ def app_cli(runs:str=None,
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads={threads!r}: allowed an integer >= 0")
     if threads: torch.set_num_threads(threads)
+    os.environ['GRADIO_ANALYTICS_ENABLED'] = 'False'  # nothing reported on launch (the Blocks say so too)
     own = None if os.environ.get('GRADIO_TEMP_DIR') else tempfile.mkdtemp(prefix='flowgrpo-app-')
     if own: os.environ['GRADIO_TEMP_DIR'] = own  # Gradio's files (images, uploads) go there, removed on exit
     try:

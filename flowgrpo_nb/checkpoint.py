@@ -8,7 +8,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/checkpoint.html.md"""
 __all__ = ['CKPT_PREFIX', 'LOCK_FILE', 'RUN_FILES', 'flatten_optimizer', 'unflatten_optimizer', 'CheckpointError',
            'check_tensors', 'optimizer_reference', 'check_checkpoint_tensors', 'list_checkpoints', 'write_checkpoint',
            'verify_checkpoint', 'read_checkpoint', 'latest_checkpoint', 'clean_interrupted', 'resumable', 'MetricsLog',
-           'read_json', 'write_json', 'write_text', 'check_output_dir', 'FolderLocked', 'FolderLock', 'RunFolder']
+           'read_json', 'write_json', 'write_text', 'write_bytes', 'check_output_dir', 'FolderLocked', 'FolderLock',
+           'RunFolder']
 
 # %% ../nbs/00c_checkpoint.ipynb #3694947e
 import contextlib, hashlib, json, os, shutil, time, warnings
@@ -406,6 +407,11 @@ def write_text(path:str|Path, text:str, what:str='file') -> Path:
     """Write `text` atomically (a page, a figure file); an OSError (a full disk) is one CheckpointError sentence naming
     the file."""
     _atomic_write(Path(path), text.encode(), what)
+    return Path(path)
+
+def write_bytes(path:str|Path, data:bytes, what:str='file') -> Path:
+    "Write `data` atomically (an image a server hands out); an OSError is one CheckpointError sentence naming the file."
+    _atomic_write(Path(path), bytes(data), what)
     return Path(path)
 
 # %% ../nbs/00c_checkpoint.ipynb #093fe030

@@ -69,3 +69,27 @@ def test_the_unchanged_checkpoint_resumes(run, tmp_path):
     out = tmp_path/'r'; shutil.copytree(run, out)
     r = flowgrpo('train', '--out', out, '--resume', *SMOKE, 'steps=3')
     assert r.returncode == 0, r.stderr[-2000:]
+
+def test_compare_checks_a_reused_runs_final_adapter(base, tmp_path):
+    "A finished run's final LoRA file is verified (checksum) and its tensors checked before `compare` counts it."
+    import copy
+    from flowgrpo_nb.config import preset_config, run_config
+    from flowgrpo_nb.checkpoint import CheckpointError, RunFolder
+    from flowgrpo_nb.train import GRPOTrainer
+    from flowgrpo_nb.study.compare import _check_final_adapter
+    cfg = preset_config('flow_grpo+smoke', log_with='none', eval_images=0, prompts_per_step=2, group_size=2,
+                        minibatch=2, fast=False, steps=1)
+    t = GRPOTrainer(cfg, tmp_path/'r', policy=copy.deepcopy(base[0]), task=base[1], progress=False,
+                    evaluate_base=False)
+    t.train_step(); t.save()
+    if t.lock is not None: t.lock.release()
+    cfg, refs = run_config(RunFolder(tmp_path/'r')), {}
+    _check_final_adapter(tmp_path/'r', base[0], cfg, refs)  # as written: counted
+    ckpt = tmp_path/'r'/'checkpoints'/'ckpt-000001'
+    lora = ckpt/'pytorch_lora_weights.safetensors'
+    data = bytearray(lora.read_bytes()); data[-1] ^= 1; lora.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match='pytorch_lora_weights.safetensors is corrupt'):
+        _check_final_adapter(tmp_path/'r', base[0], cfg, refs)
+    rewrite(ckpt, lora.name, lambda t: t | {first(t): t[first(t)].double()})
+    with pytest.raises(CheckpointError, match=r"pytorch_lora_weights.safetensors: tensor .* float64; the model's"):
+        _check_final_adapter(tmp_path/'r', base[0], cfg, refs)
