@@ -515,10 +515,17 @@ def _acquire(self:FolderLock) -> dict:
             with contextlib.suppress(OSError): self.folder.rmdir()  # not when the holder wrote into it meanwhile
         raise
     last = _holder(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(
-        fd, json.dumps(dict(pid=os.getpid(), what=self.what, since=time.strftime('%Y-%m-%d %H:%M:%S'))).encode(), 0
-    )
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(
+            fd, json.dumps(dict(pid=os.getpid(), what=self.what, since=time.strftime('%Y-%m-%d %H:%M:%S'))).encode(), 0
+        )
+    except OSError as e:  # a full disk: nothing of this writer is left behind, and the sentence names the file
+        with contextlib.suppress(OSError):
+            os.unlink(self.folder/LOCK_FILE)
+            if made: self.folder.rmdir()
+        os.close(fd)
+        raise CheckpointError(f"cannot write the lock file {self.folder/LOCK_FILE}: {_cause(e)}") from None
     if last.get('pid'):
         warnings.warn(
             f"{self.folder}: its last writer ({last.get('what', 'a writer')}, PID {last['pid']}) ended without "

@@ -10,9 +10,10 @@ __all__ = ['base_eval', 'run_dir', 'base_file', 'finished', 'jobs_left', 'earlie
            'build_report', 'rebuild_report', 'report_from_records', 'write_report']
 
 # %% ../../nbs/study/08_compare.ipynb #0899624f
-import copy, importlib, json, os, pickle, time
+import copy, importlib, json, os, pickle, signal, time
 from datetime import datetime, timezone
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
 from pathlib import Path
 import torch
@@ -171,13 +172,39 @@ def load_tasks(ccfg:CompareConfig,
         if read_from: check_no_code(c.reward, read_from, "CompareConfig(overrides={'reward': ...}) given again")
     return {t: load_task(c.reward, c.prompts, c.eval_prompts, c.model) for t, c in cfgs.items()}
 
-def _init_worker(threads:int, ccfg:dict, tasks:dict|None, policy:Policy|None, parent:int):
+def _init_worker(threads:int, ccfg:dict, tasks:dict|None, policy:Policy|None, parent:int, started=None):
     init_worker(parent)  # Ctrl-C is the command's to handle; a kill of the command ends this worker
     torch.set_num_threads(threads)
-    _worker.update(tasks=tasks or load_tasks(CompareConfig(**ccfg)), policy=policy)
+    _worker.update(tasks=tasks or load_tasks(CompareConfig(**ccfg)), policy=policy, started=started)
+    if started is not None: signal.signal(signal.SIGTERM, _on_sigterm)
+
+def _on_sigterm(signum, frame):
+    "A worker stopped by SIGTERM says so before it dies: the pool then stops the others with SIGTERM too."
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try: _worker['started'].put((os.getpid(), 'SIGTERM'))
+    finally: os.kill(os.getpid(), signal.SIGTERM)
 
 def _worker_job(key, out: Path, ccfg: dict):
+    # which process runs which job: a worker that dies is reported as the run it was running
+    if (q := _worker.get('started')) is not None: q.put((os.getpid(), key))
     return _job(key, out, CompareConfig(**ccfg), _worker['tasks'], _worker['policy'], False)
+
+def _dead_worker(procs:dict, started, key) -> tuple:
+    """(job, why) of a broken pool: the job of the worker process that died (as its `started` messages say) and how
+    it died; `key` and the pool's own words when no dead worker is found."""
+    running, termed = {}, []
+    while not started.empty():
+        pid, k = started.get()
+        if k == 'SIGTERM': termed.append(pid)
+        else: running[pid] = k
+    codes = {p.pid: p.exitcode for p in procs.values()}
+    # the pool stops the other workers with SIGTERM once one died: another end came first; else the first SIGTERM
+    other = [p for p, c in codes.items() if c not in (None, 0, -signal.SIGTERM) and p in running]
+    pid = other[0] if other else next((p for p in termed if p in running), None)
+    if pid is None: return key, 'BrokenProcessPool: a worker process ended abruptly'
+    code = codes.get(pid) or -signal.SIGTERM
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    return running[pid], f"its process (PID {pid}) died: {how}"
 
 
 def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Policy|None, workers:int, threads:int,
@@ -185,20 +212,25 @@ def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Po
     """{job: result} of every job, run in `workers` worker processes of `threads` threads; a failure is one ValueError
     naming its job; an interrupt kills the workers."""
     done, ctx = {}, worker_context()
+    started = ctx.SimpleQueue()  # (pid, job) as each worker starts a job
     # a worker unpickles what it runs by module name: the package's functions
     mod = importlib.import_module('flowgrpo_nb.study.compare')
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=mod._init_worker,
-                             initargs=(threads, asdict(ccfg), tasks, policy, os.getpid())) as ex:
+                             initargs=(threads, asdict(ccfg), tasks, policy, os.getpid(), started)) as ex:
         try:
             futures = {ex.submit(mod._worker_job, k, out, asdict(ccfg)): k for k in jobs}
+            procs = dict(getattr(ex, '_processes', None) or {})  # no public list of a pool's processes
             for f in tqdm(as_completed(futures), total=len(futures), desc=f'compare ({workers} workers)',
                           disable=not progress):
                 try: done[futures[f]] = f.result()
                 except Exception as e:
                     ex.shutdown(wait=True, cancel_futures=True)
+                    key, why = (
+                        _dead_worker(procs, started, futures[f]) if isinstance(e, BrokenProcessPool)
+                        else (futures[f], f"{type(e).__name__}: {' '.join(str(e).split())}")
+                    )
                     raise ValueError(
-                        f"{_job_name(futures[f])} failed in its worker process ({type(e).__name__}: "
-                        f"{' '.join(str(e).split())}); "
+                        f"{_job_name(key)} failed in its worker process ({why}); "
                         f"the runs already finished are kept in {out} and the same command resumes the rest"
                     ) from e
                 on_done(done)
