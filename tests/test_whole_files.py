@@ -48,3 +48,20 @@ def test_out_is_checked_before_the_measurement(tmp_path, monkeypatch):
     (f := tmp_path/'f').write_text('')
     with pytest.raises(ValueError, match='is a file'): fr.fidelity_report(f, fr.FidelityConfig(prompts=2))
     with pytest.raises(ValueError, match='is a file'): fr.fidelity_report(f/'sub', fr.FidelityConfig(prompts=2))
+
+def test_train_score_checks_out_before_training_and_writes_whole(tmp_path, monkeypatch):
+    import subprocess, sys
+    from flowgrpo_nb.score import save_score, load_score
+    root = Path(flowgrpo_nb.__file__).parent.parent
+    (f := tmp_path/'file').write_text('')
+    for out, says in [(tmp_path, 'is a folder'), (f/'score.safetensors', 'is a file')]:
+        r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train-score', '--out', str(out)], cwd=root,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and says in r.stderr and 'Traceback' not in r.stderr, r.stderr[-2000:]
+    model = load_score()
+    save_score(model, tmp_path/'s.safetensors', {'n': 1})
+    before = (tmp_path/'s.safetensors').read_bytes()
+    full_at(monkeypatch, 's.safetensors')
+    with pytest.raises(CheckpointError, match=r"the score weights .*s.safetensors: No space left on device"):
+        save_score(model, tmp_path/'s.safetensors', {'n': 2})
+    assert (tmp_path/'s.safetensors').read_bytes() == before and not list(tmp_path.glob('.tmp-*'))

@@ -24,7 +24,7 @@ from ..policy import Policy, LORA_FILE, read_lora_file
 from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy, check_no_code
 from ..config import GRPOConfig, config_diff, run_config
 from flowgrpo_nb.checkpoint import (
-    RunFolder, FolderLock, read_json, write_json, write_text, verify_checkpoint, check_tensors
+    RunFolder, FolderLock, read_json, write_json, write_text, verify_checkpoint, check_tensors, check_output_dir
 )
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
 from flowgrpo_nb.study.design import (
@@ -357,6 +357,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     figures."""
     ccfg, out = ccfg or CompareConfig(), Path(out)
     given = _given_tasks(ccfg, task)
+    check_output_dir(out)  # a file, a read-only or full disk: one sentence before any work
     # a second job on `out` is refused here, before any work; its runs lock their own folders
     with FolderLock(out, 'a comparison'):
         tasks, fidelity = given or load_tasks(ccfg), read_fidelity(ccfg.fidelity)
