@@ -48,8 +48,8 @@ CASES = {
     'ema': ('ema.safetensors', lambda t: t | {'1': t['1'][:1]}, 'live.safetensors', "tensor '1' is"),
 }
 
-@pytest.mark.parametrize('case', list(CASES))
-def test_a_changed_tensor_is_refused_before_any_rollout(run, tmp_path, case):
+def changed(run:Path, tmp_path:Path, case:str) -> tuple[Path, Path, str]:
+    "A copy of `run` whose newest checkpoint has the change of `case`: (folder, changed file, words of the sentence)."
     name, change, drop, words = CASES[case]
     out = tmp_path/'r'; shutil.copytree(run, out)
     ckpt = out/'checkpoints'/'ckpt-000002'
@@ -58,17 +58,36 @@ def test_a_changed_tensor_is_refused_before_any_rollout(run, tmp_path, case):
         st = json.loads((ckpt/'state.json').read_text()); st['files'][name] = _digest(ckpt/name)
         (ckpt/'state.json').write_text(json.dumps(st))
     rewrite(ckpt, name, change, drop)
+    return out, ckpt/name, words
+
+def test_a_changed_tensor_is_one_sentence_rc_2_before_any_rollout(run, tmp_path):
+    out, f, words = changed(run, tmp_path, 'live')
     lines = (out/'metrics.jsonl').read_text()
     r = flowgrpo('train', '--out', out, '--resume', *SMOKE, 'steps=3')
     said = [l for l in r.stderr.splitlines() if l.startswith('flowgrpo ')]
     assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
-    assert len(said) == 1 and str(ckpt/name) in said[0] and words in said[0], r.stderr
+    assert len(said) == 1 and str(f) in said[0] and words in said[0], r.stderr
     assert (out/'metrics.jsonl').read_text() == lines  # no step ran
 
+@pytest.mark.parametrize('case', [c for c in CASES if c != 'live'])
+def test_every_checkpoint_file_is_checked(run, tmp_path, case):
+    "The resume of each changed file stops in GRPOTrainer.load, naming the file and the tensor (in-process: quicker)."
+    from flowgrpo_nb.checkpoint import CheckpointError, RunFolder
+    from flowgrpo_nb.config import run_config
+    from flowgrpo_nb.train import GRPOTrainer
+    out, f, words = changed(run, tmp_path, case)
+    with pytest.raises(CheckpointError) as e:
+        GRPOTrainer(run_config(RunFolder(out)), out, resume=True, progress=False)
+    assert str(e.value).startswith(f"{f}: tensor ") and words in str(e.value), str(e.value)
+
 def test_the_unchanged_checkpoint_resumes(run, tmp_path):
+    from flowgrpo_nb.checkpoint import RunFolder
+    from flowgrpo_nb.config import run_config
+    from flowgrpo_nb.train import GRPOTrainer
     out = tmp_path/'r'; shutil.copytree(run, out)
-    r = flowgrpo('train', '--out', out, '--resume', *SMOKE, 'steps=3')
-    assert r.returncode == 0, r.stderr[-2000:]
+    t = GRPOTrainer(run_config(RunFolder(out)), out, resume=True, progress=False)
+    assert t.step == 2
+    if t.lock is not None: t.lock.release()
 
 def test_compare_checks_a_reused_runs_final_adapter(base, tmp_path):
     "A finished run's final LoRA file is verified (checksum) and its tensors checked before `compare` counts it."
