@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/app.html.md"""
 
 # %% ../nbs/08_app.ipynb #c51fab2b
 from __future__ import annotations
-import contextlib, errno, json, os, shutil, signal, socket, tempfile, threading, time
+import errno, json, os, shutil, signal, socket, tempfile, threading, time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 import plotly.io as pio
 from .bank import ModelBank, QUICK_STEPS, KEPT
 from .processes import stop_on_signals, stopped
-from .door import clip, CheckCalls, RefuseUploads
+from .door import clip, CheckCalls, RefuseUploads, cache_images
 from .checkpoint import CheckpointError, write_bytes
 
 # %% auto #0
@@ -33,7 +33,7 @@ __all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'MAX_PROMPTS', 'RANK_PROMPTS', 'REPO
            'UPLOAD_LIMIT', 'GENERATE_AT_ONCE', 'PREVIEWS', 'GALLERY_COLUMNS', 'MAX_MESSAGE', 'PAGE_WIDTH',
            'NO_TURNING_POINT', 'TABS', 'CSS', 'check_prompt', 'check_settings', 'forget_prompts', 'Sample',
            'generate_all', 'model_label', 'strip_figure', 'samples_view', 'rank_prompts', 'models_view', 'find_report',
-           'report_view', 'credit_view', 'prune_files', 'cache_images', 'make_app', 'serve', 'check_address', 'app_cli']
+           'report_view', 'credit_view', 'prune_files', 'make_app', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #93ebcae0
 MAX_PROMPT_CHARS = 200
@@ -300,27 +300,6 @@ def prune_files(component, keep:int=MAX_FILES) -> int:
             try: Path(f).parent.rmdir()  # Gradio puts each file in a folder named by its hash
             except OSError: pass
         return len(old)
-
-def cache_images(component, items:list[tuple[np.ndarray, str]]) -> list[tuple[str, str]]:
-    """Each (image [H, W, 3] uint8, caption) written to `component`'s Gradio cache as Gradio names it, whole (temporary
-    file + rename): a full disk is one sentence naming the file, and leaves no empty image behind."""
-    from PIL import Image
-    from gradio.processing_utils import encode_pil_to_bytes, hash_bytes
-    out = []
-    for arr, caption in items:
-        data = encode_pil_to_bytes(Image.fromarray(arr), component.format)
-        f = Path(component.GRADIO_CACHE)/hash_bytes(data)/f'image.{component.format}'
-        if not (f.is_file() and f.stat().st_size == len(data)):
-            try:
-                f.parent.mkdir(parents=True, exist_ok=True)
-                write_bytes(f, data, 'the image')
-            except OSError as e: raise CheckpointError(f"cannot write the image {f}: {e.strerror or e}") from None
-            except CheckpointError:
-                with contextlib.suppress(OSError): f.parent.rmdir()  # its folder, if it holds nothing else
-                raise
-        component.temp_files.add(str(f))  # what `prune_files` sees
-        out.append((str(f), caption))
-    return out
 
 def _error(e:Exception) -> str:
     """The message of a failed request in Markdown: a code block (a grammar keeps its columns) that `CSS` wraps at the

@@ -6,10 +6,9 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['CKPT_PREFIX', 'LOCK_FILE', 'RUN_FILES', 'flatten_optimizer', 'unflatten_optimizer', 'CheckpointError',
-           'check_tensors', 'optimizer_reference', 'check_checkpoint_tensors', 'list_checkpoints', 'write_checkpoint',
-           'verify_checkpoint', 'read_checkpoint', 'latest_checkpoint', 'clean_interrupted', 'resumable', 'MetricsLog',
-           'read_json', 'write_json', 'write_text', 'write_bytes', 'check_output_dir', 'FolderLocked', 'FolderLock',
-           'RunFolder']
+           'list_checkpoints', 'write_checkpoint', 'verify_checkpoint', 'read_checkpoint', 'latest_checkpoint',
+           'clean_interrupted', 'resumable', 'MetricsLog', 'read_json', 'write_json', 'write_text', 'write_bytes',
+           'check_output_dir', 'FolderLocked', 'FolderLock', 'RunFolder']
 
 # %% ../nbs/00c_checkpoint.ipynb #3694947e
 import contextlib, hashlib, json, os, shutil, time, warnings
@@ -46,56 +45,6 @@ CKPT_PREFIX = 'ckpt-'
 
 class CheckpointError(ValueError):
     "A run folder's file (checkpoint, metrics log) that cannot be written, or read back as it was written."
-
-# %% ../nbs/00c_checkpoint.ipynb #c4ec7e02
-def check_tensors(got:dict, want:dict,   # {name: tensor} read from `file`; {name: tensor} of the model
-                  file:str|Path):
-    """Raise a `CheckpointError` naming `file` and the first tensor whose name, shape or dtype is not the model's:
-    a file changed after it was written (its checksum rewritten too) is refused before it is used."""
-    if missing := [k for k in want if k not in got]:
-        raise CheckpointError(f"{file}: tensor {missing[0]!r} is missing ({len(missing)} of the model's {len(want)})")
-    if extra := [k for k in got if k not in want]:
-        raise CheckpointError(f"{file}: tensor {extra[0]!r} is not one of the model's ({len(want)} tensors)")
-    for k, t in got.items():
-        w = want[k]
-        if tuple(t.shape) != tuple(w.shape) or t.dtype != w.dtype:
-            raise CheckpointError(
-                f"{file}: tensor {k!r} is {list(t.shape)} {str(t.dtype).removeprefix('torch.')}; the model's is "
-                f"{list(w.shape)} {str(w.dtype).removeprefix('torch.')}"
-            )
-
-def optimizer_reference(tensors:dict, params:list) -> dict:
-    """The tensors `flatten_optimizer` writes, as the model's `params` make them (`'{i}.{key}'`): a moment like its
-    parameter, a scalar (Adam's `step`) a float32 number; a CheckpointError for an index the model has not."""
-    want = {}
-    for key in tensors:
-        i, _, k = key.partition('.')
-        if not (i.isdigit() and int(i) < len(params)):
-            raise CheckpointError(f"optimizer tensor {key!r} is of parameter {i}; the model has {len(params)}")
-        p = params[int(i)].detach()
-        want[key] = torch.zeros((), dtype=torch.float32) if k == 'step' else p
-    return want
-
-
-# %% ../nbs/00c_checkpoint.ipynb #c4ec7e05
-def check_checkpoint_tensors(ckpt:str|Path,  # a checkpoint folder
-                             files:dict,     # its files, as `read_checkpoint` reads them
-                             policy,         # the policy whose adapter it restores
-                             params:list):   # the policy's trained parameters (optimizer order)
-    """Every tensor a trainer's checkpoint restores checked against the model before any is used: the LoRA file (the
-    adapter, or its EMA), `live.safetensors` and the older `ema.safetensors`, and the optimizer's moments."""
-    from flowgrpo_nb.policy import read_lora_file, LORA_FILE, OLD_LORA_FILE
-    ckpt = Path(ckpt)
-    lora = ckpt/(LORA_FILE if (ckpt/LORA_FILE).exists() else OLD_LORA_FILE)
-    check_tensors(read_lora_file(ckpt)[0], policy.lora_state_dict(), lora)
-    for name in ('live.safetensors', 'ema.safetensors'):
-        if name in files: check_tensors(files[name], {str(i): p.detach() for i, p in enumerate(params)}, ckpt/name)
-    if (opt := files.get('optimizer.safetensors')) is not None:
-        f = ckpt/'optimizer.safetensors'
-        try: check_tensors(opt, optimizer_reference(opt, params), f)
-        except CheckpointError as e:
-            raise CheckpointError(str(e) if str(e).startswith(str(f)) else f"{f}: {e}") from None
-
 
 # %% ../nbs/00c_checkpoint.ipynb #f1d6aea3
 def _cause(e:BaseException) -> str:

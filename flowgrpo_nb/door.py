@@ -6,10 +6,12 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/door.html.md"""
 
 # %% ../nbs/07c_door.ipynb #fd1209c7
 from __future__ import annotations
-import json, re
+import contextlib, json, re
+from pathlib import Path
+from .checkpoint import CheckpointError, write_bytes
 
 # %% auto #0
-__all__ = ['MAX_ECHO', 'MAX_BODY', 'MAX_ARG_CHARS', 'clip', 'RefuseUploads', 'CheckCalls']
+__all__ = ['MAX_ECHO', 'MAX_BODY', 'MAX_ARG_CHARS', 'clip', 'RefuseUploads', 'CheckCalls', 'cache_images']
 
 # %% ../nbs/07c_door.ipynb #a589e122
 MAX_ECHO = 60  # characters of a value a message repeats
@@ -135,3 +137,26 @@ async def _refuse(send, status:int, why:str):
     head = [(b'content-type', b'application/json')]
     await send({'type': 'http.response.start', 'status': status, 'headers': head})
     await send({'type': 'http.response.body', 'body': json.dumps(dict(error=why)).encode()})
+
+# %% ../nbs/07c_door.ipynb #d00c0005
+def cache_images(component, items:list[tuple[np.ndarray, str]]) -> list[tuple[str, str]]:
+    """Each (image [H, W, 3] uint8, caption) written to `component`'s Gradio cache as Gradio names it, whole (temporary
+    file + rename): a full disk is one sentence naming the file, and leaves no empty image behind."""
+    from PIL import Image
+    from gradio.processing_utils import encode_pil_to_bytes, hash_bytes
+    out = []
+    for arr, caption in items:
+        data = encode_pil_to_bytes(Image.fromarray(arr), component.format)
+        f = Path(component.GRADIO_CACHE)/hash_bytes(data)/f'image.{component.format}'
+        if not (f.is_file() and f.stat().st_size == len(data)):
+            try:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                write_bytes(f, data, 'the image')
+            except OSError as e: raise CheckpointError(f"cannot write the image {f}: {e.strerror or e}") from None
+            except CheckpointError:
+                with contextlib.suppress(OSError): f.parent.rmdir()  # its folder, if it holds nothing else
+                raise
+        component.temp_files.add(str(f))  # what `prune_files` sees
+        out.append((str(f), caption))
+    return out
+

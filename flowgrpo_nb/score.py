@@ -207,7 +207,7 @@ def train_score_cli(steps:int=900, # optimizer steps
                    ):
     "Train the learned score on the grid world and save it with its retrieval accuracy."
     torch.set_num_threads(threads)
-    if Path(out).is_dir(): raise ValueError(f"--out {out} is a folder; expected the weights' file, e.g. score.safetensors")
+    if Path(out).is_dir(): raise ValueError(f"--out {out} is a folder; expected a weights file, e.g. score.safetensors")
     check_output_dir(Path(out).parent)  # before the training, not after it
     t0 = time.time()
     try:

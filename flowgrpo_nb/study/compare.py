@@ -24,8 +24,9 @@ from ..policy import Policy, LORA_FILE, read_lora_file
 from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy, check_no_code
 from ..config import GRPOConfig, config_diff, run_config
 from flowgrpo_nb.checkpoint import (
-    RunFolder, FolderLock, read_json, write_json, write_text, verify_checkpoint, check_tensors, check_output_dir
+    RunFolder, FolderLock, read_json, write_json, write_text, verify_checkpoint, check_output_dir
 )
+from ..tensors import check_tensors
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
 from flowgrpo_nb.study.design import (
     ARMS, TASKS, BUDGETS, CONTRASTS, equal_compute, budget_of, load_prereg, prereg_file, CompareConfig, arm_settings
