@@ -25,7 +25,8 @@ from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 import plotly.io as pio
 from .bank import ModelBank, QUICK_STEPS, KEPT, find_models
 from .processes import stop_on_signals, stopped
-from .door import clip, CheckCalls, RefuseUploads
+from .door import clip, CheckCalls, RefuseUploads, cache_images
+from .checkpoint import CheckpointError, write_bytes
 
 # %% auto #0
 __all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'MAX_PROMPTS', 'RANK_PROMPTS', 'REPORT_FIGURES', 'REBUILD', 'QUEUE_SIZE', 'MAX_FILES',
@@ -303,7 +304,9 @@ def prune_files(component, keep:int=MAX_FILES) -> int:
 def _error(e:Exception) -> str:
     """The message of a failed request in Markdown: a code block (a grammar keeps its columns) that `CSS` wraps at the
     page's edge."""
-    kind, text = 'Invalid input' if isinstance(e, ValueError) else f'Error ({type(e).__name__})', str(e)
+    kind = ('Cannot write' if isinstance(e, CheckpointError) else 'Invalid input' if isinstance(e, ValueError) else
+            f'Error ({type(e).__name__})')
+    text = str(e)
     text = text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f'... ({len(text)} characters)'
     return f"**{kind}:**\n\n```\n{text}\n```"
 
@@ -343,12 +346,14 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int, fir
     """One image per model from the same noise, their scores, Tweedie previews of the models picked (drawn for the
     prompt `first` when given); returns the gallery."""
     import gradio as gr
-    def draw(prompt, seed, steps, guidance, sampler, previews=None):
+    def draw(prompt, seed, steps, guidance, sampler, previews=None, cache=None):  # cache: the gallery, once made
         try:
             samples = generate_all(bank, prompt, seed, steps, guidance, sampler)
             images, table, strips = samples_view(
                 samples, previews=bank.names[:PREVIEWS] if previews is None else previews
             )
+            # written here, whole, rather than by Gradio after the handler (a full disk: a sentence, not a traceback)
+            if cache is not None: images = cache_images(cache, images)
             return (
                 f"{len(images)} model{'s' if len(images) > 1 else ''}, seed {int(seed)}, {int(steps)} steps, CFG "
                 f"{float(guidance):g}, {sampler}",
@@ -356,10 +361,10 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int, fir
             )
         except Exception as e:
             return _error(e), [], '', None
-    def generate(*args):
+    def generate(prompt, seed, steps, guidance, sampler, previews=None):  # the names a keyword call (/call/v2) uses
         try: prune_files(gallery, max_files)
         except OSError: pass  # housekeeping: an undeletable file never fails the request
-        return draw(*args)
+        return draw(prompt, seed, steps, guidance, sampler, previews, cache=gallery)
     with gr.Row():
         gen = gr.Button('Generate', variant='primary', elem_id='generate', scale=1)
         previews = gr.Dropdown(bank.names, value=bank.names[:PREVIEWS], multiselect=True, scale=3, elem_id='previews',
@@ -471,7 +476,8 @@ def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare, resu
     groups, report_first = _groups(bank), not bank.models and find_report(bank.runs) is not None
     first = [r[0] for r in rank_prompts(bank, rank)] if rank and bank.models else []
     head, table = models_view(bank)
-    with gr.Blocks(title='flowgrpo_nb', delete_cache=(600, 3600)) as app:
+    # an offline research app: Gradio's telemetry off
+    with gr.Blocks(title='flowgrpo_nb', delete_cache=(600, 3600), analytics_enabled=False) as app:
         gr.Markdown("## flowgrpo_nb: base vs fine-tuned\n\n" + head, elem_id='found')
         with gr.Accordion(f'the {len(bank.models)} fine-tuned models by arm', open=False, visible=bool(table),
                           elem_id='models'):
@@ -571,6 +577,7 @@ def app_cli(runs:str=None,
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads={threads!r}: allowed an integer >= 0")
     if threads: torch.set_num_threads(threads)
+    os.environ['GRADIO_ANALYTICS_ENABLED'] = 'False'  # nothing reported on launch (the Blocks say so too)
     own = None if os.environ.get('GRADIO_TEMP_DIR') else tempfile.mkdtemp(prefix='flowgrpo-app-')
     if own: os.environ['GRADIO_TEMP_DIR'] = own  # Gradio's files (images, uploads) go there, removed on exit
     try:

@@ -15,7 +15,7 @@ import torch
 
 from .policy import Policy, LORA_FILE, OLD_LORA_FILE
 from .checkpoint import verify_checkpoint, RunFolder
-from .task import Task, MODELS, load_task, load_policy
+from .task import Task, MODELS, load_task, load_policy, code_modules, check_task_names, reward_task
 from .train import check_base
 
 # %% auto #0
@@ -157,9 +157,15 @@ def runs_task(models:list[FineTuned], device=None) -> tuple[Task, list[str]]:
     configured otherwise."""
     keys = [tuple(m.cfg.get(k, d) for k, d in TASK_FIELDS) for m in models] or [tuple(d for _, d in TASK_FIELDS)]
     reward, prompts, eval_prompts, model = keys[0]
-    return load_task(reward, prompts, eval_prompts, model, device=device or 'cpu'), [
-        m.name for m, k in zip(models, keys) if k != keys[0]
-    ]
+    others = [m.name for m, k in zip(models, keys) if k != keys[0]]
+    if not code_modules(reward): return load_task(reward, prompts, eval_prompts, model, device=device or 'cpu'), others
+    # opening a run folder runs none of its code: its runs are shown without their reward (every score 0)
+    check_task_names(model, reward, prompts)
+    from flowgrpo_nb.world import MAX_WORDS
+    unscored = lambda images, ps: torch.zeros(len(ps))
+    name = f"{reward} (not run: a run folder's code runs only when asked)"
+    words = MAX_WORDS if model == 'tiny' else None
+    return reward_task(unscored, prompts, eval_prompts, device or 'cpu', name, words), others
 
 # %% ../nbs/07b_bank.ipynb #5c1e0a01
 class CheapestFirst:

@@ -7,8 +7,8 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/checkpoint.html.md"""
 # %% auto #0
 __all__ = ['CKPT_PREFIX', 'LOCK_FILE', 'RUN_FILES', 'flatten_optimizer', 'unflatten_optimizer', 'CheckpointError',
            'list_checkpoints', 'write_checkpoint', 'verify_checkpoint', 'read_checkpoint', 'latest_checkpoint',
-           'clean_interrupted', 'resumable', 'MetricsLog', 'read_json', 'write_json', 'write_text', 'check_output_dir',
-           'FolderLocked', 'FolderLock', 'RunFolder']
+           'clean_interrupted', 'resumable', 'MetricsLog', 'read_json', 'write_json', 'write_text', 'write_bytes',
+           'check_output_dir', 'FolderLocked', 'FolderLock', 'RunFolder']
 
 # %% ../nbs/00c_checkpoint.ipynb #3694947e
 import contextlib, hashlib, json, os, shutil, time, warnings
@@ -358,6 +358,11 @@ def write_text(path:str|Path, text:str, what:str='file') -> Path:
     _atomic_write(Path(path), text.encode(), what)
     return Path(path)
 
+def write_bytes(path:str|Path, data:bytes, what:str='file') -> Path:
+    "Write `data` atomically (an image a server hands out); an OSError is one CheckpointError sentence naming the file."
+    _atomic_write(Path(path), bytes(data), what)
+    return Path(path)
+
 # %% ../nbs/00c_checkpoint.ipynb #093fe030
 def _size(n:float) -> str:
     "Bytes as text: '1.5 GB'."
@@ -459,10 +464,17 @@ def _acquire(self:FolderLock) -> dict:
             with contextlib.suppress(OSError): self.folder.rmdir()  # not when the holder wrote into it meanwhile
         raise
     last = _holder(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(
-        fd, json.dumps(dict(pid=os.getpid(), what=self.what, since=time.strftime('%Y-%m-%d %H:%M:%S'))).encode(), 0
-    )
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(
+            fd, json.dumps(dict(pid=os.getpid(), what=self.what, since=time.strftime('%Y-%m-%d %H:%M:%S'))).encode(), 0
+        )
+    except OSError as e:  # a full disk: nothing of this writer is left behind, and the sentence names the file
+        with contextlib.suppress(OSError):
+            os.unlink(self.folder/LOCK_FILE)
+            if made: self.folder.rmdir()
+        os.close(fd)
+        raise CheckpointError(f"cannot write the lock file {self.folder/LOCK_FILE}: {_cause(e)}") from None
     if last.get('pid'):
         warnings.warn(
             f"{self.folder}: its last writer ({last.get('what', 'a writer')}, PID {last['pid']}) ended without "

@@ -6,10 +6,12 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/door.html.md"""
 
 # %% ../nbs/07c_door.ipynb #fd1209c7
 from __future__ import annotations
-import json, re
+import contextlib, json, re
+from pathlib import Path
+from .checkpoint import CheckpointError, write_bytes
 
 # %% auto #0
-__all__ = ['MAX_ECHO', 'MAX_BODY', 'MAX_ARG_CHARS', 'clip', 'RefuseUploads', 'CheckCalls']
+__all__ = ['MAX_ECHO', 'MAX_BODY', 'MAX_ARG_CHARS', 'clip', 'RefuseUploads', 'CheckCalls', 'cache_images']
 
 # %% ../nbs/07c_door.ipynb #a589e122
 MAX_ECHO = 60  # characters of a value a message repeats
@@ -61,8 +63,27 @@ def _wrong(v, block) -> str|None:
 class CheckCalls:
     "ASGI middleware: an API call with a body too large, not JSON, an unknown name or malformed arguments gets a 4xx."
     def __init__(self, app, blocks):
-        self.app, fns = app, [f for f in blocks.fns.values() if f.api_name]
-        self.by_name, self.by_index = {f.api_name: f for f in fns}, {f._id: f for f in fns}
+        self.app, self.blocks, fns = app, blocks, [f for f in blocks.fns.values() if f.api_name]
+        self.by_name, self.by_index, self._params = {f.api_name: f for f in fns}, {f._id: f for f in fns}, None
+
+    def params(self, fn) -> list[tuple[str, bool, object]]:
+        "(keyword, has a default, input block) of each argument of `fn` that a keyword call (/call/v2) names."
+        if self._params is None: self._params = self.blocks.get_api_info()['named_endpoints']  # once, on first use
+        blocks = [b for b in fn.inputs if not getattr(b, 'skip_api', False)]
+        return [(p.get('parameter_name') or f'argument {i}', bool(p.get('parameter_has_default')), b)
+                for i, (p, b) in enumerate(zip(self._params[f'/{fn.api_name}']['parameters'], blocks))]
+
+    def keywords(self, fn, req:dict) -> tuple[int, str]|None:
+        "(422, sentence) for a keyword call to `fn` with an unknown or missing keyword or a value of the wrong type."
+        ps = self.params(fn)
+        names = ', '.join(n for n, _, _ in ps)
+        if bad := [k for k in req if k not in [n for n, _, _ in ps] and k != 'oauth_token']:
+            return 422, f"/{fn.api_name} has no argument {clip(bad[0])}: its keyword arguments are {names}"
+        if missing := [n for n, default, _ in ps if not default and n not in req]:
+            return 422, f"/{fn.api_name} needs argument {missing[0]!r}: its keyword arguments are {names}"
+        for n, _, b in ps:
+            if n in req and (why := _wrong(req[n], b)): return 422, f"/{fn.api_name}: argument {n!r} is {why}"
+        return None
 
     def check(self, path:str, body:bytes, size:int|None=None) -> tuple[int, str]|None:
         "(status, sentence) refusing a call to `path` with `body` (the start of `size` bytes), or None to pass it."
@@ -76,7 +97,7 @@ class CheckCalls:
         if fn is None:
             what = f"API name {clip(m[2])}" if m else f"fn_index {clip(req.get('fn_index'))}"
             return 404, f"no {what}: allowed {', '.join(self.by_name)}"
-        if m and m[1] == 'call/v2': return None  # keyword arguments: Gradio fills the defaults of those left out
+        if m and m[1] == 'call/v2': return self.keywords(fn, req)
         data, names = req.get('data'), ', '.join(getattr(b, 'label', None) or type(b).__name__ for b in fn.inputs)
         if not isinstance(data, list) or len(data) != len(fn.inputs):
             got = f"{len(data)}" if isinstance(data, list) else clip(data)
@@ -85,7 +106,17 @@ class CheckCalls:
             if why := _wrong(v, b): return 422, f"/{fn.api_name}: argument {i} ({b.label}) is {why}"
         return None
 
+    def known_session(self, scope) -> bool:
+        "Whether a GET of the queue's messages names a session the queue holds (else Gradio's stream fails mid-way)."
+        from urllib.parse import parse_qs
+        session = parse_qs(scope.get('query_string', b'').decode('latin-1')).get('session_hash', [''])[0]
+        queue = getattr(self.blocks, '_queue', None)  # Gradio keeps no public list of its sessions
+        return queue is None or session in getattr(queue, 'pending_messages_per_session', {session: None})
+
     async def __call__(self, scope, receive, send):
+        if (scope['type'] == 'http' and scope['method'] == 'GET' and scope['path'].rstrip('/').endswith('/queue/data')
+                and not self.known_session(scope)):
+            return await _refuse(send, 404, "no such session in the queue: join it first (/gradio_api/queue/join)")
         if scope['type'] != 'http' or scope['method'] != 'POST': return await self.app(scope, receive, send)
         body, size, more = b'', 0, True
         while more:  # a body past MAX_BODY is read to its end (the client would see a reset) but not kept
@@ -106,3 +137,26 @@ async def _refuse(send, status:int, why:str):
     head = [(b'content-type', b'application/json')]
     await send({'type': 'http.response.start', 'status': status, 'headers': head})
     await send({'type': 'http.response.body', 'body': json.dumps(dict(error=why)).encode()})
+
+# %% ../nbs/07c_door.ipynb #d00c0005
+def cache_images(component, items:list[tuple[np.ndarray, str]]) -> list[tuple[str, str]]:
+    """Each (image [H, W, 3] uint8, caption) written to `component`'s Gradio cache as Gradio names it, whole (temporary
+    file + rename): a full disk is one sentence naming the file, and leaves no empty image behind."""
+    from PIL import Image
+    from gradio.processing_utils import encode_pil_to_bytes, hash_bytes
+    out = []
+    for arr, caption in items:
+        data = encode_pil_to_bytes(Image.fromarray(arr), component.format)
+        f = Path(component.GRADIO_CACHE)/hash_bytes(data)/f'image.{component.format}'
+        if not (f.is_file() and f.stat().st_size == len(data)):
+            try:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                write_bytes(f, data, 'the image')
+            except OSError as e: raise CheckpointError(f"cannot write the image {f}: {e.strerror or e}") from None
+            except CheckpointError:
+                with contextlib.suppress(OSError): f.parent.rmdir()  # its folder, if it holds nothing else
+                raise
+        component.temp_files.add(str(f))  # what `prune_files` sees
+        out.append((str(f), caption))
+    return out
+

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save_file, save
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
 from .processes import stopped, invoked
+from .checkpoint import write_bytes, write_text, check_output_dir
 from flowgrpo_nb.world import (
     CATEGORIES, GRID, MAX_WORDS, N_CLASSES, SIZE, VOCAB, all_prompts, cells_to_scenes, draw_prompts, geneval_cells,
     mini_geneval, perturb, prompt_rows, prompt_split, render_cells, sample_scene, scenes_to_cells, show_images,
@@ -175,9 +176,10 @@ def train_score(steps:int=900, # optimizer steps
 def save_score(model:TinyCLIP, path:str|Path=ASSETS/'score.safetensors', meta:dict|None=None):
     "Save `model` to `path` (safetensors) and its config + `meta` to the .json beside it."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path))
+    # each file whole (temporary file + rename): a full disk names it and leaves the previous one in place
+    write_bytes(path, save({k: v.detach().contiguous() for k, v in model.state_dict().items()}), 'the score weights')
     cfg = {'config': asdict(model.config), 'vocab': VOCAB, **(meta or {})}
-    path.with_suffix('.json').write_text(json.dumps(cfg, indent=1))
+    write_text(path.with_suffix('.json'), json.dumps(cfg, indent=1), "the score's config")
 
 def load_score(path:str|Path|None=None, # default: the shipped flowgrpo_nb/assets/score.safetensors
               )->TinyCLIP:
@@ -205,6 +207,8 @@ def train_score_cli(steps:int=900, # optimizer steps
                    ):
     "Train the learned score on the grid world and save it with its retrieval accuracy."
     torch.set_num_threads(threads)
+    if Path(out).is_dir(): raise ValueError(f"--out {out} is a folder; expected a weights file, e.g. score.safetensors")
+    check_output_dir(Path(out).parent)  # before the training, not after it
     t0 = time.time()
     try:
         model, losses = train_score(steps, batch, lr, seed)

@@ -19,7 +19,8 @@ from .rollout import RolloutConfig, rollout
 __all__ = ['PROMPT_DIGITS', 'COLLAPSE_DROP', 'GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'PromptScores',
            'prompt_scores', 'EvalReport', 'mean_se', 'reward_report', 'collapse', 'Task', 'balanced_prompts',
            'evaluate_policy', 'grid_world', 'normalise_grid_prompt', 'geneval_task', 'read_prompts', 'prompt_splits',
-           'reward_from_spec', 'reward_task', 'check_task_names', 'load_task', 'load_policy']
+           'reward_from_spec', 'reward_task', 'code_modules', 'check_no_code', 'check_task_names', 'load_task',
+           'load_policy']
 
 # %% ../nbs/05b_task.ipynb #4c1b1e5a
 PROMPT_DIGITS = 4  # decimals of a logged per-prompt mean: k of k/n reads back exactly for n below 10,000 images
@@ -322,6 +323,10 @@ def _weights_reward(kind:str, arg:str, device):
     if kind in ('clip', 'pickscore'):
         return CLIPScore.from_pretrained(arg, device=device, **({'scale': 1 / 26} if kind == 'pickscore' else {}))
     folder, _, head = arg.rpartition(':')
+    if not folder or not Path(folder).is_dir() or not Path(head).is_file():
+        what = (f"the CLIP folder {folder!r} is not a directory" if folder and not Path(folder).is_dir() else
+                f"the head {head!r} is not a file" if folder else f"{arg!r} names no CLIP folder")
+        raise ValueError(f"{what}; expected aesthetic:DIR:HEAD, a local CLIP folder and the head's .safetensors file")
     c = CLIPScore.from_pretrained(folder, device=device)
     return AestheticScore(c.model, c.processor, AestheticMLP.from_file(head), device=device)
 
@@ -373,6 +378,23 @@ def reward_task(
         check_finite(scores, ps, f'the evaluation reward {name!r}')
         return reward_report(scores, ps, category)
     return Task(name, train, test, fn, evaluate, category)
+
+# %% ../nbs/05b_task.ipynb #a61c0de2
+def code_modules(spec:str) -> list[str]:
+    "The modules a reward spec would import: the MODULE of each `py:MODULE:FUNCTION` term of it."
+    terms = [(t.partition('*')[2] if '*' in t else t).strip() for t in str(spec).split('+')]
+    return [t[3:].rpartition(':')[0] for t in terms if t.startswith('py:')]
+
+def check_no_code(spec:str, where:str,   # where the spec was read, e.g. 'runs/a/config.json'
+                  asked:str='trust_code=True'):  # how the user asks for it to run
+    """Raise a ValueError when the reward `spec`, read from a file, names user code: a run folder is data, and its
+    code runs only when the user asks (`asked`) or gives the reward again."""
+    if mods := code_modules(spec):
+        raise ValueError(
+            f"the reward {spec!r} of {where} would import module {', '.join(map(repr, mods))}: a run folder's code "
+            f"runs only when asked ({asked}), or when the reward is given again"
+        )
+
 
 # %% ../nbs/05b_task.ipynb #8fb63f0b
 MODELS = ('tiny', 'sd3', 'flux')

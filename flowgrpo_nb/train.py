@@ -29,6 +29,7 @@ from flowgrpo_nb.config import (
     tracker_kwargs, recipe_line, recipes_help
 )
 from .precision import resolve_fast, path_name
+from .tensors import check_checkpoint_tensors
 from flowgrpo_nb.checkpoint import (
     write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint, clean_interrupted, flatten_optimizer,
     unflatten_optimizer, MetricsLog, check_output_dir, RunFolder, resumable
@@ -412,11 +413,10 @@ def save(self:GRPOTrainer) -> Path|None:
 @patch
 def load(self:GRPOTrainer, ckpt:Path):
     "Restore the state written by `save` (every file's checksum verified), and cut the log back to its step."
-    d = read_checkpoint(ckpt)
+    d = read_checkpoint(ckpt); check_checkpoint_tensors(ckpt, d, self.policy, self.params)  # before any use: rc 2
     self.policy.load_lora(ckpt)
     self.opt.load_state_dict(unflatten_optimizer(d['optimizer.safetensors'], d['optimizer.json']))
-    torch.set_rng_state(d['rng.safetensors']['torch'])
-    st = d['state.json']
+    torch.set_rng_state(d['rng.safetensors']['torch']); st = d['state.json']
     self.step, self.psi = st['step'], None if st['psi'] is None else torch.tensor(st['psi'])
     self.calibration_record = st.get('calibration')
     # the LoRA file holds the EMA and live.safetensors the live adapter (before: ema.safetensors the EMA)

@@ -84,7 +84,9 @@ def test_generate_handler(app, bank):
     # previews of the picked models only, named as in display.STYLES
     assert [a.text for a in picked.layout.annotations] == ['TP-GRPO (seed0)']
     assert handler(app, 'generate')('a red circle', 3, STEPS, 4.0, 'ode', [])[3] is None
-    assert all(img.shape == (192, 192, 3) for img, _ in images)
+    # written whole to Gradio's cache by the handler, as Gradio names them
+    from PIL import Image
+    assert all(Image.open(f).size == (192, 192) and f in app.gallery.temp_files for f, _ in images)
     for name in bank.names: assert f'| {name} |' in table
     assert 'colors' in table and '| overall | partial | score |' in table
     assert ('| found |' in table) == hasattr(bank.task, 'describe') and not any('found' in c for _, c in images)
@@ -647,3 +649,42 @@ def test_huge_input_is_not_echoed(served, capfd):
                          json.dumps(dict(data=['A Cross.', 0, 2, 4.0, 'z' * 900, ['base']])).encode())
     assert (got == 422 and sampler.count('z') < 100
             and 'string of 900 characters that is none of its choices' in sampler), sampler[:3000]
+
+def test_a_full_disk_in_the_image_cache_is_one_sentence_and_leaves_no_empty_image(app, bank, monkeypatch):
+    """The gallery's images are written by the handler, whole: a full disk is the app's sentence naming the file (no
+    numpy dump, no traceback), no empty image.webp is left, and the next request with space is whole."""
+    import errno
+    from PIL import Image
+    from flowgrpo_nb import checkpoint
+    write = checkpoint._fsync_write
+    def full(path, data):
+        if Path(path).name.startswith('.tmp-image'): raise OSError(errno.ENOSPC, 'No space left on device')
+        write(path, data)
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, '_fsync_write', full)
+        msg, images, _, _ = handler(app, 'generate')('a blue cross', 77, STEPS, 4.0, 'ode')
+    assert images == [] and 'Cannot write' in msg and 'image.webp: No space left on device' in msg, msg
+    assert 'array(' not in msg and 'Traceback' not in msg
+    cache = Path(app.gallery.GRADIO_CACHE)
+    assert not [f for f in cache.rglob('*.webp') if f.stat().st_size == 0] and not list(cache.rglob('.tmp-*'))
+    _, images, _, _ = handler(app, 'generate')('a blue cross', 77, STEPS, 4.0, 'ode')
+    assert len(images) == len(bank.names) and all(Image.open(f).size == (192, 192) for f, _ in images)
+
+def test_analytics_off(app):
+    assert app.analytics_enabled is False
+
+def test_keyword_calls_and_queue_data_are_checked_by_the_door(served, capfd):
+    """/call/v2 with an unknown keyword or a value of the wrong type: a 422 and one sentence (Gradio's is a 500);
+    the queue's messages of a session it does not hold: a 404 and one sentence; no traceback in the log."""
+    import urllib.request, urllib.error
+    for body, says in [({'prompt': 'A Cross.', 'colour': 'red'}, "/generate has no argument 'colour'"),
+                       ({'prompt': 'A Cross.', 'previews': 'base'},
+                        "/generate: argument 'previews' is 'base', not a list"),
+                       ({'prompt': 'A Cross.', 'seed': 'one'}, "/generate: argument 'seed' is 'one', not a number")]:
+        got, text = _post(served, 'gradio_api/call/v2/generate', json.dumps(body).encode())
+        why = json.loads(text)['error']
+        assert got == 422 and why.startswith(says) and '\n' not in why, (got, text)
+    try: urllib.request.urlopen(f'{served}gradio_api/queue/data?session_hash=nobody', timeout=60); got = 200
+    except urllib.error.HTTPError as e: got, text = e.code, e.read().decode()
+    assert got == 404 and 'no such session' in json.loads(text)['error'], (got, text)
+    assert 'Traceback' not in capfd.readouterr().err

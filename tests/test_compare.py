@@ -1,6 +1,6 @@
 """Checks of flowgrpo_nb.study.compare: its Task seam, its worker processes, its statistics and costs (the notebook
 nbs/06h_compare.ipynb runs the embedded default)."""
-import copy, dataclasses, json, os
+import copy, dataclasses, json, os, signal, tempfile, time
 from pathlib import Path
 
 import pytest, torch
@@ -31,6 +31,16 @@ def brightness(images, prompts): return images.mean((1, 2, 3))
 def brightness_report(images, prompts): return reward_report(brightness(images, prompts), prompts)
 def failing_reward(images, prompts): raise ValueError('this reward always fails')
 def dying_reward(images, prompts): os._exit(3)
+
+SIGTERM_FLAG = Path(tempfile.gettempdir())/'flowgrpo-test-sigterm-reward'  # the worker that ran first, by PID
+
+def sigterm_reward(images, prompts):
+    "The first worker to score is stopped by SIGTERM (its PID kept in SIGTERM_FLAG); the others wait to be stopped."
+    try: fd = os.open(SIGTERM_FLAG, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError: time.sleep(120); return brightness(images, prompts)
+    os.write(fd, str(os.getpid()).encode()); os.close(fd)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(120)
 
 def brightness_task(name='brightness', reward=brightness):
     return Task(name, ['a red circle', 'two squares'], ['a blue cross', 'three circles'], reward, brightness_report)
@@ -184,7 +194,7 @@ def test_serial_and_parallel_runs_are_the_same(tmp_path):
     assert one.tasks['score'].arms['dense'].heldout_strict == two.tasks['score'].arms['dense'].heldout_strict
 
 @pytest.mark.parametrize('reward, why',
-                         [(failing_reward, 'this reward always fails'), (dying_reward, 'BrokenProcessPool')])
+                         [(failing_reward, 'this reward always fails'), (dying_reward, 'died: exit status 3')])
 def test_a_failing_worker_names_its_run(tmp_path, reward, why):
     """A run that raises, or a worker process that dies, ends the comparison with one ValueError naming a (seed, arm) or
     the base evaluation."""
@@ -194,6 +204,19 @@ def test_a_failing_worker_names_its_run(tmp_path, reward, why):
         compare(tmp_path, CompareConfig(**ONE), task=brightness_task(reward=reward), policy=load_policy('tiny'),
                 progress=False, workers=2)
     assert why in str(e.value) and '\n' not in str(e.value)
+
+def test_a_killed_worker_is_reported_as_the_run_it_was_running(tmp_path):
+    """SIGTERM to the worker running one job: the sentence names that job and its process, not the job whose future
+    the broken pool failed first (the pool stops the other workers with SIGTERM too)."""
+    SIGTERM_FLAG.unlink(missing_ok=True)
+    try:
+        with pytest.raises(ValueError, match=r"^the (run of seed 0, arm '(flow_grpo|dense)' \(task 'geneval'\)"
+                                             r"|base model's evaluation \(geneval, seed 0\)) failed in its") as e:
+            compare(tmp_path, CompareConfig(**ONE), task=brightness_task(reward=sigterm_reward),
+                    policy=load_policy('tiny'), progress=False, workers=2)
+        pid = int(SIGTERM_FLAG.read_text())
+    finally: SIGTERM_FLAG.unlink(missing_ok=True)
+    assert f"(its process (PID {pid}) died: killed by SIGTERM)" in str(e.value), str(e.value)
 
 def test_workers_need_a_picklable_task(task, tmp_path):
     local = Task('local', task.train_prompts, task.eval_prompts, lambda im, p: brightness(im, p), brightness_report)

@@ -11,19 +11,25 @@ __all__ = ['base_eval', 'run_dir', 'base_file', 'finished', 'jobs_left', 'earlie
            'report_from_records', 'write_plotly_js', 'write_report']
 
 # %% ../../nbs/study/08_compare.ipynb #0899624f
-import copy, importlib, json, os, pickle, sys, threading, time
+import copy, importlib, json, os, pickle, signal, sys, threading, time
 from datetime import datetime, timezone
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
 from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from ..processes import write_pngs, Stopped, stopped, invoked
 from .pool import worker_context, init_worker, stop_pool
-from ..policy import Policy
-from ..task import Task, EvalReport, load_task, load_policy, evaluate_policy, GRID_REWARDS
+from ..policy import Policy, LORA_FILE, read_lora_file
+from flowgrpo_nb.task import (
+    Task, EvalReport, load_task, load_policy, evaluate_policy, GRID_REWARDS, check_no_code
+)
 from ..config import GRPOConfig, config_diff, run_config
-from ..checkpoint import RunFolder, FolderLock, read_json, write_json, write_text
+from flowgrpo_nb.checkpoint import (
+    RunFolder, FolderLock, read_json, write_json, write_text, verify_checkpoint, check_output_dir
+)
+from ..tensors import check_tensors
 from ..train import GRPOTrainer, eval_settings, EVAL_SEED, check_base
 from flowgrpo_nb.study.design import (
     ARMS, TASKS, BUDGETS, CONTRASTS, equal_compute, budget_of, load_prereg, prereg_file, CompareConfig, arm_settings
@@ -94,12 +100,22 @@ def earlier_invocations(out:Path) -> list[dict]:
 def _check_reused(keys:list, out:Path, ccfg:CompareConfig, policy:Policy|None):
     """Before any work: every finished run about to be reused was trained on the base weights of this comparison (one
     model load per backend)."""
-    fps = {}
+    fps, pols, refs = {}, {}, {}
     for task, seed, arm in keys:
         cfg = ccfg.train_config(arm, seed, task)
         b = json.dumps(cfg.backend(), sort_keys=True)
-        if b not in fps: fps[b] = (policy or load_policy(**cfg.backend())).base_fingerprint()
+        if b not in fps: pols[b] = policy or load_policy(**cfg.backend()); fps[b] = pols[b].base_fingerprint()
         check_base(run_dir(out, task, seed, arm), fps[b], 'reuse')
+        _check_final_adapter(run_dir(out, task, seed, arm), pols[b], cfg, refs)
+
+def _check_final_adapter(d:Path, policy:Policy, cfg:GRPOConfig, refs:dict):
+    """A reused run's final adapter, before it is counted: its checksum, and each tensor's shape and dtype against the
+    adapter `cfg` puts on `policy` (made once per shape, in `refs`); a run kept without checkpoints has none."""
+    if not (ckpts := RunFolder(d).checkpoints()): return
+    key = (id(policy), cfg.lora_rank, cfg.lora_alpha, tuple(cfg.lora_targets))
+    if key not in refs: refs[key] = copy.deepcopy(policy).add_lora(*key[1:]).lora_state_dict()
+    verify_checkpoint(ckpts[-1], [LORA_FILE])
+    check_tensors(read_lora_file(ckpts[-1])[0], refs[key], ckpts[-1]/LORA_FILE)
 
 def _train_one(cfg:GRPOConfig, d:Path, policy:Policy|None, task:Task, progress:bool):
     "Train (or resume, or reuse) one run in `d` from `policy` (None: the trainer loads the config's)."
@@ -155,18 +171,47 @@ def default_workers(n_jobs:int, cores:int|None=None, workers:int|None=None) -> t
 
 # %% ../../nbs/study/08_compare.ipynb #02824254
 _worker = {}  # this worker process's tasks and policy, set once by `_init_worker`
-def load_tasks(ccfg:CompareConfig) -> dict:
+def load_tasks(ccfg:CompareConfig,
+               read_from:str|None=None) -> dict:  # the file `ccfg` was read from: its code (py: rewards) is not run
     "{task: Task} of `ccfg`'s tasks, as the runs' configs name them."
     cfgs = {t: ccfg.train_config('flow_grpo', ccfg.task_seeds(t)[0], t) for t in ccfg.tasks}
+    for c in cfgs.values():
+        if read_from: check_no_code(c.reward, read_from, "CompareConfig(overrides={'reward': ...}) given again")
     return {t: load_task(c.reward, c.prompts, c.eval_prompts, c.model) for t, c in cfgs.items()}
 
-def _init_worker(threads:int, ccfg:dict, tasks:dict|None, policy:Policy|None, parent:int):
+def _init_worker(threads:int, ccfg:dict, tasks:dict|None, policy:Policy|None, parent:int, started=None):
     init_worker(parent)  # Ctrl-C is the command's to handle; a kill of the command ends this worker
     torch.set_num_threads(threads)
-    _worker.update(tasks=tasks or load_tasks(CompareConfig(**ccfg)), policy=policy)
+    _worker.update(tasks=tasks or load_tasks(CompareConfig(**ccfg)), policy=policy, started=started)
+    if started is not None: signal.signal(signal.SIGTERM, _on_sigterm)
+
+def _on_sigterm(signum, frame):
+    "A worker stopped by SIGTERM says so before it dies: the pool then stops the others with SIGTERM too."
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try: _worker['started'].put((os.getpid(), 'SIGTERM'))
+    finally: os.kill(os.getpid(), signal.SIGTERM)
 
 def _worker_job(key, out: Path, ccfg: dict):
+    # which process runs which job: a worker that dies is reported as the run it was running
+    if (q := _worker.get('started')) is not None: q.put((os.getpid(), key))
     return _job(key, out, CompareConfig(**ccfg), _worker['tasks'], _worker['policy'], False)
+
+def _dead_worker(procs:dict, started, key) -> tuple:
+    """(job, why) of a broken pool: the job of the worker process that died (as its `started` messages say) and how
+    it died; `key` and the pool's own words when no dead worker is found."""
+    running, termed = {}, []
+    while not started.empty():
+        pid, k = started.get()
+        if k == 'SIGTERM': termed.append(pid)
+        else: running[pid] = k
+    codes = {p.pid: p.exitcode for p in procs.values()}
+    # the pool stops the other workers with SIGTERM once one died: another end came first; else the first SIGTERM
+    other = [p for p, c in codes.items() if c not in (None, 0, -signal.SIGTERM) and p in running]
+    pid = other[0] if other else next((p for p in termed if p in running), None)
+    if pid is None: return key, 'BrokenProcessPool: a worker process ended abruptly'
+    code = codes.get(pid) or -signal.SIGTERM
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    return running[pid], f"its process (PID {pid}) died: {how}"
 
 
 def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Policy|None, workers:int, threads:int,
@@ -174,12 +219,14 @@ def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Po
     """{job: result} of every job, run in `workers` worker processes of `threads` threads; a failure is one ValueError
     naming its job; an interrupt kills the workers."""
     done, ctx = {}, worker_context()
+    started = ctx.SimpleQueue()  # (pid, job) as each worker starts a job
     # a worker unpickles what it runs by module name: the package's functions
     mod = importlib.import_module('flowgrpo_nb.study.compare')
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=mod._init_worker,
-                             initargs=(threads, asdict(ccfg), tasks, policy, os.getpid())) as ex:
+                             initargs=(threads, asdict(ccfg), tasks, policy, os.getpid(), started)) as ex:
         try:
             futures = {ex.submit(mod._worker_job, k, out, asdict(ccfg)): k for k in jobs}
+            procs = dict(getattr(ex, '_processes', None) or {})  # no public list of a pool's processes
             for f in tqdm(as_completed(futures), total=len(futures), desc=f'compare ({workers} workers)',
                           unit='job', position=0, disable=not progress):
                 try:
@@ -187,9 +234,12 @@ def run_jobs(jobs:list, out:Path, ccfg:CompareConfig, tasks:dict|None, policy:Po
                     if progress: say(f"finished {_job_name(futures[f])} ({len(done)} of {len(futures)} jobs)")
                 except Exception as e:
                     ex.shutdown(wait=True, cancel_futures=True)
+                    key, why = (
+                        _dead_worker(procs, started, futures[f]) if isinstance(e, BrokenProcessPool)
+                        else (futures[f], f"{type(e).__name__}: {' '.join(str(e).split())}")
+                    )
                     raise ValueError(
-                        f"{_job_name(futures[f])} failed in its worker process ({type(e).__name__}: "
-                        f"{' '.join(str(e).split())}); "
+                        f"{_job_name(key)} failed in its worker process ({why}); "
                         f"the runs already finished are kept in {out} and the same command resumes the rest"
                     ) from e
                 on_done(done)
@@ -351,6 +401,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
     figures."""
     ccfg, out = ccfg or CompareConfig(), Path(out)
     given = _given_tasks(ccfg, task)
+    check_output_dir(out)  # a file, a read-only or full disk: one sentence before any work
     # a second job on `out` is refused here, before any work; its runs lock their own folders
     with FolderLock(out, 'a comparison'):
         tasks, fidelity = given or load_tasks(ccfg), read_fidelity(ccfg.fidelity)
@@ -524,7 +575,7 @@ def rebuild_report(out:str|Path,                 # a comparison folder: compare.
     "The report of a finished comparison rebuilt from its kept runs and base evaluations; nothing trained or written."
     out = Path(out)
     ccfg = CompareConfig(**{**read_json(out/'compare.json', 'the comparison config'), 'fidelity': None})
-    tasks, bases = load_tasks(ccfg), {}
+    tasks, bases = load_tasks(ccfg, read_from=str(out/'compare.json')), {}
     for g, ts in _eval_groups(ccfg).items():
         for s in sorted({s for t in ts for s in ccfg.task_seeds(t)}):
             t = next(t for t in ts if s in ccfg.task_seeds(t))

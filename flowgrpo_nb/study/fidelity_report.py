@@ -23,9 +23,11 @@ from ..display import STYLES, color, display_name
 from ..policy import Policy
 from ..credit import METHODS
 from ..method import method_of
-from ..task import Task, load_task, load_policy
+from ..task import Task, load_task, load_policy, check_no_code
 from ..config import GRPOConfig, preset_config, run_config
-from ..checkpoint import read_checkpoint, RunFolder, FolderLock, read_json, write_json, write_text
+from flowgrpo_nb.checkpoint import (
+    read_checkpoint, RunFolder, FolderLock, read_json, write_json, write_text, check_output_dir
+)
 from ..train import load_run_policy
 from flowgrpo_nb.study.fidelity import (
     FIDELITY_METHODS, FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
@@ -33,7 +35,7 @@ from flowgrpo_nb.study.fidelity import (
 
 # %% auto #0
 __all__ = ['ROW', 'plot_steps', 'plot_differences', 'plot_scatter', 'plot_overall', 'run_arm', 'report_arms', 'fidelity_figures',
-           'fidelity_report', 'finished_runs', 'compare_fidelity', 'fidelity_cli', 'fidelity_summary',
+           'fidelity_report', 'write_plotlyjs', 'finished_runs', 'compare_fidelity', 'fidelity_cli', 'fidelity_summary',
            'compare_fidelity_summary']
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #99619064
@@ -213,13 +215,18 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
                     task:Task|None=None,
                     arms=None,               # preset names or {name: (cfg, psi)}; None: see `report_arms`
                     base:bool=True,          # with a run: also the base model
-                    png:bool=True) -> dict[str, dict]:  # model name -> `arm_fidelity` result
+                    png:bool=True,
+                    # run the code the run's reward names (py:MODULE:FUNCTION); without it such a run is refused
+                    trust_code:bool=False) -> dict[str, dict]:  # model name -> `arm_fidelity` result
     """Credit fidelity of the base model and/or a fine-tuned run under every arm's own sampler; writes fidelity.json and
     figures."""
     cfg = cfg or FidelityConfig()
     if task is not None and cfg.reward is not None: raise ValueError(f"reward={cfg.reward!r}: give a task or a reward "
                                                                      "name, not both")
     ra = run_arm(run) if run is not None else None
+    if ra is not None and task is None and cfg.reward is None and not trust_code:  # opening a run runs no code of it
+        check_no_code(ra[0].reward, f"{RunFolder(run).file('config')}", 'flowgrpo fidelity --trust-code')
+    if out is not None: check_output_dir(out)  # before the measurement, not after it
     spec = arms if isinstance(arms, dict) else report_arms(arms, cfg.K, ra)
     check_arms(spec, cfg.group, _sampler_of(cfg, spec))  # every argument checked before anything is loaded
     rcfg, ckpt = GRPOConfig(), None
@@ -238,11 +245,22 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
     return results
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #0088a8db
+def write_plotlyjs(out:Path) -> Path:
+    """plotly.min.js in `out`, whole: rewritten unless the file there is plotly's own byte for byte (a copy cut by a
+    full disk is replaced)."""
+    from plotly.offline import get_plotlyjs
+    f, js = Path(out)/'plotly.min.js', get_plotlyjs()
+    if not (f.is_file() and f.stat().st_size == len(js.encode()) and f.read_text(errors='replace') == js):
+        write_text(f, js, 'the figures\' plotly.js')
+    return f
+
 def _write_report(out:Path, results:dict, png:bool):
     out.mkdir(parents=True, exist_ok=True)
     write_text(out/'fidelity.json', json.dumps(results), 'the fidelity result')  # whole or not at all
     figs = fidelity_figures(results)
-    for n, fig in figs.items(): fig.write_html(out/f'{n}.html', include_plotlyjs='directory')
+    # every page and plotly.js whole (temporary file + rename): a full disk leaves nothing cut and names the file
+    write_plotlyjs(out)
+    for n, fig in figs.items(): write_text(out/f'{n}.html', fig.to_html(include_plotlyjs='directory'), 'a figure page')
     # one browser; a hung export is killed, skipped with a warning
     if png: write_pngs({out/f'{n}.png': fig for n, fig in figs.items()})
 
@@ -261,7 +279,7 @@ def finished_runs(compare:Path, seeds=(0, 1), tasks=None, arms=None) -> list[tup
     return out
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #6b220839
-def _run_fidelity(f:Path, d:Path, a:str, cfg:FidelityConfig) -> dict:
+def _run_fidelity(f:Path, d:Path, a:str, cfg:FidelityConfig, trust_code:bool=False) -> dict:
     "One run's result: the file's if it was measured with `cfg`, else measured now and written whole."
     want = asdict(cfg)
     if f.exists():
@@ -272,7 +290,7 @@ def _run_fidelity(f:Path, d:Path, a:str, cfg:FidelityConfig) -> dict:
                 "same ones"
             )
         return res
-    res = fidelity_report(None, cfg, run=d, arms={a: run_arm(d)}, base=False)['finetuned']
+    res = fidelity_report(None, cfg, run=d, arms={a: run_arm(d)}, base=False, trust_code=trust_code)['finetuned']
     f.parent.mkdir(parents=True, exist_ok=True)
     write_json(f, res | dict(fidelity_config=want), 'a fidelity result')
     return res
@@ -282,10 +300,12 @@ def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowg
                      out:str|Path|None=None,     # per-run files and fidelity.json (default: <compare>/fidelity)
                      cfg:FidelityConfig|None=None,  # one setting for every run (its `keep_data` is not used)
                      seeds=(0, 1), tasks=None, arms=None,  # which runs (default: every task and arm)
-                     progress:bool=True) -> list[dict]:  # the rows of fidelity.json
+                     progress:bool=True,
+                     trust_code:bool=False) -> list[dict]:  # trust_code: run the code runs' rewards name (py:...)
     "Credit fidelity of each finished run of a comparison on its own fine-tuned model under its own sampler."
     compare = Path(compare)
     out, cfg = Path(out) if out is not None else compare/'fidelity', replace(cfg or FidelityConfig(), keep_data=False)
+    check_output_dir(out)  # before any measurement
     runs = finished_runs(compare, seeds, tasks, arms)
     if not runs:
         raise ValueError(
@@ -308,7 +328,7 @@ def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowg
             for t, s, a, d in tqdm(runs, desc='fidelity', disable=not progress):
                 f = out/t/f'seed{s}'/f'{a}.json'
                 if not f.exists() and not RunFolder(d).checkpoints(): left.append(f'{t}/seed{s}/{a}'); continue
-                res = _run_fidelity(f, d, a, cfg)
+                res = _run_fidelity(f, d, a, cfg, trust_code)
                 rows += [
                     dict(
                         task=t, seed=s, arm=a, **{k: r.get(k) for k in ROW},
@@ -354,7 +374,9 @@ def fidelity_cli(out:str=None,             # output folder (default: runs/fideli
                  n_boot:int=1000,          # bootstrap resamples (of prompts)
                  no_base:bool=False,       # with --run: skip the base model
                  no_png:bool=False,        # HTML figures only
-                 threads:int=0):           # torch threads (0: torch's default)
+                 threads:int=0,            # torch threads (0: torch's default)
+                 # run the code a run's reward names (py:MODULE:FUNCTION; a run folder is data: off by default)
+                 trust_code:bool=False):
     """Credit fidelity: every method's per-step credit vs the Monte-Carlo step advantage under its own sampler, base and
     fine-tuned."""
     if threads: torch.set_num_threads(threads)
@@ -364,11 +386,12 @@ def fidelity_cli(out:str=None,             # output folder (default: runs/fideli
     if compare is not None:
         if run is not None: raise ValueError("give --run (one run) or --compare (every run of a comparison), not both")
         rows = compare_fidelity(
-            compare, out, cfg, ss, arms=None if arms is None else [a.strip() for a in arms.split(',')]
+            compare, out, cfg, ss, arms=None if arms is None else [a.strip() for a in arms.split(',')],
+            trust_code=trust_code
         )
         return print(compare_fidelity_summary(rows) + f"\nwrote {out or Path(compare)/'fidelity'}/fidelity.json")
     out, t0 = out or 'runs/fidelity', time.time()
-    try: results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png)
+    try: results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png, trust_code=trust_code)
     except KeyboardInterrupt as e:  # the results are written once every model is measured, then the figures
         done = (f := Path(out)/'fidelity.json').exists() and f.stat().st_mtime >= t0
         raise stopped(

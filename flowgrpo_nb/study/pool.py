@@ -9,7 +9,8 @@ __all__ = ['WORKER_PRELOAD', 'start_fork_server', 'reap_fork_server_at_exit', 'w
            'stop_pool']
 
 # %% ../../nbs/study/07_pool.ipynb #55962cd5
-import atexit, contextlib, ctypes, multiprocessing, multiprocessing.forkserver, os, signal, sys, threading, time
+import atexit, contextlib, ctypes, multiprocessing, os, signal, sys, threading, time
+import multiprocessing.forkserver, multiprocessing.resource_tracker
 import psutil
 from ..processes import kill_tree
 
@@ -20,7 +21,13 @@ def start_fork_server(preload:list=WORKER_PRELOAD):
     "Start the fork server now, importing `preload`, so that its imports run beside the caller's (no-op without fork)."
     if 'forkserver' not in multiprocessing.get_all_start_methods(): return
     multiprocessing.get_context('forkserver').set_forkserver_preload(preload)
-    multiprocessing.forkserver.ensure_running()
+    # the server starts with Ctrl-C blocked (the mask is kept through exec; the server ignores it once it runs): a
+    # Ctrl-C while it imports is the command's to report in its sentence, not the server's traceback; this process
+    # gets a Ctrl-C of that moment when the mask is restored. The resource tracker first: starting it unblocks SIGINT
+    multiprocessing.resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try: multiprocessing.forkserver.ensure_running()
+    finally: signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 def reap_fork_server_at_exit():
     """Stop and reap the fork server when this process exits, so that its CPU time and its workers' count as this
