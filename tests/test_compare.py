@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 from flowgrpo_nb.precision import resolve_fast, cpu_name
 from flowgrpo_nb.study.design import ARMS, STUDY_ARMS, SMOKE, arm_config, arm_settings, CompareConfig
 from flowgrpo_nb.study.costs import job_costs, estimate_cost
-from flowgrpo_nb.study.compare import EVAL_SEED, base_eval, compare, _train_one
+from flowgrpo_nb.study.compare import EVAL_SEED, compare
+from flowgrpo_nb.study.runs import base_eval, _train_one
 from flowgrpo_nb.study.job import compare_cli
 from flowgrpo_nb.study.results import Report, heldout, run_report
 from flowgrpo_nb.study.summary import first_reach
@@ -114,7 +115,7 @@ def test_base_eval_cache(task, tmp_path):
 
 def test_finished_run_of_other_base_weights_is_not_reused(task, tmp_path):
     "A finished run is reused only when it was trained on the base weights of the given policy."
-    from flowgrpo_nb.study.compare import _train_one
+    from flowgrpo_nb.study.runs import _train_one
     cfg, d = CompareConfig(budget='smoke').train_config('flow_grpo', 0), RunFolder(tmp_path/'run')
     d.write('config', cfg.to_dict()); d.write('summary', dict(steps=cfg.steps))
     policy = load_policy('tiny')
@@ -122,7 +123,7 @@ def test_finished_run_of_other_base_weights_is_not_reused(task, tmp_path):
     _train_one(cfg, d.path, policy, task, False)  # the same weights: reused, nothing trained
     assert not d.file('metrics').exists()
     # compare checks before any work, loading the config's model when none is given
-    from flowgrpo_nb.study.compare import _check_reused, run_dir
+    from flowgrpo_nb.study.runs import _check_reused, run_dir
     ccfg = CompareConfig(budget='smoke')
     run = RunFolder(run_dir(tmp_path/'out', 'geneval', 0, 'flow_grpo'))
     run.write('base', dict(fingerprint='0' * 16))
@@ -429,7 +430,7 @@ def test_a_format_2_report_of_an_earlier_version_reads_and_renders():
 
 
 def test_a_report_json_that_is_not_an_object_is_one_sentence(task, tmp_path):
-    from flowgrpo_nb.study.compare import earlier_invocations
+    from flowgrpo_nb.study.runs import earlier_invocations
     from flowgrpo_nb.study.record import read_invocations
     (tmp_path/'report.json').write_text('[1, 2]')
     with pytest.raises(ValueError, match=r"report.json holds a JSON list, not a comparison report \(an object\); "

@@ -65,7 +65,7 @@ def test_a_config_without_the_field_reads_as_eager(tmp_path):
 def test_base_evaluation_is_reused_under_auto(tmp_path, monkeypatch):
     """A comparison's base evaluation made on one path is what fast=auto reuses (its runs ran on that path); an explicit
     other path evaluates anew."""
-    import flowgrpo_nb.study.compare as C, flowgrpo_nb.precision as P
+    import flowgrpo_nb.study.runs as C, flowgrpo_nb.precision as P
     from flowgrpo_nb.config import preset_config
     from flowgrpo_nb.task import load_policy, load_task
     pol, task, f = load_policy('tiny'), load_task('partial'), tmp_path/'base.json'

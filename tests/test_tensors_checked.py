@@ -95,7 +95,7 @@ def test_compare_checks_a_reused_runs_final_adapter(base, tmp_path):
     from flowgrpo_nb.config import preset_config, run_config
     from flowgrpo_nb.checkpoint import CheckpointError, RunFolder
     from flowgrpo_nb.train import GRPOTrainer
-    from flowgrpo_nb.study.compare import _check_final_adapter
+    from flowgrpo_nb.study.runs import _check_final_adapter
     cfg = preset_config('flow_grpo+smoke', log_with='none', eval_images=0, prompts_per_step=2, group_size=2,
                         minibatch=2, fast=False, steps=1)
     t = GRPOTrainer(cfg, tmp_path/'r', policy=copy.deepcopy(base[0]), task=base[1], progress=False,

@@ -19,7 +19,8 @@ from .page import results_rows, markdown_table, claims_rows
 from .design import CompareConfig
 from .design import BUDGETS
 from .costs import COSTS, limit_of, job_costs, schedule, estimate_cost
-from .compare import compare, jobs_left, default_workers
+from .runs import jobs_left
+from .compare import compare, default_workers
 
 # %% ../../nbs/study/08b_job.ipynb #1dcc4bb4
 def _names(xs:list|None) -> tuple|None: return None if xs is None else tuple(n for x in xs for n in x.split(',') if n)
