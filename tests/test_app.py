@@ -87,7 +87,7 @@ def test_generate_handler(app, bank):
     # written whole to Gradio's cache by the handler, as Gradio names them
     from PIL import Image
     assert all(Image.open(f).size == (192, 192) and f in app.gallery.temp_files for f, _ in images)
-    for name in bank.names: assert f'| {name} |' in table
+    for name in bank.names: assert f'| {app_mod.model_label(name)} |' in table  # named as in the captions
     assert 'colors' in table and '| overall | partial | score |' in table
     assert ('| found |' in table) == hasattr(bank.task, 'describe') and not any('found' in c for _, c in images)
     assert strips.layout.xaxis.ticktext[-1].startswith(f'k={STEPS}<br>V=')
