@@ -16,14 +16,15 @@ from fastcore.script import call_parse
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .display import MAX_WIDTH, STYLES, color, display_name
+from .display import MAX_WIDTH, color
 from .flow import SAMPLERS
 from .rollout import RolloutConfig, rollout, step_values
 from .task import Task, EvalReport
 from .credit import method_credits
 from .viz import image_strip, gain_figure, preview_figure, turning_point_table
 import plotly.io as pio
-from .bank import ModelBank, QUICK_STEPS, KEPT, find_models
+from .bank import (ModelBank, QUICK_STEPS, KEPT, find_models, find_report, model_label, heldout_scores,
+                              scores_view)
 from .processes import stop_on_signals, stopped
 from .door import clip, CheckCalls, RefuseUploads, cache_images
 from .checkpoint import CheckpointError, write_bytes
@@ -32,8 +33,8 @@ from .checkpoint import CheckpointError, write_bytes
 __all__ = ['MAX_PROMPT_CHARS', 'MAX_STEPS', 'MAX_PROMPTS', 'RANK_PROMPTS', 'REPORT_FIGURES', 'REBUILD', 'QUEUE_SIZE', 'MAX_FILES',
            'UPLOAD_LIMIT', 'GENERATE_AT_ONCE', 'PREVIEWS', 'GALLERY_COLUMNS', 'MAX_MESSAGE', 'PAGE_WIDTH',
            'NO_TURNING_POINT', 'TABS', 'CSS', 'check_prompt', 'check_settings', 'forget_prompts', 'Sample',
-           'generate_all', 'model_label', 'strip_figure', 'samples_view', 'rank_prompts', 'models_view', 'find_report',
-           'report_view', 'credit_view', 'prune_files', 'make_app', 'serve', 'check_address', 'app_cli']
+           'generate_all', 'strip_figure', 'samples_view', 'rank_prompts', 'models_view', 'report_view', 'credit_view',
+           'prune_files', 'make_app', 'serve', 'check_address', 'app_cli']
 
 # %% ../nbs/08_app.ipynb #93ebcae0
 MAX_PROMPT_CHARS = 200
@@ -125,12 +126,6 @@ def _pixels(image:torch.Tensor, size:int=192) -> np.ndarray:  # [3, H, W] in [0,
     a, zoom = (image.clamp(0, 1).permute(1, 2, 0) * 255).round().byte().numpy(), max(1, size // max(image.shape[-2:]))
     return a.repeat(zoom, 0).repeat(zoom, 1)
 
-def model_label(name:str) -> str:
-    """A model as a reader sees it: its arm's display name (`display.STYLES`) and where its run is, e.g. 'DenseGRPO
-    (seed0)'."""
-    *where, arm = name.split('/')
-    return (display_name(arm) + (f" ({'/'.join(where)})" if where else '')) if arm in STYLES else name
-
 def _means(s:Sample) -> list[tuple[str, float]]:
     return [('overall', s.report.overall), *s.report.extra.items()]
 
@@ -168,7 +163,10 @@ def samples_view(samples:list[Sample], size:int=192,
     found = any(s.found is not None for s in samples)
     caption = lambda s: f"{model_label(s.model)}: {s.report.overall:.2f}"  # short: what the task found is in the table
     cols = [k for k, _ in _means(samples[0])] + (['found'] if found else [])
-    rows = [[s.model, *(f"{v:.3f}" for _, v in _means(s)), *([s.found or ''] if found else [])] for s in samples]
+    rows = [
+        [model_label(s.model), *(f"{v:.3f}" for _, v in _means(s)), *([s.found or ''] if found else [])]
+        for s in samples
+    ]
     head = [f"prompt category: **{samples[0].category}**\n"] if samples[0].category else []
     table = '\n'.join(
         head
@@ -179,22 +177,26 @@ def samples_view(samples:list[Sample], size:int=192,
     return [(_pixels(s.image, size), caption(s)) for s in samples], table, strip_figure(shown) if shown else None
 
 # %% ../nbs/08_app.ipynb #58af5322
-RANK_PROMPTS = 24  # evaluation prompts sampled at start to find where the models differ most
+RANK_PROMPTS = 24  # evaluation prompts sampled at start to find where fine-tuning shows most
 
-def rank_prompts(bank:ModelBank, n:int=RANK_PROMPTS, seed:int=0, steps:int=10) -> list[tuple[str, float, float]]:
-    """The first `n` distinct evaluation prompts as (prompt, spread across the models of the score each image is shown
-    with, spread of the task's reward), largest first (in their order with one model)."""
+def rank_prompts(bank:ModelBank, n:int=RANK_PROMPTS, seed:int=0,
+                 steps:int=10) -> list[tuple[str, float, float, float]]:
+    """The first `n` distinct evaluation prompts as (prompt, gain: the best fine-tuned model's score minus the best
+    base's, spread across the models of the score each image is shown with, spread of the task's reward), largest
+    first (in their order with one model)."""
     prompts, task = list(dict.fromkeys(bank.task.eval_prompts))[:n], bank.task
-    if len(bank.names) < 2: return [(p, 0.0, 0.0) for p in prompts]
+    if len(bank.names) < 2: return [(p, 0.0, 0.0, 0.0) for p in prompts]
     cfg, S = RolloutConfig(K=steps, sampler='ode', group_size=1), []
     for name in bank.names:  # each prompt alone: the same noise as the Generate tab's image of it
         with bank.use(name, 'generate', steps * len(prompts)) as policy, torch.no_grad():
             ros = [rollout(policy, [p], cfg, task.reward, torch.Generator().manual_seed(seed)) for p in prompts]
             S.append([(task.evaluate(ro.images, [p]).overall, float(ro.reward[0])) for ro, p in zip(ros, prompts)])
             forget_prompts(policy)
-    spread = (lambda s: s.max(0).values - s.min(0).values)(torch.tensor(S, dtype=torch.float64))  # [n, 2]
-    order = sorted(range(len(prompts)), key=lambda i: (-spread[i, 0], -spread[i, 1]))
-    return [(prompts[i], *spread[i].tolist()) for i in order]
+    S, nb = torch.tensor(S, dtype=torch.float64), len(bank.base_names)  # [models, n, 2]: bases first
+    spread = S.max(0).values - S.min(0).values  # [n, 2]
+    gain = S[nb:, :, 0].max(0).values - S[:nb, :, 0].max(0).values if nb < len(S) else torch.zeros(len(prompts))
+    order = sorted(range(len(prompts)), key=lambda i: (-gain[i], -spread[i, 0], -spread[i, 1]))
+    return [(prompts[i], float(gain[i]), *spread[i].tolist()) for i in order]
 
 def models_view(bank:ModelBank) -> tuple[str, str]:
     "A one-paragraph header (how many models, which task scores them) and a Markdown table of the models by arm."
@@ -214,12 +216,6 @@ def models_view(bank:ModelBank) -> tuple[str, str]:
 # the main job's curves on the confirmatory study's bands first (study/05b_reference), where a report has them
 REPORT_FIGURES = ('reference', 'curve_steps', 'curve_seconds', 'differences', 'categories', 'category_curves', 'costs',
                   'gradient')
-
-def find_report(runs:str|Path|None) -> Path|None:
-    """The `report.json` of a runs folder: in it, or in the folder above (a study keeps its runs in `runs/` beside its
-    report)."""
-    if runs is None: return None
-    return next((d/'report.json' for d in (Path(runs), Path(runs).parent) if (d/'report.json').is_file()), None)
 
 REBUILD = "`flowgrpo compare --out DIR` rewrites it from its runs (finished runs are not trained again)"
 
@@ -367,8 +363,9 @@ def _generate_tab(bank:ModelBank, settings:list, groups:dict, max_files:int, fir
         return draw(prompt, seed, steps, guidance, sampler, previews, cache=gallery)
     with gr.Row():
         gen = gr.Button('Generate', variant='primary', elem_id='generate', scale=1)
-        previews = gr.Dropdown(bank.names, value=bank.names[:PREVIEWS], multiselect=True, scale=3, elem_id='previews',
-                               label='Tweedie previews of (the strips below)')
+        # the names the captions show; the value stays the model's name (what the API takes)
+        previews = gr.Dropdown([(model_label(n), n) for n in bank.names], value=bank.names[:PREVIEWS], multiselect=True,
+                               scale=3, elem_id='previews', label='Tweedie previews of (the strips below)')
     drawn = draw(first, 0, 10, 4.0, 'ode') if first else ('', [], '', None)
     status = gr.Markdown(drawn[0], elem_id='status', elem_classes='status')
     many = len(bank.names) > 2 * GALLERY_COLUMNS
@@ -439,11 +436,11 @@ def _credit_tab(bank:ModelBank, settings:list, groups:dict):
             preview.update_layout(height=preview.layout.height * max(1, PAGE_WIDTH / preview.layout.width))
             for f in (gain, preview): f.update_layout(width=None, autosize=True)
             rows = [[r['sample'], r['k'], r['rule'], r['kept'], r['trend']] for r in tp]
-            said = f"{model}: 4 samples of {check_prompt(prompt, bank.task)!r}"
+            said = f"{model_label(model)}: 4 samples of {check_prompt(prompt, bank.task)!r}"
             return said + ('' if rows else f"; {NO_TURNING_POINT}"), gain, preview, _tp_table(rows)
         except Exception as e: return _error(e), None, None, _tp_table([])
     with gr.Row():
-        cmodel = gr.Dropdown(bank.names, value=bank.names[0], label='model')
+        cmodel = gr.Dropdown([(model_label(n), n) for n in bank.names], value=bank.names[0], label='model')
         csampler = gr.Dropdown(list(SAMPLERS[1:]), value='flow_sde', label='SDE sampler')
         cgo = gr.Button('Compute credit', variant='primary')
     cstatus = gr.Markdown(elem_classes='status', elem_id='credit-status')
@@ -479,6 +476,8 @@ def make_app(runs:str|Path|None=None,   # a runs folder (e.g. runs/compare, resu
     # an offline research app: Gradio's telemetry off
     with gr.Blocks(title='flowgrpo_nb', delete_cache=(600, 3600), analytics_enabled=False) as app:
         gr.Markdown("## flowgrpo_nb: base vs fine-tuned\n\n" + head, elem_id='found')
+        # each model's held-out score, first thing on the page
+        gr.Markdown(scores_view(heldout_scores(bank.runs, bank.names)), elem_id='scores', visible=bool(bank.models))
         with gr.Accordion(f'the {len(bank.models)} fine-tuned models by arm', open=False, visible=bool(table),
                           elem_id='models'):
             gr.Markdown(table)

@@ -6,13 +6,14 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/bank.html.md"""
 
 # %% ../nbs/07b_bank.ipynb #7f17e3bb
 from __future__ import annotations
-import copy, heapq, inspect, threading
+import copy, heapq, inspect, json, re, threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .display import STYLES, display_name
 from .policy import Policy, LORA_FILE, OLD_LORA_FILE
 from .checkpoint import verify_checkpoint, RunFolder
 from .task import Task, MODELS, load_task, load_policy, code_modules, check_task_names, reward_task
@@ -21,7 +22,8 @@ from .train import check_base
 # %% auto #0
 __all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'KEPT', 'SHOWN_SKIPS', 'TASK_FIELDS', 'LANES', 'QUICK_STEPS', 'run_backend',
            'base_label', 'base_label_of', 'parse_base', 'FineTuned', 'find_models', 'fake_runs', 'pick_bases',
-           'runs_task', 'CheapestFirst', 'Lane', 'ModelBank']
+           'runs_task', 'CheapestFirst', 'Lane', 'ModelBank', 'find_report', 'model_label', 'heldout_scores',
+           'scores_view']
 
 # %% ../nbs/07b_bank.ipynb #ba4d8e76
 ADAPTER_FILES = (LORA_FILE, OLD_LORA_FILE)  # a checkpoint's LoRA file: diffusers' name first, then the older one
@@ -324,3 +326,60 @@ class ModelBank:
         other = [k for k in self.skipped if not k.endswith(f': {KEPT}')]
         more = f"\n- and {len(other) - SHOWN_SKIPS} more skipped" if len(other) > SHOWN_SKIPS else ''
         return s + ''.join(f"\n- skipped {k}" for k in other[:SHOWN_SKIPS]) + more
+
+# %% ../nbs/07b_bank.ipynb #a7e3c1d1
+def find_report(runs:str|Path|None) -> Path|None:
+    """The `report.json` of a runs folder: in it, or in the folder above (a study keeps its runs in `runs/` beside its
+    report)."""
+    if runs is None: return None
+    return next((d/'report.json' for d in (Path(runs), Path(runs).parent) if (d/'report.json').is_file()), None)
+
+def model_label(name:str) -> str:
+    """A model as a reader sees it: its arm's display name (`display.STYLES`) and where its run is, e.g. 'DenseGRPO
+    (seed0)'."""
+    *where, arm = name.split('/')
+    return (display_name(arm) + (f" ({'/'.join(where)})" if where else '')) if arm in STYLES else name
+
+def _seed(name:str) -> str|None: return next((p[4:] for p in name.split('/') if re.fullmatch(r'seed\d+', p)), None)
+
+def heldout_scores(runs:str|Path|None,
+                   names:list[str]) -> dict[str, tuple]:  # 'base' (or 'base (LABEL)') and run names under `runs`
+    """Each model's held-out score as (its run's, the mean over the report's seeds, how many seeds): from the
+    `report.json` of `runs` (`find_report`) where it has the model's arm, else the run's `summary.json`; None where
+    neither has it."""
+    report, out = {}, {}
+    seeds = {s for n in names if (s := _seed(n)) is not None}  # the base: the seed of its fine-tuned models, if one
+    if (p := find_report(runs)) is not None:
+        try: report = json.loads(p.read_text())['tasks']
+        except (OSError, ValueError, KeyError, TypeError): report = {}
+    report = report if isinstance(report, dict) else {}
+    get = lambda d, *keys: d if not keys or not isinstance(d, dict) else get(d.get(keys[0]), *keys[1:])
+    num = lambda v: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None  # else: unreadable
+    for name in names:
+        base = name == 'base' or name.startswith('base (')
+        arm, parts = 'base' if base else name.split('/')[-1], name.split('/')
+        task = next((t for t in report if t in parts), next(iter(report)) if len(report) == 1 else None)
+        t, run, mean, n = report.get(task, {}), None, None, 0
+        seed = _seed(name) or (min(seeds) if len(seeds) == 1 else None)
+        if base and isinstance(get(t, 'base', 'overall', 'strict'), float):
+            run, mean, n = (get(t, 'base', 'per_seed', seed, 'overall', 'strict'), get(t, 'base', 'overall', 'strict'),
+                            len(get(t, 'base', 'per_seed') or {}))
+        elif not base and isinstance(get(t, 'arms', arm, 'heldout_strict', 'mean'), float):
+            run, mean, n = (get(t, 'per_seed', seed, arm, 'heldout', 'overall', 'strict'),
+                            get(t, 'arms', arm, 'heldout_strict', 'mean'), get(t, 'arms', arm, 'heldout_strict', 'n'))
+        if run is None and not base and runs is not None and (f := Path(runs)/name/'summary.json').is_file():
+            try: run = get(json.loads(f.read_text()), 'final', 'eval_overall')
+            except (OSError, ValueError): pass
+        out[name] = (num(run), num(mean), n if isinstance(n, int) and num(mean) is not None else 0)
+    return out
+
+def scores_view(scores:dict[str, tuple]) -> str:
+    "A Markdown table, one column per model: its run's held-out score and the mean over the report's seeds."
+    fmt = lambda v: '–' if v is None else f'{v:.3f}'
+    n = max((k for *_, k in scores.values()), default=0)
+    rows = [['its run', *(fmt(r) for r, _, _ in scores.values())]]
+    if n: rows.append([f'mean of {n} seeds (report)', *(fmt(m) for _, m, _ in scores.values())])
+    head = ['held-out score', *(model_label(k) for k in scores)]
+    line = lambda cells: '| ' + ' | '.join(cells) + ' |'
+    return '\n'.join([line(head), '|---' * len(head) + '|', *map(line, rows)])
+

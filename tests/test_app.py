@@ -87,7 +87,7 @@ def test_generate_handler(app, bank):
     # written whole to Gradio's cache by the handler, as Gradio names them
     from PIL import Image
     assert all(Image.open(f).size == (192, 192) and f in app.gallery.temp_files for f, _ in images)
-    for name in bank.names: assert f'| {name} |' in table
+    for name in bank.names: assert f'| {app_mod.model_label(name)} |' in table  # named as in the captions
     assert 'colors' in table and '| overall | partial | score |' in table
     assert ('| found |' in table) == hasattr(bank.task, 'describe') and not any('found' in c for _, c in images)
     assert strips.layout.xaxis.ticktext[-1].startswith(f'k={STEPS}<br>V=')
@@ -232,8 +232,8 @@ def test_credit_full_width_and_empty_turning_points_say_why(app):
 def test_first_screen_where_models_differ(bank, app):
     "The prompt box starts on the evaluation prompt whose images differ most across the models, already drawn."
     ranked = app_mod.rank_prompts(bank)
-    spreads = [r[1:] for r in ranked]  # (of the score shown, of the reward)
-    assert spreads == sorted(spreads, reverse=True) and spreads[0][1] > 0
+    spreads = [r[1:] for r in ranked]  # (gain over the base, spread of the score shown, of the reward)
+    assert spreads == sorted(spreads, reverse=True) and spreads[0][2] > 0
     prompt = next(b for b in app.blocks.values() if getattr(b, 'elem_id', None) == 'prompt')
     gallery = app.gallery
     assert prompt.value == ranked[0][0] and len(gallery.value) == len(bank.names)
@@ -242,7 +242,8 @@ def test_first_screen_where_models_differ(bank, app):
     assert prompt.max_length == limit and f'at most {limit} characters' in prompt.info
     samples = generate_all(bank, ranked[0][0], 0, 10, 4.0, 'ode')
     scores = [s.report.overall for s in samples]
-    assert max(scores) - min(scores) == pytest.approx(spreads[0][0]), \
+    assert max(scores) - min(scores) == pytest.approx(spreads[0][1]) and max(scores[1:]) - scores[0] == \
+        pytest.approx(spreads[0][0]), \
         'the ranking scored the images as the tab shows them'
 
 def test_models_listed_compactly(runs, tmp_path):
@@ -522,6 +523,35 @@ def test_browser_confirm_captions(chromium, tmp_path):
     finally: app.close()
     assert len(app.bank.names) == 6 and rows == 2, (app.bank.names, rows)
     assert not cut, cut
+
+SCORES = """() => [...document.querySelectorAll('#scores tr')].map(r => [...r.querySelectorAll('th, td')]
+    .map(c => [c.innerText.trim(), c.getBoundingClientRect().bottom]))"""
+
+@pytest.mark.chrome
+def test_browser_confirm_first_screen(chromium, tmp_path):
+    """`flowgrpo app --runs results/confirm` at 1280 x 800, unscrolled: each model's name and held-out score at the top
+    under the names the captions and the picker use, and a first prompt where the base and a fine-tuned model differ."""
+    confirm = ROOT/'results'/'confirm'
+    app = make_app(bank=ModelBank(confirm, lanes=1))
+    names = app.bank.names
+    port = free_port()
+    serve(app, port=port, block=False, quiet=True)
+    try:
+        page = chromium.new_page(viewport=dict(width=1280, height=800))
+        page.goto(f'http://127.0.0.1:{port}/', wait_until='load')
+        wait_images(page, len(names))
+        table = page.evaluate(SCORES)
+        captions = page.locator('#images .caption-label').all_inner_texts()
+        picked = page.locator('#previews').inner_text()
+        page.screenshot(path=str(tmp_path/'confirm-first.png'))
+    finally: app.close()
+    labels, scores = [app_mod.model_label(n) for n in names], app_mod.heldout_scores(confirm, names)
+    assert len(names) == 6 and [c[0] for c in table[0][1:]] == labels, table
+    assert [c[0] for c in table[1][1:]] == [f'{scores[n][0]:.3f}' for n in names], table  # each run's score
+    assert all(0 < bottom <= 800 for row in table for _, bottom in row), table  # all of it on the first screen
+    shown = dict(c.rsplit(': ', 1) for c in captions)
+    assert list(shown) == labels and all(l in picked for l in labels[:app_mod.PREVIEWS]), (captions, picked)
+    assert any(float(v) != float(shown[labels[0]]) for v in list(shown.values())[1:]), captions
 
 def test_cli_flags():
     from fastcore.script import anno_parser
