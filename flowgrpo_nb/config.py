@@ -89,6 +89,9 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     weight_decay:float=1e-4     # AdamW weight decay (Flow-GRPO: 1e-4)
     # leave (sample, step) pairs with advantage exactly 0 out of the update (only when beta = 0)
     skip_zero_adv:bool=True
+    # leave the rows whose advantages are all 0 out of the loss's mean too, as the released TempFlow/Flash code
+    # does (their recipes set it); False: their pairs count in the mean (`05d_update`'s `update_pairs`)
+    drop_zero_adv_rows:bool=False
     # -- adapter
     lora_rank:int=16            # LoRA rank
     lora_alpha:float=16.0       # LoRA alpha
