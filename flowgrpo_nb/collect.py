@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Callable
 import torch
 from .policy import Policy, timed, seeded_generator
-from .rollout import rollout, step_values, lookahead_nfe, bad_field
+from .fields import bad_field
+from .rollout import rollout, step_values, lookahead_nfe
 from .credit import Credit, compute_credit, credit_stats, LOOKAHEAD
 from .config import GRPOConfig
 from .method import Method

@@ -18,8 +18,8 @@ from fastcore.docments import docments
 import torch
 from .flow import SAMPLERS, DDIM_SCHEDULES, flow_sigmas, step_coefficients
 from .policy import LORA_TARGETS
-from .rollout import (RolloutConfig, bad_field, field_types, check_fields, check_window, check_steps,
-                                 parse_lookahead)
+from .fields import bad_field, field_types, check_fields
+from .rollout import RolloutConfig, check_window, check_steps, parse_lookahead
 from .credit import (CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL,
                                 CALIB_STOP, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS, FLASH_SAMPLERS, TGR_NORMS)
 from .task import check_task_names, grid_world, DTYPES
