@@ -21,9 +21,8 @@ from .train import check_base
 
 # %% auto #0
 __all__ = ['ADAPTER_FILES', 'DEFAULT_BASE', 'KEPT', 'SHOWN_SKIPS', 'TASK_FIELDS', 'LANES', 'QUICK_STEPS', 'run_backend',
-           'base_label', 'base_label_of', 'parse_base', 'FineTuned', 'find_models', 'fake_runs', 'pick_bases',
-           'runs_task', 'CheapestFirst', 'Lane', 'ModelBank', 'find_report', 'model_label', 'heldout_scores',
-           'scores_view']
+           'base_label', 'base_label_of', 'parse_base', 'FineTuned', 'find_models', 'pick_bases', 'runs_task',
+           'CheapestFirst', 'Lane', 'ModelBank', 'find_report', 'model_label', 'heldout_scores', 'scores_view']
 
 # %% ../nbs/07b_bank.ipynb #ba4d8e76
 ADAPTER_FILES = (LORA_FILE, OLD_LORA_FILE)  # a checkpoint's LoRA file: diffusers' name first, then the older one
@@ -109,6 +108,7 @@ def find_models(runs:str|Path  # a runs folder (e.g. runs/compare) or one traine
     return models, skipped
 
 # %% ../nbs/07b_bank.ipynb #262f4890
+# a fixture of the demos and tests, not of the API: importable, outside `__all__` and the docs
 def fake_runs(out:str|Path,                                  # folder to create
               methods=('flow_grpo', 'dense'),                # one run folder per method: out/<folder>/<method>
               scale:float=0.05,                              # std of the LoRA weights (0: the base model)

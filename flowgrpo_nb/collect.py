@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Callable
 import torch
 from .policy import Policy, timed, seeded_generator
-from .rollout import rollout, step_values, lookahead_nfe, bad_field
+from .fields import bad_field
+from .rollout import rollout, step_values, lookahead_nfe
 from .credit import Credit, compute_credit, credit_stats, LOOKAHEAD
 from .config import GRPOConfig
 from .method import Method
@@ -136,8 +137,10 @@ class TempFlow(Method):
     name, title = 'tempflow', 'TempFlow-GRPO'
     summary = "per-step advantages of B scored SDE branches off an ODE trunk"
     own_rollout, one_process, fidelity = True, True, 'branches'
-    # the KL's beta of its released configs (config/dgx.py: pickscore_sd3_pr, geneval_sd3_pr, flux_pr)
-    released = dict(sd35m_pickscore=dict(beta=0.001), sd35m_geneval=dict(beta=0.004), flux_pickscore=dict(beta=0.004))
+    # the KL's beta of its released configs (config/dgx.py: pickscore_sd3_pr, geneval_sd3_pr, flux_pr); its update
+    # drops the rows of zero advantage from the loss's mean (05d_update's `update_pairs`)
+    released = {r: dict(beta=b, drop_zero_adv_rows=True)
+                for r, b in dict(sd35m_pickscore=0.001, sd35m_geneval=0.004, flux_pickscore=0.004).items()}
     def collect(self, policy, cfg, step, prompts, reward_fn, generator, psi=None, rows=slice(None), gather=None):
         return collect_tempflow(policy, cfg, step, prompts, reward_fn, generator)
     def pair_logprob(self, policy, batch, ii, kk): return branch_pairs_logprob(policy, batch, ii, kk)
@@ -158,7 +161,9 @@ class Flash(Method):
     name, title = 'flash', 'Flash-GRPO'
     summary = "the final reward's advantage at one SDE step per sample, TGR-weighted"
     own_rollout, one_process = True, True
-    released = {r: dict(beta=0.0) for r in ('sd35m_geneval', 'sd35m_pickscore', 'flux_pickscore')}  # no KL (released)
+    # no KL, and the rows of zero advantage out of the loss's mean (released)
+    released = {r: dict(beta=0.0, drop_zero_adv_rows=True)
+                for r in ('sd35m_geneval', 'sd35m_pickscore', 'flux_pickscore')}
     def credited(self, cfg, step:int=0) -> torch.Tensor:  # [K] bool: the pool its samples' one step is drawn from
         return torch.isin(torch.arange(cfg.K), flash_config(cfg).pool_steps(cfg.K))
     def check(self, cfg):

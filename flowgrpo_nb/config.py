@@ -18,8 +18,8 @@ from fastcore.docments import docments
 import torch
 from .flow import SAMPLERS, DDIM_SCHEDULES, flow_sigmas, step_coefficients
 from .policy import LORA_TARGETS
-from .rollout import (RolloutConfig, bad_field, field_types, check_fields, check_window, check_steps,
-                                 parse_lookahead)
+from .fields import bad_field, field_types, check_fields
+from .rollout import RolloutConfig, check_window, check_steps, parse_lookahead
 from .credit import (CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL,
                                 CALIB_STOP, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS, FLASH_SAMPLERS, TGR_NORMS)
 from .task import check_task_names, grid_world, DTYPES
@@ -89,6 +89,9 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     weight_decay:float=1e-4     # AdamW weight decay (Flow-GRPO: 1e-4)
     # leave (sample, step) pairs with advantage exactly 0 out of the update (only when beta = 0)
     skip_zero_adv:bool=True
+    # leave the rows whose advantages are all 0 out of the loss's mean too, as the released TempFlow/Flash code
+    # does (their recipes set it); False: their pairs count in the mean (`05d_update`'s `update_pairs`)
+    drop_zero_adv_rows:bool=False
     # -- adapter
     lora_rank:int=16            # LoRA rank
     lora_alpha:float=16.0       # LoRA alpha

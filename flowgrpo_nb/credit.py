@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
-from .rollout import check_fields, bad_field
+from .fields import check_fields, bad_field
 from .method import method_names
 from .display import MAX_WIDTH
 

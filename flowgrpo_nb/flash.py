@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 from .flow import flow_sde_scale
 from .policy import Policy
-from .rollout import Rollout, RolloutConfig, bad_field, check_fields, check_steps, rollout
+from .fields import bad_field, check_fields
+from .rollout import Rollout, RolloutConfig, check_steps, rollout
 from .credit import CreditConfig, FLASH_SAMPLERS, TGR_NORMS, group_advantages
 
 # %% auto #0

@@ -7,21 +7,16 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/flow.html.md"""
 # %% auto #0
 __all__ = ['SAMPLERS', 'DDIM_SCHEDULES', 'flow_sigmas', 'x0_hat', 'x1_hat', 'GaussianMixture', 'default_mixture',
            'gaussian_log_prob', 'StepOutput', 'flow_sde_scale', 'step_coefficients', 'sampler_step', 'check_step_args',
-           'Trajectory', 'default_sde_steps', 'sample_trajectory', 'SamplerComparison', 'compare_samplers',
-           'format_table', 'sampler_figure', 'demo']
+           'Trajectory', 'default_sde_steps', 'sample_trajectory']
 
 # %% ../nbs/00_flow.ipynb #f68d2ef3
-import math, time
+import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import Tensor
 from diffusers import FlowMatchEulerDiscreteScheduler
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-from .processes import write_png
 
 # %% ../nbs/00_flow.ipynb #8b263f16
 def flow_sigmas(K:int, # number of sampling steps, >= 1
@@ -336,151 +331,3 @@ def sample_trajectory(velocity:Callable, # (x [B, ...], t float) -> v [B, ...]
         stds.append(o.std); lps.append(o.log_prob)
     return Trajectory(x, torch.stack(xs, 1) if keep_states else None, torch.stack(stds, 1), torch.stack(lps, 1),
                       torch.as_tensor(sigmas, dtype=torch.float32))
-
-# %% ../nbs/00_flow.ipynb #83abbb7f
-def _sliced_w1(a:Tensor, b:Tensor, n_proj:int=64, seed:int=0) -> float:
-    "Sliced Wasserstein-1 distance between two equal-size point clouds [N, D]."
-    d = torch.randn(a.shape[1], n_proj, generator=torch.Generator().manual_seed(seed))
-    d = d / d.norm(dim=0)
-    return ((a @ d).sort(0).values - (b @ d).sort(0).values).abs().mean().item()
-
-def _scores(gm:GaussianMixture, x:Tensor, ref:Tensor) -> dict:
-    "Distribution errors of samples `x` [N, D] against the mixture (and its exact samples `ref`)."
-    j = gm.component(x)
-    within = (x - gm.means[j]).pow(2).mean(1) / gm.stds[j] ** 2
-    freq = torch.bincount(j, minlength=len(gm.weights)).float() / len(x)
-    return dict(mean_err=round((x.mean(0) - gm.weights @ gm.means).norm().item(), 4),
-                var_ratio=round(within.mean().item(), 3),
-                mode_tv=round(0.5 * (freq - gm.weights).abs().sum().item(), 4),
-                sliced_w1=round(_sliced_w1(x, ref), 4))
-
-# %% ../nbs/00_flow.ipynb #acedb099
-@dataclass
-class SamplerComparison:
-    "Every sampler run on one mixture from the same noise (`compare_samplers`)."
-    gm: GaussianMixture       # the data
-    levels: dict              # sampler -> level
-    rows: list[dict]          # the table: one row per sampler, plus the floor row 'exact'
-    trajs: dict               # sampler -> `Trajectory` (all states kept)
-    sweep: tuple              # the levels of the sweep
-    sweep_ratio: dict         # stochastic sampler -> within-mode variance ratio at each sweep level
-
-def compare_samplers(gm:GaussianMixture|None=None, # the data; None = `default_mixture()`
-                     K:int=40, # steps
-                     n:int=4000, # samples per sampler
-                     levels:dict|None=None, # sampler -> level; None = ode, flow_sde 0.7, cps 0.5, ddim 0.5
-                     sweep=(0.1, 0.3, 0.5, 0.7, 0.9), # levels of the variance-ratio sweep
-                     shift:float=1.0, seed:int=0,
-                    ) -> SamplerComparison:
-    "Run every sampler on a mixture with exact velocity: the table, the paths and the variance ratio against the level."
-    gm = gm or default_mixture()
-    levels = levels or dict(ode=0.0, flow_sde=0.7, cps=0.5, ddim=0.5)
-    sig = flow_sigmas(K, shift)
-    g = torch.Generator().manual_seed(seed)
-    x1, ref = torch.randn(n, gm.means.shape[1], generator=g), gm.sample(n, generator=g)
-    rows = [
-        dict(sampler='exact', level=None, K=K, **_scores(gm, gm.sample(n, generator=g), ref), log_prob=None, sec=0.0)
-    ]
-    trajs = {}
-    for s, lvl in levels.items():
-        t0 = time.time()
-        tr = trajs[s] = sample_trajectory(
-            gm.velocity, x1, sig, s, lvl, generator=torch.Generator().manual_seed(seed + 1)
-        )
-        on = tr.std[0] > 0
-        lp = round(tr.log_prob[:, on].mean().item(), 3) if on.any() else None
-        rows.append(
-            dict(sampler=s, level=lvl, K=K, **_scores(gm, tr.x, ref), log_prob=lp, sec=round(time.time() - t0, 3))
-        )
-    sweep_ratio = {
-        s: [
-            _scores(
-                gm,
-                sample_trajectory(
-                    gm.velocity, x1, sig, s, lvl, keep_states=False, generator=torch.Generator().manual_seed(seed + 1)
-                ).x,
-                ref,
-            )['var_ratio']
-            for lvl in sweep
-        ]
-        for s in ('flow_sde', 'cps', 'ddim')
-    }
-    return SamplerComparison(gm, levels, rows, trajs, tuple(sweep), sweep_ratio)
-
-# %% ../nbs/00_flow.ipynb #f2a27d2a
-def format_table(rows:list[dict]) -> str:
-    "Fixed-width text of a list of dicts with the same keys."
-    cols = list(rows[0])
-    cells = [
-        [('-' if r[c] is None else f"{r[c]:g}" if isinstance(r[c], float) else str(r[c])) for c in cols] for r in rows
-    ]
-    w = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = lambda vals: '  '.join(v.rjust(w[i]) for i, v in enumerate(vals))
-    return '\n'.join([line(cols)] + [line(r) for r in cells])
-
-# %% ../nbs/00_flow.ipynb #2a70e205
-_COLOURS = dict(ode='#444444', flow_sde='#1f77b4', cps='#d62728', ddim='#2ca02c')
-
-def sampler_figure(cmp:SamplerComparison, n_paths:int=12, n_pts:int=1500) -> go.Figure:
-    "Paths and final samples per sampler (top), log-prob per step and variance ratio against level (bottom)."
-    gm, trajs, levels, sweep, sweep_rows = cmp.gm, cmp.trajs, cmp.levels, cmp.sweep, cmp.sweep_ratio
-    names = list(trajs)
-    fig = make_subplots(
-        rows=2,
-        cols=len(names),
-        vertical_spacing=0.14,
-        specs=[
-            [{}] * len(names),
-            [{'colspan': len(names) // 2}]
-            + [None] * (len(names) // 2 - 1)
-            + [{'colspan': len(names) - len(names) // 2}]
-            + [None] * (len(names) - len(names) // 2 - 1),
-        ],
-        subplot_titles=[f"{s} (level {levels[s]:g})" for s in names]
-        + ["mean log-prob per step (trained steps)", "within-mode variance ratio vs level"],
-    )
-    for c, s in enumerate(names, 1):
-        tr, col = trajs[s], _COLOURS.get(s, '#9467bd')
-        fig.add_scatter(
-            x=tr.x[:n_pts, 0].numpy(), y=tr.x[:n_pts, 1].numpy(), mode='markers',
-            marker=dict(size=2, color=col, opacity=0.35), showlegend=False, row=1, col=c
-        )
-        for i in range(n_paths):
-            fig.add_scatter(
-                x=tr.xs[i, :, 0].numpy(), y=tr.xs[i, :, 1].numpy(), mode='lines', line=dict(width=1, color='black'),
-                opacity=0.6, showlegend=False, row=1, col=c
-            )
-        fig.add_scatter(
-            x=gm.means[:, 0].numpy(), y=gm.means[:, 1].numpy(), mode='markers',
-            marker=dict(symbol='x', size=8, color='orange'), showlegend=False, row=1, col=c
-        )
-        on = tr.std[0] > 0
-        if on.any():
-            k = torch.arange(tr.log_prob.shape[1])[on]
-            fig.add_scatter(
-                x=k.numpy(), y=tr.log_prob[:, on].mean(0).numpy(), mode='lines+markers', name=s, line=dict(color=col),
-                legendgroup=s, row=2, col=1
-            )
-    for s, vr in sweep_rows.items():
-        fig.add_scatter(x=list(sweep), y=vr, mode='lines+markers', name=s, line=dict(color=_COLOURS[s], dash='dot'),
-                        legendgroup=s, showlegend=False, row=2, col=len(names) // 2 + 1)
-    fig.add_hline(y=1.0, line=dict(color='grey', width=1), row=2, col=len(names) // 2 + 1)
-    fig.update_xaxes(range=[-4.5, 4.5], row=1); fig.update_yaxes(range=[-4.5, 4.5], row=1)
-    fig.update_xaxes(title_text='step k', row=2, col=1)
-    fig.update_xaxes(title_text='level (a, alpha, eta)', row=2, col=len(names) // 2 + 1)
-    fig.update_layout(height=620, margin=dict(l=40, r=20, t=60, b=40), template='plotly_white')
-    return fig
-
-# %% ../nbs/00_flow.ipynb #48486b3c
-def demo(out='demo', # folder for samplers.png and samplers.html
-         **kwargs, # passed to `compare_samplers`
-        ) -> list[dict]:
-    "Compare the samplers on the 2-D mixture: print the table, save the figure as PNG and HTML under `out`."
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)  # before the work: a bad folder fails at once
-    cmp = compare_samplers(**kwargs)
-    print(format_table(cmp.rows))
-    fig = sampler_figure(cmp)
-    fig.write_html(out / 'samplers.html', include_plotlyjs='directory')  # plotly.min.js beside it: opens offline
-    png = write_png(fig, out / 'samplers.png')
-    print(f"saved {out/'samplers.html'}" + (f" and {out/'samplers.png'}" if png else ''))
-    return cmp.rows

@@ -6,54 +6,19 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/rollout.html.md"""
 
 # %% ../nbs/04_rollout.ipynb #f41fa345
 from __future__ import annotations
-import math, types, typing
 from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
 from .flow import SAMPLERS, DDIM_SCHEDULES, StepOutput, sampler_step, x0_hat
 from .policy import Cond, Policy
+from .fields import bad_field, check_fields
 
 # %% auto #0
-__all__ = ['bad_field', 'field_types', 'check_fields', 'check_window', 'check_steps', 'RolloutConfig', 'Rollout', 'reward_states',
-           'rollout', 'logprob_of', 'logprob_pairs', 'parse_lookahead', 'complete', 'value_plan', 'StepValues',
-           'step_values', 'lookahead_nfe']
-
-# %% ../nbs/04_rollout.ipynb #2aaac976
-def bad_field(owner, name:str, value, allowed:str):
-    """Raise the one sentence of a bad config field: `Class.name=value: allowed ...` (`owner`: the object or its class
-    name)."""
-    raise ValueError(f"{owner if isinstance(owner, str) else type(owner).__name__}.{name}={value!r}: allowed {allowed}")
-
-def field_types(tp) -> tuple:
-    "The runtime types a field annotation allows."
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        return sum(map(field_types, typing.get_args(tp)), ())
-    return (type(None),) if tp is type(None) else (tp,)
-
-def _check_type(obj, name:str, v, tp):
-    ok = field_types(tp)
-    if ok == (bool,) and not isinstance(v, bool): bad_field(obj, name, v, 'True or False')
-    if isinstance(v, bool) and bool not in ok:
-        bad_field(obj, name, v, f"{' or '.join(t.__name__ for t in ok)}, not a boolean")
-    if float in ok and isinstance(v, int) and not isinstance(v, bool): return
-    if not isinstance(v, ok): bad_field(obj, name, v, f"a value of type {' or '.join(t.__name__ for t in ok)}")
-    if isinstance(v, float) and not math.isfinite(v): bad_field(obj, name, v, 'a finite number')
+__all__ = ['check_window', 'check_steps', 'RolloutConfig', 'Rollout', 'reward_states', 'rollout', 'logprob_of', 'logprob_pairs',
+           'parse_lookahead', 'complete', 'value_plan', 'StepValues', 'step_values', 'lookahead_nfe']
 
 # %% ../nbs/04_rollout.ipynb #c54cb3b7
-def check_fields(obj, at_least:dict|None=None, positive=(), non_negative=(), choices:dict|None=None):
-    "Check every field of dataclass `obj` against its annotation, then the choices, lower bounds and signs given."
-    hints = typing.get_type_hints(type(obj))
-    for f in fields(obj): _check_type(obj, f.name, getattr(obj, f.name), hints[f.name])
-    for n, allowed in (choices or {}).items():
-        if getattr(obj, n) not in allowed: bad_field(obj, n, getattr(obj, n), ', '.join(allowed))
-    for n, lo in (at_least or {}).items():
-        if getattr(obj, n) < lo: bad_field(obj, n, getattr(obj, n), f'an integer >= {lo}')
-    for n in positive:
-        if not getattr(obj, n) > 0: bad_field(obj, n, getattr(obj, n), 'a finite number > 0')
-    for n in non_negative:
-        if not getattr(obj, n) >= 0: bad_field(obj, n, getattr(obj, n), 'a finite number >= 0')
-
 def check_window(c):
     """The SDE window `(window_start, window_size)` of config `c` lies on its K-step schedule and ends before the last
     step."""

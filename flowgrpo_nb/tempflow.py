@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 from .flow import StepOutput, sampler_step
 from .policy import Policy
-from .rollout import RolloutConfig, bad_field, check_fields, check_steps, complete, reward_states, _grids
+from .fields import bad_field, check_fields
+from .rollout import RolloutConfig, check_steps, complete, reward_states, _grids
 from .credit import CreditConfig, group_advantages, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS
 
 # %% auto #0

@@ -20,7 +20,7 @@ from fastcore.basics import patch
 from .flow import flow_sde_scale
 from .policy import Policy, PHASES, ema_of, ema_weights, seeded_generator, timed
 from .rollout import rollout, step_values
-from .update import pair_loss, step_grad_norms
+from .update import pair_loss, step_grad_norms, update_pairs
 from .credit import METHODS, calibrate_exploration, Calibration
 from .method import Method, method_of, method_names, methods_help
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
@@ -178,12 +178,12 @@ def update(self:GRPOTrainer, ro, A:torch.Tensor,  # this process's batch (`06_co
 @patch
 def _pairs(self:GRPOTrainer, A, ks, mb,
            pairs:torch.Tensor|None=None) -> tuple:  # [rows, K] bool: the batch's pairs (None: every trained step)
-    "The (row, step) pairs of minibatch `mb` the update evaluates: keep [b, k] and its row/step indices."
+    "The (row, step) pairs of minibatch `mb` the update evaluates: keep [b, k], its row/step indices, the mean's n."
     adv = A[mb][:, ks]                                  # [b, k]
     real = torch.ones_like(adv, dtype=torch.bool) if pairs is None else pairs[mb][:, ks].cpu()
-    keep = real & (adv != 0) if self.cfg.skip_zero_adv and self.cfg.beta == 0 else real
+    keep, n_mean = update_pairs(real, adv, self.cfg.skip_zero_adv and self.cfg.beta == 0, self.cfg.drop_zero_adv_rows)
     bi, ki = keep.nonzero(as_tuple=True)                # row-major: all pairs = logprob_of's order
-    return keep, bi, ki, mb[bi], torch.as_tensor(ks)[ki]
+    return keep, bi, ki, mb[bi], torch.as_tensor(ks)[ki], n_mean
 
 @patch
 def _current_logprobs(self:GRPOTrainer, ro, A, ks, rows) -> torch.Tensor:
@@ -191,7 +191,7 @@ def _current_logprobs(self:GRPOTrainer, ro, A, ks, rows) -> torch.Tensor:
     network path."""
     old = torch.zeros_like(ro.log_prob)
     for mb in rows.split(self.cfg.minibatch * self.rows_per_sample):
-        _, _, _, ii, kk = self._pairs(A, ks, mb, ro.pairs)
+        _, _, _, ii, kk, _ = self._pairs(A, ks, mb, ro.pairs)
         if len(ii): old[ii, kk] = self.pair_logprob(self.policy, ro, ii, kk).log_prob.detach().to(old)
     return old
 
@@ -200,8 +200,7 @@ def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|
     """`pair_loss` of minibatch `mb` (rows) on trained steps `ks`, back-propagated, its statistics appended to `stats`;
     old log-probs `old_lp` [rows, K] (None: this pass's own), per-pair weights `weight` [rows, K] (None: 1)."""
     cfg = self.cfg
-    keep, bi, ki, ii, kk = self._pairs(A, ks, mb, ro.pairs)
-    n_pairs = max(int(ro.pairs[mb][:, ks].sum()), 1)  # the loss is the mean over the minibatch's pairs
+    keep, bi, ki, ii, kk, n_pairs = self._pairs(A, ks, mb, ro.pairs)  # the loss: a mean over n_pairs pairs
     stats['skipped'].append(1 - keep.sum().item() / n_pairs)
     if not keep.any(): return
     r = pair_loss(self.policy, ro, ii, kk, A[mb][:, ks][bi, ki], old_lp, cfg.clip_range, cfg.beta,

@@ -13,7 +13,7 @@ from .policy import Policy
 from .rollout import Rollout, logprob_pairs
 
 # %% auto #0
-__all__ = ['ppo_surrogate', 'ppo_loss', 'kl_to_reference', 'PairLoss', 'pair_loss', 'step_grad_norms']
+__all__ = ['ppo_surrogate', 'ppo_loss', 'kl_to_reference', 'PairLoss', 'pair_loss', 'update_pairs', 'step_grad_norms']
 
 # %% ../nbs/05d_update.ipynb #ba60063d
 def ppo_surrogate(log_prob:torch.Tensor,           # [...] the pairs' log-probs under the current policy
@@ -96,6 +96,16 @@ def pair_loss(policy:Policy, rollout:Rollout,
         ratio_mean=r.float().mean().item(), ratio_std=r.float().std().item() if n > 1 else 0.0,
         kl=torch.cat(kls).mean().item() if kls else None,
     )
+
+# %% ../nbs/05d_update.ipynb #7d3e0a52
+def update_pairs(real:torch.Tensor,             # [b, k] bool: a minibatch's (row, step) pairs at the trained steps
+                 adv:torch.Tensor,              # [b, k] their advantages
+                 skip_zero:bool=False,          # leave the pairs with A = 0 out of the network call (0 when beta = 0)
+                 drop_zero_rows:bool=False,     # leave the rows whose advantages are all 0 out of the loss's mean
+                ) -> tuple[torch.Tensor, int]:  # the pairs evaluated [b, k] bool; the loss's mean is over n pairs
+    "The pairs of a minibatch the update evaluates, and how many pairs its loss is the mean over."
+    if drop_zero_rows: real = real & (adv != 0).any(1, keepdim=True)
+    return (real & (adv != 0) if skip_zero else real), max(int(real.sum()), 1)
 
 # %% ../nbs/05d_update.ipynb #78ab067b
 def step_grad_norms(policy:Policy, rollout:Rollout, A:torch.Tensor,  # [B, K] advantages

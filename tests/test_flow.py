@@ -5,9 +5,9 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from flowgrpo_nb.flow import (SAMPLERS, GaussianMixture, compare_samplers, default_sde_steps, flow_sde_scale,
-                              flow_sigmas, gaussian_log_prob, sample_trajectory, sampler_figure, sampler_step,
-                              step_coefficients, x0_hat, x1_hat, demo)
+from flowgrpo_nb.flow import (SAMPLERS, GaussianMixture, default_sde_steps, flow_sde_scale, flow_sigmas,
+                              gaussian_log_prob, sample_trajectory, sampler_step, step_coefficients, x0_hat, x1_hat)
+from flowgrpo_nb.sampler_demo import compare_samplers, sampler_figure, demo
 
 torch.set_num_threads(1)
 LEVELS = dict(ode=0.0, flow_sde=0.7, cps=0.5, ddim=0.5)

@@ -237,7 +237,7 @@ def test_fidelity_stopped_says_what_it_kept(tmp_path, monkeypatch, capsys):
      ': nothing was kept (it writes no file: the scores are printed at its end)'),
     ('train-score', 'flowgrpo_nb.score.train_score', ': nothing was kept ({out} is written at its end)'),
     # seconds long: the command says nothing more, the CLI gives the command again
-    ('demo', 'flowgrpo_nb.flow.compare_samplers', ''),
+    ('demo', 'flowgrpo_nb.sampler_demo.compare_samplers', ''),
 ])
 def test_the_short_commands_stopped_say_so_and_give_the_command_again(tmp_path, monkeypatch, capsys, name, target,
                                                                       kept):

@@ -113,3 +113,19 @@ def test_backward_in_chunks_is_the_same_gradient(tmp_path, method, beta):
         assert (len(stats[0].get(k, [])) == len(stats[2].get(k, []))
                 and all(abs(x - y) <= 1e-6 + 1e-4 * abs(x)
                         for x, y in zip(stats[0].get(k, []), stats[2].get(k, [])))), k
+
+def test_dropping_zero_advantage_rows_scales_the_gradient_by_the_kept_fraction(base, tmp_path):
+    """Half the rows' advantages set to 0 by hand: with `drop_zero_adv_rows` (the released TempFlow/Flash update) the
+    trainer's gradient is the default's divided by the kept fraction of the pairs, and nothing else differs."""
+    one = dict(updates_per_rollout=1, max_grad_norm=1e9)  # one backward pass per update, its gradient not clipped
+    a, b = (trainer(base, tmp_path, 'kept', **one), trainer(base, tmp_path, 'dropped', drop_zero_adv_rows=True, **one))
+    c = a.collect(0)
+    ro, A = c['rollout'], c['advantages'].clone()
+    A[::2] = 0                                             # every other row: a tied group's rows
+    ks = ro.trained.nonzero().flatten()
+    assert A[1::2][:, ks].ne(0).any(1).all()               # the other rows all carry credit
+    kept = float(ro.pairs[1::2][:, ks].sum() / ro.pairs[:, ks].sum())
+    assert 0 < kept < 1
+    sa, sb = a.update(ro, A), b.update(ro, A)
+    for pa, pb in zip(a.params, b.params): torch.testing.assert_close(pa.grad, kept * pb.grad, rtol=1e-5, atol=1e-12)
+    assert sa['loss'] == pytest.approx(kept * sb['loss'], rel=1e-5)

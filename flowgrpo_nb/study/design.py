@@ -12,7 +12,8 @@ __all__ = ['ARMS', 'SETTINGS', 'TASKS', 'EXPLORATORY', 'DEFAULT_ARMS', 'MAIN_ARM
 
 # %% ../../nbs/study/01_design.ipynb #c862115e
 from dataclasses import dataclass, field, fields, replace
-from ..rollout import lookahead_nfe, bad_field
+from ..fields import bad_field
+from ..rollout import lookahead_nfe
 from ..config import GRPOConfig, preset_config
 from .stats import TESTS, holm_level, seeds_for
 

@@ -15,9 +15,9 @@ import numpy as np, torch
 from torch import Tensor
 
 from ..policy import Policy, seeded_generator, timed
+from ..fields import check_fields, bad_field
 from flowgrpo_nb.rollout import (
-    check_fields, bad_field, RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, lookahead_nfe,
-    _step
+    RolloutConfig, Rollout, rollout, step_values, value_plan, reward_states, lookahead_nfe, _step
 )
 from ..credit import Credit, step_spans, method_credits, METHODS
 from ..tempflow import TempFlowRollout, BranchPairs, tempflow_rollout, tempflow_advantages, tempflow_nfe

@@ -18,9 +18,8 @@ from .stats import aggregate
 
 # %% auto #0
 __all__ = ['STEP_TIME_RATIO', 'NO_CALIBRATION', 'FIDELITY_MEASURES', 'FORMAT', 'READS', 'Record', 'Agg', 'agg', 'CurvePoint',
-           'RunResult', 'fake_run', 'heldout', 'eval_from_metrics', 'prompts_from_metrics', 'grad_share', 'cumulative',
-           'run_curve', 'calibration_rounds', 'run_report', 'ArmSummary', 'Comparison', 'TaskSection', 'ContrastResult',
-           'Report']
+           'RunResult', 'heldout', 'eval_from_metrics', 'prompts_from_metrics', 'grad_share', 'cumulative', 'run_curve',
+           'calibration_rounds', 'run_report', 'ArmSummary', 'Comparison', 'TaskSection', 'ContrastResult', 'Report']
 
 # %% ../../nbs/study/03_results.ipynb #9f5e4533
 def _from(tp, x, where:str):
@@ -147,6 +146,7 @@ class RunResult(Record):
         return d
 
 # %% ../../nbs/study/03_results.ipynb #a4f17e4a
+# a fixture of the demos and tests, not of the API: importable, outside `__all__` and the docs
 def fake_run(scores:list, learned:list|None=None, every:int=25, nfe:int=160, cpu:float=2.0, cal:tuple=(0, 0.0),
              **fields) -> RunResult:
     """A made-up run whose held-out strict curve is `scores` (the base point first), for demos and tests; `fields` set

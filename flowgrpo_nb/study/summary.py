@@ -24,7 +24,7 @@ __all__ = ['REACH_BY', 'WINDOW_MATCH', 'FAMILIES', 'curve_at', 'curve_auc', 'las
            'study_measures', 'plateau', 'se_ratio', 'study_runs', 'study_arm', 'per_seed_ratios', 'arm_summary',
            'window_match', 'task_comparisons', 'correct', 'base_summary', 'task_section', 'run_total', 'run_metric',
            'claim_diffs', 'reference_gain', 'prompt_effects', 'prompt_shares', 'power_fields', 'with_power', 'judge',
-           'fake_report', 'verdict_sentence', 'add_fidelity', 'fidelity_gain']
+           'verdict_sentence', 'add_fidelity', 'fidelity_gain']
 
 # %% ../../nbs/study/04_summary.ipynb #4232d228
 def curve_at(curve:list[CurvePoint], x:float, by:str='step', score:str='eval') -> float|None:
@@ -484,6 +484,7 @@ def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05,
     return [out[c.id] for c in claims]
 
 # %% ../../nbs/study/04_summary.ipynb #8ae74aad
+# a fixture of the demos and tests, not of the API: importable, outside `__all__` and the docs
 def fake_report(finals:dict,             # {arm: its mean final held-out strict score}
                 costs:dict|None=None,    # {arm: `fake_run` keywords}
                 seeds:int=5, steps:int=150, every:int=25, task:str='geneval', seed:int=0) -> Report:
