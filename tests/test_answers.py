@@ -41,6 +41,9 @@ def test_credit_answer_states_each_reading_of_the_credit_question(credit):
     # C2 holds above 0 but its effect is below the registered margin, and the sentence says so
     assert cs['C2'].verdict == 'holds' and cs['C2'].mean < cs['C2'].margin
     assert f"{eff(cs['C2'])}, **above 0** but below the registered 0.03 margin (C2, registered)" in said
+    # and the same contrast at the readings it was not registered at: equal steps and equal NFE (post hoc)
+    assert f"at equal optimizer steps {eff(cs['C2@steps'])}, above 0 (post hoc)" in said
+    assert f"at equal NFE {eff(cs['C2@nfe'])}, below 0 (post hoc)" in said
     assert 'at equal optimizer steps only; for the same CPU seconds and NFE' in said
     assert said in (ROOT/'README.md').read_text()  # the README's study answer is this sentence
 

@@ -348,7 +348,7 @@ def question_answer(report:Report) -> str|None:
     return (
         f"**{QUESTION}** Is it the credit? DenseGRPO against Flow-GRPO trained on the same early steps "
         f"({_steps(report, cs['C1'].other)}): {said(credit)}. Against Flow-GRPO on every step, "
-        f"{said({k: c for k, c in cpu.items() if c.id == 'C2'})}. {so[0].upper() + so[1:]} ({cs['C1'].n} seeds; "
+        f"{said(cpu)}. {so[0].upper() + so[1:]} ({cs['C1'].n} seeds; "
         "registered claims Holm over the three, post hoc readings Holm within their own family)."
     )
 
