@@ -139,7 +139,9 @@ async def _refuse(send, status:int, why:str):
     await send({'type': 'http.response.body', 'body': json.dumps(dict(error=why)).encode()})
 
 # %% ../nbs/07c_door.ipynb #d00c0005
-def cache_images(component, items:list[tuple[np.ndarray, str]]) -> list[tuple[str, str]]:
+def cache_images(component,
+                 items:list[tuple]  # (image [H, W, 3] uint8 array, caption) pairs
+                 ) -> list[tuple[str, str]]:
     """Each (image [H, W, 3] uint8, caption) written to `component`'s Gradio cache as Gradio names it, whole (temporary
     file + rename): a full disk is one sentence naming the file, and leaves no empty image behind."""
     from PIL import Image

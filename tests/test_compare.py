@@ -377,20 +377,20 @@ def test_reach_ignores_the_base_point():
     assert first_reach(curve, 0.465) == dict(target=0.465, steps=None, nfe=None, seconds=None)
 
 def test_the_study_at_smoke_sizes(tmp_path):
-    """The study's arms of the few-level task at smoke sizes over two seeds, end to end: every arm trains and reports,
-    every claim of that task gets a verdict."""
-    ccfg = CompareConfig('study', seeds=(0, 1), tasks=('geneval',), overrides=SMOKE)
+    """The study's arms of the few-level task at smoke sizes over three seeds (a claim needs two degrees of freedom),
+    end to end: every arm trains and reports, every claim of that task gets a verdict."""
+    ccfg = CompareConfig('study', seeds=(0, 1, 2), tasks=('geneval',), overrides=SMOKE)
     STUDY = STUDY_ARMS['geneval']  # every arm but those added after the study ran
     report = compare(tmp_path, ccfg, progress=False, png=False)
     sec = report.tasks['geneval']
-    assert set(sec.arms) == set(STUDY) and all(r.heldout_strict.n == 2 and r.auc is not None for r in sec.arms.values())
+    assert set(sec.arms) == set(STUDY) and all(r.heldout_strict.n == 3 and r.auc is not None for r in sec.arms.values())
     # every control is either measured against the arm's gradient or says why not
     for c in (c for c in sec.comparisons if c.is_control):
         assert 0 <= (c.window_share if c.window_share is not None else -1) <= 1 + 1e-9 or c.window_unchecked, c
     claims = {c.id: c for c in report.contrasts}
-    assert all(c.n == 2 and c.verdict != 'not run' for c in claims.values() if c.task == 'geneval')
+    assert all(c.n == 3 and c.verdict != 'not run' for c in claims.values() if c.task == 'geneval')
     assert all(c.verdict == 'not run' for c in claims.values() if c.task == 'score')
-    assert report.timing['runs'] == len(STUDY) * 2 and report.timing['runs_reused'] == 0
+    assert report.timing['runs'] == len(STUDY) * 3 and report.timing['runs_reused'] == 0
     # every point of a curve keeps its per-category scores: the report draws them over steps
     run = sec.per_seed['0']['flow_grpo']
     assert (all(set(p.categories) == set(run.heldout) - {'overall'} for p in run.curve)
@@ -406,7 +406,7 @@ def test_the_study_at_smoke_sizes(tmp_path):
     assert sorted(r['arm'] for r in rows) == sorted(STUDY) and all(r['seed'] == 0 for r in rows)
     again = compare(tmp_path, dataclasses.replace(ccfg, fidelity=str(tmp_path/'fidelity'/'fidelity.json')),
                     progress=False, png=False)
-    assert again.timing['runs_reused'] == len(STUDY) * 2
+    assert again.timing['runs_reused'] == len(STUDY) * 3
     # an arm whose fidelity row has a Kendall tau (not NaN: at these sizes a batch can hold no true gain to rank)
     # carries it
     finite = {r['arm'] for r in rows if r['kendall'] is not None and r['kendall'] == r['kendall']}
@@ -444,11 +444,12 @@ def test_a_report_json_that_is_not_an_object_is_one_sentence(task, tmp_path):
     assert read_invocations(tmp_path) == [dict(wall_seconds=2, runs_trained=None, id='a')]
 
 def test_the_confirm_budget_at_smoke_sizes(tmp_path):
-    """The pre-registered study end to end at smoke sizes over two seeds: every arm its file names trains, and every
-    claim of the file gets a verdict, an effect with its interval, and an MDE at the Holm level of its own family."""
+    """The pre-registered study end to end at smoke sizes over three seeds (a claim needs two degrees of freedom): every
+    arm its file names trains, and every claim of the file gets a verdict, an effect with its interval, and an MDE at
+    the Holm level of its own family."""
     from flowgrpo_nb.study.design import load_prereg, prereg_file
     pre = load_prereg(prereg_file())
-    ccfg = CompareConfig('confirm', seeds=(0, 1), overrides=SMOKE)
+    ccfg = CompareConfig('confirm', seeds=(0, 1, 2), overrides=SMOKE)
     report = compare(tmp_path, ccfg, progress=False, png=False)
     assert set(report.tasks['geneval'].arms) == {a for c in pre.claims for a in (c.arm, c.other)} | {'flow_grpo'}
     post = [c for c in report.contrasts if c.family == 'post hoc']  # the level claims again at equal compute
@@ -456,7 +457,7 @@ def test_the_confirm_budget_at_smoke_sizes(tmp_path):
     assert {c.id.split('@')[0] for c in post} == {c.id for c in pre.claims if c.claim == 'level'}
     for c in report.contrasts:
         if c.family == 'post hoc': continue
-        assert c.n == 2 and c.verdict != 'not run' and c.ci and c.family in ('primary', 'secondary'), c
+        assert c.n == 3 and c.verdict != 'not run' and c.ci and c.family in ('primary', 'secondary'), c
         # at 2 steps two arms can score alike on both seeds: no spread, no MDE to state
         assert c.mde is not None or not c.sd, c
     assert any(c.mde is not None for c in report.contrasts)

@@ -221,7 +221,8 @@ def test_fidelity_stopped_says_what_it_kept(tmp_path, monkeypatch, capsys):
         (comp/'geneval'/'seed0'/arm/'config.json').write_text(json.dumps(asdict(preset_config(arm))))
         (comp/'geneval'/'seed0'/arm/'checkpoints'/'ckpt-000002'/'state.json').write_text('{}')
         (comp/'geneval'/'seed0'/arm/'summary.json').write_text('{}')
-    def one_then_stop(f, d, a, cfg):  # the first run measured (its file written whole), Ctrl-C in the second
+    def one_then_stop(f, d, a, cfg, trust_code=False):  # the first run measured (its file written whole), Ctrl-C in
+        # the second
         if a == 'flow_grpo': raise KeyboardInterrupt  # the runs go in name order: dense first
         f.parent.mkdir(parents=True, exist_ok=True); f.write_text('{}')
         return dict(stats=[], cost=dict(total=dict(cpu_seconds=0.0)))

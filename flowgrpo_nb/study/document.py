@@ -19,8 +19,8 @@ from flowgrpo_nb.study.page import (
 
 # %% auto #0
 __all__ = ['CSS', 'READINGS', 'UNINFORMATIVE', 'PLOTLY_JS', 'HEADLINE_PX', 'QUESTION', 'setup_html', 'reading_of',
-           'reading_words', 'answer_lines', 'arm_steps', 'where_read', 'headline_figure', 'fitted', 'headline_html',
-           'report_html', 'contrast_readings', 'question_answer', 'question_table']
+           'reading_words', 'answer_lines', 'arm_steps', 'where_read', 'headline_figure', 'headline_px', 'fitted',
+           'headline_html', 'report_html', 'contrast_readings', 'question_answer', 'question_table']
 
 # %% ../../nbs/study/06c_document.ipynb #ee6bc571
 CSS = (
@@ -235,6 +235,11 @@ def headline_figure(report:Report, figures:dict):
 
 HEADLINE_PX = 540  # the first figure's height at most: under the title and the answer's first line on a 1280x800 screen
 
+def headline_px(chars:int) -> int:
+    """The first figure's height under an answer line of `chars` characters, whole on a 1280x800 screen: about 105
+    characters a 27 px line under a 110 px title, 10 px to spare; `HEADLINE_PX` at most, 300 at least."""
+    return max(300, min(HEADLINE_PX, 800 - 10 - 110 - 27 * -(-chars // 105)))
+
 def fitted(fig, height:int=HEADLINE_PX):
     """A copy of `fig` at most `height` px high, the plot shrunk (its margins and legend under it kept, the legend as
     far below the plot in px); None stays None."""
@@ -250,7 +255,8 @@ def headline_html(report:Report, figures:dict) -> str:
     t = next(iter(figures), None)
     ref = (report.budget or {}).get('reference') and t is not None
     lines = reference_findings(report, t) if ref else [s for s in [question_answer(report)] if s] + answer_lines(report)
-    fig = fitted(headline_figure(report, figures))
+    first = re.sub(r'\*\*|\[([^\]]*)\]\([^)]*\)', r'\1', lines[0]) if lines else ''  # as the page shows it
+    fig = fitted(headline_figure(report, figures), headline_px(len(first)))
     said = lambda ls: f"<ul class='answer'>{''.join(f'<li>{_md(s)}</li>' for s in ls)}</ul>" if ls else ''
     return (
         "<h2>The answer</h2>"
