@@ -20,9 +20,9 @@ from .display import MAX_WIDTH
 
 # %% auto #0
 __all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'TEMPFLOW_GROUPS', 'TEMPFLOW_WEIGHTS', 'FLASH_SAMPLERS', 'TGR_NORMS',
-           'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig', 'step_spans', 'check_credit_inputs',
-           'group_stats', 'Credit', 'normalize_rewards', 'group_advantages', 'final_rewards', 'credit_flow_grpo',
-           'step_gains', 'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points',
+           'READS', 'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig', 'step_spans',
+           'check_credit_inputs', 'group_stats', 'Credit', 'normalize_rewards', 'group_advantages', 'final_rewards',
+           'credit_flow_grpo', 'step_gains', 'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points',
            'turning_point_rewards', 'credit_turning_point', 'compute_credit', 'synthetic_values', 'plot_credit',
            'MethodCredit', 'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration', 'credit_stats']
 
@@ -67,12 +67,16 @@ def step_spans(trained:Tensor,      # [K] bool, the SDE window
     return start, torch.cat([start[1:], start.new_tensor([len(trained)])])
 
 # %% ../nbs/05_credit.ipynb #84d683db
+# what each rule reads of V: the final reward only, its steps' spans, or the spans and both ends (a rule not listed
+# reads its spans)
+READS = dict(flow_grpo='final', stepwise='spans', dense='spans', turning_point='spans+ends')
+
 def _reads(method:str, trained:Tensor, untrained:str) -> Tensor:
-    "State indices of `V` that `method` reads."
-    K = len(trained)
-    if method == 'flow_grpo': return torch.tensor([K])
+    "State indices of `V` that `method`'s rule reads (`READS`)."
+    K, reads = len(trained), READS.get(method, 'spans')
+    if reads == 'final': return torch.tensor([K])
     start, end = step_spans(trained, untrained)
-    extra = [0, K] if method == 'turning_point' else []
+    extra = [0, K] if reads == 'spans+ends' else []
     return torch.unique(torch.cat([start, end, torch.tensor(extra, dtype=torch.long)]))
 
 def _check_v_trained(V, trained):
