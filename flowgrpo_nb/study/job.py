@@ -93,7 +93,7 @@ def _estimate_line(e:dict) -> str:
 def compare_cli(
     out: str = 'runs/compare',  # run folder of the comparison
     # smoke (checks the job runs), default (the README's results), study (the exploratory study), confirm or credit
-    # (the pre-registered ones)
+    # (the pre-registered ones), frontier_pilot (the frontier study's exploratory pilot)
     budget: str = 'default',
     seeds: Annotated[int, "seeds (default: the budget's)", dict(nargs='+')] = None,
     tasks: Annotated[
