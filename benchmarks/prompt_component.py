@@ -8,20 +8,36 @@ the re-evaluated score and its per-prompt images and means, with the CPU and the
 reads it (`summary.judge`, `component`) to let the held-out prompts count in the interval of every claim whose runs
 logged no per-prompt results (post hoc: one seed's per-prompt differences of two arms). A re-evaluation on another
 kind of CPU than the run's rounds differently, so its score need not equal the logged one: both are kept."""
-import json, sys, time
+import hashlib, json, sys, time
 from pathlib import Path
 
 import torch
 
-from flowgrpo_nb.checkpoint import write_json
-from flowgrpo_nb.precision import machine_key
+from flowgrpo_nb.checkpoint import write_json, list_checkpoints
+from flowgrpo_nb.config import run_config
+from flowgrpo_nb.policy import LORA_FILE
+from flowgrpo_nb.precision import machine_key, resolve_fast
 from flowgrpo_nb.study.record import code_version
-from flowgrpo_nb.task import evaluate_policy, load_task
-from flowgrpo_nb.train import eval_settings, load_run_policy
+from flowgrpo_nb.task import evaluate_policy, load_task, load_policy
+from flowgrpo_nb.train import eval_settings, check_base
+
+def final_policy(run:Path):
+    """(policy with the run's newest kept adapter, run config, checkpoint): a kept checkpoint holds only the LoRA file
+    (the EMA, what the run evaluated) and state.json, so the LoRA file is checked against the sha256 state.json records
+    for it, not the whole checkpoint."""
+    cfg, ckpt = run_config(run), list_checkpoints(run)[-1]
+    rec = json.loads((ckpt/'state.json').read_text())['files'][LORA_FILE]
+    if hashlib.sha256((ckpt/LORA_FILE).read_bytes()).hexdigest() != rec['sha256']:
+        sys.exit(f"{ckpt/LORA_FILE}: its sha256 is not the one state.json records; the adapter is not the run's")
+    policy = load_policy(**cfg.backend())
+    check_base(run, policy.base_fingerprint())
+    policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+    policy.load_lora(ckpt)
+    return policy.set_fast(resolve_fast(cfg.fast)[0]), cfg, ckpt
 
 def reevaluate(run:Path) -> dict:
     "The run's final adapter evaluated again as the run evaluated it: scores and per-prompt results."
-    policy, cfg, ckpt = load_run_policy(run)
+    policy, cfg, ckpt = final_policy(run)
     task = load_task(cfg.reward, cfg.prompts, cfg.eval_prompts, cfg.model)
     t0 = time.process_time()
     with torch.no_grad(): rep = evaluate_policy(policy, task, **eval_settings(cfg))

@@ -35,7 +35,8 @@ from flowgrpo_nb.study.design import (
 from .costs import job_costs, schedule, estimate_cost, _eval_groups
 from .runs import run_dir, base_file, finished, earlier_invocations, _check_reused, _job, _job_name
 from flowgrpo_nb.study.record import (
-    code_version, prereg_record, command_line, log_invocation, read_invocations, _heartbeat
+    code_version, prereg_record, command_line, recorded_command, relative_path, log_invocation, read_invocations,
+    _heartbeat
 )
 from ..precision import machine_paths, machine_key, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
@@ -297,7 +298,9 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         costs = job_costs(ccfg, given is not None)
         workers, threads = _workers(ccfg, given, policy, len(costs), workers, threads)
         out.mkdir(parents=True, exist_ok=True)
-        write_text(out/'compare.json', json.dumps(asdict(ccfg), indent=1), 'the comparison settings')
+        # its paths written from the comparison's folder (a record names no folder of one machine)
+        fid = dict(fidelity=relative_path(ccfg.fidelity, out)) if ccfg.fidelity else {}
+        write_text(out/'compare.json', json.dumps(asdict(ccfg) | fid, indent=1), 'the comparison settings')
         t0, c0 = time.perf_counter(), time.process_time()
         jobs = schedule(costs, workers, BUDGETS[ccfg.budget].get('by_seed', False))[0]
         runs = [k for k in jobs if k[0] != 'base']
@@ -308,7 +311,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         earlier = [] if (out/'invocations.jsonl').exists() else earlier_invocations(out)
         me = log_invocation(
             out, id=f'{datetime.now(timezone.utc).isoformat(timespec="seconds")}-{os.getpid()}',
-            started=datetime.now(timezone.utc).isoformat(timespec='seconds'), command=command_line(ccfg, out),
+            started=datetime.now(timezone.utc).isoformat(timespec='seconds'), command=recorded_command(ccfg, out),
             code=code_version(), runs=len(runs), runs_to_train=len(runs) - len(reused),
             cpu={k: machine_key()[k] for k in ('cpu', 'capability')}  # runs are one computation per kind of CPU
         )['id']
@@ -339,7 +342,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         finally: beat.set(); bars()
         bases = {k: v for k, v in done.items() if k[0] == 'base'}
         report = build_report(ccfg, out, tasks, bases, given is not None, fidelity)
-        report.wall_seconds = time.perf_counter() - t0
+        report.wall_seconds, report.config = time.perf_counter() - t0, report.config | fid
         report.timing = dict(
             workers=workers, threads_per_worker=threads or torch.get_num_threads(), step_time_ratio=STEP_TIME_RATIO,
             estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases), machine=machine(),
@@ -347,7 +350,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         )
         log_invocation(out, id=me, wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))
         report.timing |= dict(
-            command=command_line(ccfg, out), code=code_version(), invocations=earlier + read_invocations(out)
+            command=recorded_command(ccfg, out), code=code_version(), invocations=earlier + read_invocations(out)
         )
         write_report(report, out, png)
         return report
