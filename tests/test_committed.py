@@ -1,4 +1,4 @@
-"What the committed files record: no path of the machine that wrote them; every claim of a study's report read both ways."
+"What committed files record: no path of the machine that wrote them; every claim read over seeds and over prompts."
 import json, re, subprocess, tempfile
 from pathlib import Path
 
@@ -31,3 +31,39 @@ def test_no_committed_file_names_a_folder_of_this_machine():
     assert hits.returncode in (0, 1), hits.stderr
     bad = {f: found[:2] for f in hits.stdout.split() if (found := absolute_paths((ROOT/f).read_text(), folders))}
     assert not bad, f"{len(bad)} committed files name a folder of this machine ({', '.join(folders)}): {bad}"
+
+def claims(name:str) -> list:
+    "The claims that ran in results/`name`/report.json, read back as the report reads them."
+    from flowgrpo_nb.study.results import Report
+    rep = Report.from_json(json.loads((ROOT/'results'/name/'report.json').read_text()))
+    return [c for c in rep.contrasts if c.n]
+
+@pytest.mark.parametrize('name', ['confirm', 'credit'])
+def test_every_claim_has_both_intervals_and_its_largest_prompt_share(name):
+    ran = claims(name)
+    assert len(ran) >= 14
+    for c in ran:
+        assert c.ci[0] <= c.mean <= c.ci[1], c.id  # over seeds
+        assert c.prompts_from, c.id  # how the prompts' variance was had, or why it was not
+        if c.prompts_from.startswith('none'):  # credit's learned score: no per-prompt result was logged
+            assert name == 'credit' and c.task == 'score' and c.ci_prompts is None, c.id
+            continue
+        assert c.ci_prompts[0] <= c.mean <= c.ci_prompts[1], c.id  # over seeds and held-out prompts
+        p, share = c.prompt_shares['largest']
+        assert isinstance(p, str) and abs(share) >= max(abs(v) for v in c.prompt_shares['prompts'].values()) - 1e-12
+    if name == 'confirm':  # post hoc, from seed 2002's re-evaluated adapters: every claim, widened, said so
+        assert all(c.prompts_from.startswith('post hoc') for c in ran)
+        assert all(c.ci_prompts[0] <= c.ci[0] and c.ci_prompts[1] >= c.ci[1] for c in ran)
+
+def test_confirm_prompt_interval_recomputes():
+    "D1's seeds-and-prompts interval from its seed-only one and seed 2002's per-prompt re-evaluation, by hand."
+    from flowgrpo_nb.study.compare import heldout_prompts
+    from flowgrpo_nb.study.stats import component_diffs, prompt_variance, widened_ci
+    rep = json.loads((ROOT/'results'/'confirm'/'report.json').read_text())
+    comp = json.loads((ROOT/'results'/'confirm'/'runs'/'prompt_component.json').read_text())
+    names, strata = heldout_prompts(rep['setup'], 'geneval')
+    c = next(c for c in rep['contrasts'] if c['id'] == 'D1')
+    d, w = component_diffs(comp['arms'], c['arm'], c['other'], names)
+    want = widened_ci(c['mean'], c['ci'], c['sd'], c['n'], prompt_variance(d, w, strata))
+    assert want == pytest.approx(c['ci_prompts'], abs=1e-12)
+    assert comp['seed'] == 2002 and set(comp['arms']) >= {c['arm'], c['other']}

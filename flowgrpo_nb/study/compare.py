@@ -429,7 +429,9 @@ def build_report(
         sections[t] = task_section(t, per_seed, {str(s): (heldout(r), r.extra.get('score')) for s, r in base.items()},
                                    list(ccfg.task_arms(t)),
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
-    return _judged(ccfg, sections, setup(ccfg, tasks, out), fidelity)
+    # a post hoc per-prompt re-evaluation of one seed's kept adapters (benchmarks/prompt_component.py), if there is one
+    comp = read_json(f, 'the per-prompt re-evaluation') if (f := Path(out)/'prompt_component.json').is_file() else None
+    return _judged(ccfg, sections, setup(ccfg, tasks, out), fidelity, comp)
 
 def heldout_prompts(setup:dict, task:str) -> tuple[list, list]|None:
     """([P] the held-out prompts of a grid-world task of the shipped base model, [P] their categories), in the order its
@@ -440,7 +442,7 @@ def heldout_prompts(setup:dict, task:str) -> tuple[list, list]|None:
     if len(t.eval_prompts) != s.get('eval_prompts') or t.category is None: return None
     return list(t.eval_prompts), [t.category(p) for p in t.eval_prompts]
 
-def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -> Report:
+def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None, component:dict|None=None) -> Report:
     """The report of `sections`: Holm within families, the claims (a pre-registered study judges its own rows),
     fidelity, findings."""
     correct(sections)
@@ -452,7 +454,7 @@ def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -
     report = Report(
         format=FORMAT, config=asdict(ccfg), budget=budget, setup=setup, tasks=sections,
         findings=[], contrasts=judge(sections, claims, alpha, prompts=pre and {
-            t: p for t in sections if (p := heldout_prompts(setup, t))})  # a pre-registered study: prompts vary too
+            t: p for t in sections if (p := heldout_prompts(setup, t))}, component=component)  # prompts vary too
     )
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys
