@@ -448,7 +448,8 @@ def component_diffs(arms:dict,    # {arm: {'prompts': {n, mean, names}}}: one se
                    ) -> tuple|None:
     "([P] the per-prompt difference arm − other, [P] images); None when an arm is missing or their images differ."
     if arm not in arms or other not in arms: return None
-    at = lambda a: dict(zip(arms[a]['prompts']['names'], zip(arms[a]['prompts']['n'], arms[a]['prompts']['mean'])))
+    # an evaluation over the task's own held-out prompts logs no names: they are `names`, in that order
+    at = lambda a: dict(zip((q := arms[a]['prompts']).get('names') or names, zip(q['n'], q['mean'])))
     x, y = at(arm), at(other)
     n = [x.get(p, (0, None))[0] for p in names]
     if n != [y.get(p, (0, None))[0] for p in names]: return None
