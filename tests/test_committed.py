@@ -17,11 +17,11 @@ def absolute_paths(text:str, folders:list[str]) -> list[str]:
     return re.findall(pat, text)
 
 def test_absolute_paths_found():
-    f = ['/work', '/tmp', '/root']
-    test = absolute_paths('"command": "flowgrpo compare --out /work/credit", "c": "x/tmp/y", "d": "~/tmp/z"', f)
-    assert test == ['/work/credit']
+    f = ['/srv', '/scratch']  # folders of some machine (this file must not name this one's)
+    test = absolute_paths('"command": "flowgrpo compare --out /srv/credit", "c": "x/srv/y", "d": "~/srv/z"', f)
+    assert test == ['/srv/credit']
     assert absolute_paths('"checkpoint": "checkpoints/ckpt-000100", "compare": ".."', f) == []
-    assert absolute_paths("--json /tmp/phases.json", f) == ['/tmp/phases.json']
+    assert absolute_paths("--json /scratch/phases.json", f) == ['/scratch/phases.json']
 
 def test_no_committed_file_names_a_folder_of_this_machine():
     folders = machine_folders()
