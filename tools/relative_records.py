@@ -3,8 +3,8 @@
 Before `study.record.relative_path`, a comparison logged its command with the absolute path of the folder it ran in
 (`--out`), its compare.json and report config the fidelity file by absolute path, a fidelity result its comparison and
 each run's checkpoint by absolute path. Each names a folder of the machine that ran it, never read back (a rebuild
-takes the fidelity file from `runs/fidelity/fidelity.json`). This rewrites, as text (the rest of each file byte for byte):
-`--out O` -> `--out .`, `--fidelity O/x` -> `--fidelity x`, a path `O/x` -> `x` (from the comparison's folder), a
+takes the fidelity file from `runs/fidelity/fidelity.json`). This rewrites, as text (the rest of each file byte for
+byte): `--out O` -> `--out .`, `--fidelity O/x` -> `--fidelity x`, a path `O/x` -> `x` (from the comparison's folder), a
 checkpoint `O/<task>/seedN/<arm>/checkpoints/c` -> `checkpoints/c` (from the run's folder), a fidelity.json's
 comparison `O` -> `..`. No file it touches is covered by a digest (checkpoints' manifests cover only checkpoint folders,
 which hold no such path). The reports' pages are then rebuilt with tools/rebuild_reports.py from a committed tree.
