@@ -13,7 +13,7 @@ Not a test: it prints a table of wall and process-CPU seconds per repetition (th
 included), the median ratio A / B with its range, and per run each arm's held-out score and share of skipped (sample,
 step) pairs. Examples (the default job's arms at one seed, old code against new; the study's arms eager vs fast):
 
-    git worktree add /tmp/old 0cb32da && .venv/bin/python benchmarks/job_ab.py --modes old,now --old /tmp/old \\
+    git worktree add ../old 0cb32da && .venv/bin/python benchmarks/job_ab.py --modes old,now --old ../old \\
         --arms flow_grpo,flow_grpo_first4,dense --steps 24 --prompts 2 --reps 2
     .venv/bin/python benchmarks/job_ab.py --modes eager,now --arms flow_grpo,stepwise,dense,flow_grpo_nfe \\
         --steps 12 --reps 2

@@ -11,7 +11,7 @@ decoding + reward (images from states, and the reward) is taken out of the rollo
 Numbers only mean something on an idle machine. Examples:
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/phases.py --budget smoke --steps 1 --threads 1   # a check, < 2 min
-    .venv/bin/python benchmarks/phases.py --threads 2 --steps 3 --json /tmp/phases.json          # the default step
+    .venv/bin/python benchmarks/phases.py --threads 2 --steps 3 --json phases.json               # the default step
 """
 import json, tempfile, time
 from pathlib import Path

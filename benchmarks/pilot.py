@@ -33,7 +33,7 @@ most 0.083 in the fp32 runs). Eight seeds of one recipe are one regime only on o
 
 Pilot seeds: 1000..1007. The exploratory study used 0..7; the confirmatory study will use 2000 and up.
 
-Runs go to `--out` (default /work/pilot: outside the repository, resumable: a finished run is read, a run with a
+Runs go to `--out` (default ../pilot: outside the repository, resumable: a finished run is read, a run with a
 checkpoint is resumed, `--jobs` one-thread workers in parallel); a run recorded in results/pilot (an earlier session's)
 is not run again. `--table` writes results/pilot/pilot.json and
 results/pilot/table.md from whatever runs have finished, with each run's small files copied beside them.
@@ -285,7 +285,7 @@ if __name__ == '__main__':
     ap.add_argument('stage', choices=('screen', 'confirm', 'table'))
     ap.add_argument('--recipe', nargs='*', default=None, help='recipes (default: every candidate when screening)')
     ap.add_argument('--jobs', type=int, default=1)
-    ap.add_argument('--out', default='/work/pilot')
+    ap.add_argument('--out', default='../pilot')
     a = ap.parse_args()
     out = Path(a.out)
     bad = [r for r in (a.recipe or []) if r not in CANDIDATES]

@@ -6,7 +6,7 @@ snapshot whose every category's strict score is at most `--ceiling` (room for RL
 for). The sentence that says what was scored and chosen goes into the checkpoint's json (`selection`), which the
 model card renders; the scores go to `--out` (a JSON file).
 
-    .venv/bin/python benchmarks/pretrain_select.py /work/pretrain_v2/run --from 1000 --every 500 --export
+    .venv/bin/python benchmarks/pretrain_select.py ../pretrain_v2/run --from 1000 --every 500 --export
 """
 import json, time
 from pathlib import Path

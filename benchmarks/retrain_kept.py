@@ -1,6 +1,6 @@
 """Retrain kept runs of a committed study exactly as they ran (their config.json), to ship their final adapters.
 
-`python benchmarks/retrain_kept.py results/confirm/runs/geneval/seed2002 /tmp/retrain [ARM ...]`, with the checkout
+`python benchmarks/retrain_kept.py results/confirm/runs/geneval/seed2002 ../retrain [ARM ...]`, with the checkout
 that ran the study first on PYTHONPATH (to retrain with its code), trains each arm's run from its recorded config in a
 fresh folder (resumable: a finished run is skipped, a started one resumes), one at a time on one thread, then prints
 the kept and the retrained final held-out score side by side and writes OUT/retrain.json: per arm both finals and how

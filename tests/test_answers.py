@@ -125,8 +125,8 @@ def test_prompt_effects_give_each_seeds_difference_from_the_run_files():
     from flowgrpo_nb.study.summary import prompt_effects, claim_diffs
     seen = {}
     real = compare._judged
-    def spy(ccfg, sections, setup, fidelity):
-        seen.update(sections=sections, setup=setup); return real(ccfg, sections, setup, fidelity)
+    def spy(ccfg, sections, setup, fidelity, *rest):
+        seen.update(sections=sections, setup=setup); return real(ccfg, sections, setup, fidelity, *rest)
     compare._judged = spy
     try: compare.rebuild_report(R/'runs')
     finally: compare._judged = real

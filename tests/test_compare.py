@@ -84,7 +84,8 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     assert again.timing['invocations'][0]['wall_seconds'] == report.wall_seconds
     inv = again.timing['invocations']  # each with the command and the code that ran it (invocations.jsonl)
     assert ([i['command'] for i in inv] == [again.timing['command']] * 2
-            and again.timing['command'].startswith(f'flowgrpo compare --budget smoke --out {tmp_path}'))
+            and again.timing['command'].startswith('flowgrpo compare --budget smoke --out .'))  # from its folder
+    assert str(tmp_path) not in (tmp_path/'invocations.jsonl').read_text() + (tmp_path/'compare.json').read_text()
     assert (all(i['code']['version'] == flowgrpo_nb.__version__ for i in inv)
             and [i['runs_to_train'] for i in inv] == [2, 0])
     assert all(i['cpu'] == {'cpu': cpu_name(), 'capability': torch.backends.cpu.get_cpu_capability()} for i in inv)

@@ -403,7 +403,7 @@ def test_fidelity_report_files(run_dir, tmp_path):
     res = fidelity_report(tmp_path, FidelityConfig(prompts=2, batch_prompts=1, group=2, M=2, n_boot=20), run=run,
                           arms='flow_grpo,stepwise', png=False)
     assert list(res) == ['base', 'finetuned']
-    assert res['finetuned']['settings']['checkpoint'].endswith('ckpt-000002')
+    assert res['finetuned']['settings']['checkpoint'] == 'checkpoints/ckpt-000002'  # from the run's folder
     assert res['base']['settings']['prompts'] == res['finetuned']['settings']['prompts']
     assert res['base']['settings']['arms']['flow_grpo']['rollout']['K'] == 4  # the run's schedule (smoke: K = 4)
     d = json.loads((tmp_path/'fidelity.json').read_text())
@@ -480,7 +480,8 @@ def test_compare_fidelity(run_dir, tmp_path):
     assert all(r['kendall_window'] == r['kendall'] for r in rows)  # Flow-GRPO's loss covers every compared step
     assert {'kendall_nonzero', 'kendall_nonzero_lo', 'share_truth_zero', 'cpu_seconds'} <= set(rows[0])
     f = cmp/'fidelity'/'geneval'/'seed0'/'flow_grpo.json'
-    assert json.loads(f.read_text())['settings']['checkpoint'].endswith('ckpt-000002')
+    assert json.loads(f.read_text())['settings']['checkpoint'] == 'checkpoints/ckpt-000002'
+    assert json.loads((cmp/'fidelity'/'fidelity.json').read_text())['compare'] == '..'  # no folder of this machine
     stamp = f.stat().st_mtime_ns
     # reused, not measured again
     assert compare_fidelity(cmp, None, cfg, progress=False) == rows and f.stat().st_mtime_ns == stamp

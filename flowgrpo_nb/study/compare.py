@@ -35,7 +35,8 @@ from flowgrpo_nb.study.design import (
 from .costs import job_costs, schedule, estimate_cost, _eval_groups
 from .runs import run_dir, base_file, finished, earlier_invocations, _check_reused, _job, _job_name
 from flowgrpo_nb.study.record import (
-    code_version, prereg_record, command_line, log_invocation, read_invocations, _heartbeat
+    code_version, prereg_record, command_line, recorded_command, relative_path, log_invocation, read_invocations,
+    _heartbeat
 )
 from ..precision import machine_paths, machine_key, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
@@ -297,7 +298,9 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         costs = job_costs(ccfg, given is not None)
         workers, threads = _workers(ccfg, given, policy, len(costs), workers, threads)
         out.mkdir(parents=True, exist_ok=True)
-        write_text(out/'compare.json', json.dumps(asdict(ccfg), indent=1), 'the comparison settings')
+        # its paths written from the comparison's folder (a record names no folder of one machine)
+        fid = dict(fidelity=relative_path(ccfg.fidelity, out)) if ccfg.fidelity else {}
+        write_text(out/'compare.json', json.dumps(asdict(ccfg) | fid, indent=1), 'the comparison settings')
         t0, c0 = time.perf_counter(), time.process_time()
         jobs = schedule(costs, workers, BUDGETS[ccfg.budget].get('by_seed', False))[0]
         runs = [k for k in jobs if k[0] != 'base']
@@ -308,7 +311,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         earlier = [] if (out/'invocations.jsonl').exists() else earlier_invocations(out)
         me = log_invocation(
             out, id=f'{datetime.now(timezone.utc).isoformat(timespec="seconds")}-{os.getpid()}',
-            started=datetime.now(timezone.utc).isoformat(timespec='seconds'), command=command_line(ccfg, out),
+            started=datetime.now(timezone.utc).isoformat(timespec='seconds'), command=recorded_command(ccfg, out),
             code=code_version(), runs=len(runs), runs_to_train=len(runs) - len(reused),
             cpu={k: machine_key()[k] for k in ('cpu', 'capability')}  # runs are one computation per kind of CPU
         )['id']
@@ -339,7 +342,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         finally: beat.set(); bars()
         bases = {k: v for k, v in done.items() if k[0] == 'base'}
         report = build_report(ccfg, out, tasks, bases, given is not None, fidelity)
-        report.wall_seconds = time.perf_counter() - t0
+        report.wall_seconds, report.config = time.perf_counter() - t0, report.config | fid
         report.timing = dict(
             workers=workers, threads_per_worker=threads or torch.get_num_threads(), step_time_ratio=STEP_TIME_RATIO,
             estimate=estimate_cost(ccfg, workers), cpu_seconds=measured_cpu(report, out, bases), machine=machine(),
@@ -347,7 +350,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
         )
         log_invocation(out, id=me, wall_seconds=report.wall_seconds, runs_trained=len(runs) - len(reused))
         report.timing |= dict(
-            command=command_line(ccfg, out), code=code_version(), invocations=earlier + read_invocations(out)
+            command=recorded_command(ccfg, out), code=code_version(), invocations=earlier + read_invocations(out)
         )
         write_report(report, out, png)
         return report
@@ -426,7 +429,9 @@ def build_report(
         sections[t] = task_section(t, per_seed, {str(s): (heldout(r), r.extra.get('score')) for s, r in base.items()},
                                    list(ccfg.task_arms(t)),
                                    TASKS[t]['levels'], TASKS[t]['metrics'], steps=cfg.steps, eval_every=cfg.eval_every)
-    return _judged(ccfg, sections, setup(ccfg, tasks, out), fidelity)
+    # a post hoc per-prompt re-evaluation of one seed's kept adapters (benchmarks/prompt_component.py), if there is one
+    comp = read_json(f, 'the per-prompt re-evaluation') if (f := Path(out)/'prompt_component.json').is_file() else None
+    return _judged(ccfg, sections, setup(ccfg, tasks, out), fidelity, comp)
 
 def heldout_prompts(setup:dict, task:str) -> tuple[list, list]|None:
     """([P] the held-out prompts of a grid-world task of the shipped base model, [P] their categories), in the order its
@@ -437,7 +442,7 @@ def heldout_prompts(setup:dict, task:str) -> tuple[list, list]|None:
     if len(t.eval_prompts) != s.get('eval_prompts') or t.category is None: return None
     return list(t.eval_prompts), [t.category(p) for p in t.eval_prompts]
 
-def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -> Report:
+def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None, component:dict|None=None) -> Report:
     """The report of `sections`: Holm within families, the claims (a pre-registered study judges its own rows),
     fidelity, findings."""
     correct(sections)
@@ -449,7 +454,7 @@ def _judged(ccfg:CompareConfig, sections:dict, setup:dict, fidelity:list|None) -
     report = Report(
         format=FORMAT, config=asdict(ccfg), budget=budget, setup=setup, tasks=sections,
         findings=[], contrasts=judge(sections, claims, alpha, prompts=pre and {
-            t: p for t in sections if (p := heldout_prompts(setup, t))})  # a pre-registered study: prompts vary too
+            t: p for t in sections if (p := heldout_prompts(setup, t))}, component=component)  # prompts vary too
     )
     if fidelity: add_fidelity(sections, fidelity, report.setup['arms'])
     report = Report.from_json(json.loads(json.dumps(report.to_json())))  # as report.json reads back: lists, string keys

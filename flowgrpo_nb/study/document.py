@@ -108,7 +108,7 @@ def _invocation(i:dict) -> str:
     return (
         f"{i.get('started', 'at an earlier version')}: {i.get('command', 'command not recorded')} "
         f"({_code(i.get('code'))}; "
-        + (f"on {i['cpu']['cpu']} ({i['cpu']['capability']}); " if i.get('cpu') else '')
+        + (f"on {i['cpu']['cpu']} ({i['cpu']['capability']}); " if i.get('cpu') else 'CPU not recorded; ')
         + (f"{i['runs_to_train']} of {i['runs']} runs to train; " if 'runs' in i else '')
         + took
         + ')'

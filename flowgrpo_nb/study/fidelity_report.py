@@ -29,6 +29,7 @@ from flowgrpo_nb.checkpoint import (
     read_checkpoint, RunFolder, FolderLock, read_json, write_json, write_text, check_output_dir
 )
 from ..train import load_run_policy
+from .record import relative_path
 from flowgrpo_nb.study.fidelity import (
     FIDELITY_METHODS, FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
 )
@@ -239,8 +240,8 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
         # the base model: the run's network, adapter off
         with pol.disable_adapter() if name == 'base' else nullcontext():
             results[name] = arm_fidelity(pol, task, spec, cfg)
-        results[name]['settings'].update(model=name, checkpoint=None if name == 'base' else str(ckpt), task=task.name,
-                                         reward=rw)
+        results[name]['settings'].update(model=name, checkpoint=None if name == 'base' else relative_path(ckpt, run),
+                                         task=task.name, reward=rw)
     if out is not None: _write_report(Path(out), results, png)
     return results
 
@@ -342,7 +343,7 @@ def compare_fidelity(compare:str|Path,           # a comparison's folder (`flowg
             n = sum((out/t/f'seed{s}'/f'{a}.json').exists() for t, s, a, _ in runs)
             raise stopped(e, f"{n} of {len(runs)} runs measured, kept in {out}", invoked()) from None
         write_json(
-            out / 'fidelity.json', dict(rows=rows, fidelity_config=asdict(cfg), compare=str(compare)),
+            out / 'fidelity.json', dict(rows=rows, fidelity_config=asdict(cfg), compare=relative_path(compare, out)),
             'the fidelity rows'
         )
     if left:

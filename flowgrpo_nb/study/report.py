@@ -250,6 +250,8 @@ def prompt_share_findings(report:Report) -> list[str]:
     a fifth; the registered claims always, a post hoc row only when it warns."""
     out, name = [], lambda c: CATEGORY_NAMES.get(c, c)
     iv = lambda ci: f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    # a post hoc component's shares are of the re-evaluated seed's effect, not of the claim's mean over seeds
+    whose = lambda c: 'that seed\'s' if (c.prompts_from or '').startswith('post hoc') else 'its'
     for c in report.contrasts:
         sh = c.prompt_shares
         if not sh or not c.ci_prompts: continue
@@ -257,8 +259,9 @@ def prompt_share_findings(report:Report) -> list[str]:
         if c.family == 'post hoc' and not warn: continue
         cats = ', '.join(f"{name(k)} {v:.0%}" for k, v in sorted(sh['categories'].items(), key=lambda x: -abs(x[1])))
         out.append(
-            f"[{c.task}] {c.id} ({c.family}) {c.mean:+.3f}: over seeds and held-out prompts {iv(c.ci_prompts)}, over "
-            f"seeds only {iv(c.ci)}; its effect by category: {cats}; "
+            f"[{c.task}] {c.id} ({c.family}) {c.mean:+.3f}: over seeds and held-out prompts {iv(c.ci_prompts)}"
+            + (f" ({c.prompts_from})" if (c.prompts_from or '').startswith('post hoc') else '')
+            + f", over seeds only {iv(c.ci)}; {whose(c)} effect by category: {cats}; "
             + (f"one prompt carries more than a fifth of it: {p!r} {top:.0%}." if warn else
                f"no prompt carries more than a fifth of it (the most: {p!r} {top:.0%}).")
         )

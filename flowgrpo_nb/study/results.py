@@ -390,7 +390,9 @@ class ContrastResult(Record):
     ci_prompts:list|None=None
     # the share of the effect each category and the largest prompts carry (summary.prompt_shares)
     prompt_shares:dict|None=None
-    OMIT_NONE = ('gain', 'ci_prompts', 'prompt_shares')
+    # how the prompts' variance was had: the runs' logged per-prompt results, a post hoc re-evaluation, or why it is not
+    prompts_from:str|None=None
+    OMIT_NONE = ('gain', 'ci_prompts', 'prompt_shares', 'prompts_from')
 
 # %% ../../nbs/study/03_results.ipynb #29c11a28
 FORMAT = 3       # the version of report.json this code writes

@@ -9,7 +9,7 @@ __all__ = ['KINDS', 'TESTS', 'STATS', 't_quantile', 'aggregate', 'paired', 'holm
            'seeds_needed', 'claim_tests', 'claim_verdicts', 'holm_level', 'power_one_sided', 'power_tost',
            'mde_one_sided', 'tost_margin', 'test_power', 'seeds_for', 'claim_power', 'lower_bound', 'power_agreement',
            'cluster_draws', 'cluster_weights', 'boot_stats', 'percentile_ci', 'kendall_tau', 'eval_se', 'paired_eval',
-           'eval_sd_at', 'seeds_prompts_ci']
+           'eval_sd_at', 'seeds_prompts_ci', 'prompt_variance', 'widened_ci', 'component_diffs']
 
 # %% ../../nbs/study/00_stats.ipynb #c1d0fdb7
 import math
@@ -418,3 +418,40 @@ def seeds_prompts_ci(d,              # [S, P] per-seed, per-prompt difference of
         per = ratio(counts @ (w * d)[:, idx].T, counts @ w[:, idx].T)   # [B, S]: the category's mean per seed
         est += np.take_along_axis(per, seeds, 1).mean(1) / len(cats)
     return list(percentile_ci(est, level)), float(point)
+
+# %% ../../nbs/study/00_stats.ipynb #461a752d
+def prompt_variance(d,            # [P] one seed's per-prompt difference of the two arms' mean scores
+                    w,            # [P] images of each prompt in that evaluation (0: not drawn)
+                    strata,       # [P] each prompt's category: each category an equal share of the score
+                    n_boot:int=4000, seed:int=0) -> float:
+    """The variance the held-out prompts add to one seed's category-balanced effect: its prompts resampled within their
+    category (the bootstrap of `seeds_prompts_ci` with the seed held)."""
+    d, w, strata = np.asarray(d, float), np.asarray(w, float), np.asarray(strata)
+    rng, cats, est = np.random.default_rng(seed), list(dict.fromkeys(strata.tolist())), np.zeros(n_boot)
+    ratio = lambda num, den: np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    for k in cats:
+        idx = np.flatnonzero(strata == k)
+        counts = np.stack([np.bincount(r, minlength=len(idx)) for r in rng.integers(0, len(idx), (n_boot, len(idx)))])
+        est += ratio(counts @ (w * d)[idx], counts @ w[idx]) / len(cats)
+    return float(est.var(ddof=1))
+
+def widened_ci(mean:float, ci, sd:float, n:int, var_prompts:float) -> list[float]:
+    """The seed-only interval `ci` of `mean` (`n` seeds, SD `sd`) widened by the prompts' variance `var_prompts`: each
+    half-width times sqrt(1 + var_prompts / (sd² / n)), the two sources added as variances."""
+    f = math.sqrt(1 + var_prompts / (sd ** 2 / n)) if sd > 0 else math.inf
+    return [mean - (mean - ci[0]) * f, mean + (ci[1] - mean) * f]
+
+def component_diffs(arms:dict,    # {arm: {'prompts': {n, mean, names}}}: one seed's per-prompt re-evaluation
+                    arm:str, other:str,
+                    names:list,   # [P] the held-out prompts, in the order of the report's categories
+                    sign:int=1    # -1 where lower is better: the difference in the claim's favour
+                   ) -> tuple|None:
+    "([P] the per-prompt difference arm − other, [P] images); None when an arm is missing or their images differ."
+    if arm not in arms or other not in arms: return None
+    # an evaluation over the task's own held-out prompts logs no names: they are `names`, in that order
+    at = lambda a: dict(zip((q := arms[a]['prompts']).get('names') or names, zip(q['n'], q['mean'])))
+    x, y = at(arm), at(other)
+    n = [x.get(p, (0, None))[0] for p in names]
+    if n != [y.get(p, (0, None))[0] for p in names]: return None
+    m = lambda t: np.array([t.get(p, (0, None))[1] or 0.0 for p in names], float)
+    return sign * (m(x) - m(y)), np.array(n, float)

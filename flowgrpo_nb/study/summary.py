@@ -11,7 +11,8 @@ import numpy as np
 from ..policy import PHASES
 import dataclasses
 from flowgrpo_nb.study.stats import (
-    kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, claim_power, lower_bound, seeds_prompts_ci
+    kendall_tau, aggregate, paired, holm, claim_tests, claim_verdicts, claim_power, lower_bound, seeds_prompts_ci,
+    prompt_variance, widened_ci, component_diffs
 )
 from .design import ARMS, TASKS, METRICS, CONTRASTS, Claim, Prereg, arm_config, arm_settings
 from flowgrpo_nb.study.results import (
@@ -455,7 +456,8 @@ def _record(c:Claim) -> ContrastResult:
                           c.test, c.margin, family=c.family, read=c.read)
 
 def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05,
-          prompts:dict|None=None   # {task: ([P] held-out prompts, [P] their categories)}: prompts vary too
+          prompts:dict|None=None,  # {task: ([P] held-out prompts, [P] their categories)}: prompts vary too
+          component:dict|None=None  # one seed's final adapters re-evaluated prompt by prompt (post hoc; 00_stats)
          ) -> list[ContrastResult]:
     """Every claim's paired differences, its test, Holm's correction within its family, verdict and power statement at
     that family's level; with `prompts`, beside the seed-only interval one over seeds and prompts and the share of the
@@ -477,6 +479,18 @@ def judge(tasks:dict[str, TaskSection], claims:list[Claim], alpha:float=0.05,
                 ci, point = seeds_prompts_ci(*pe, strata)
                 if abs(point - r.mean) < 1e-4:  # per-prompt means are logged to 4 decimals: the same effect
                     r.ci_prompts, r.prompt_shares = ci, prompt_shares(*pe, strata, names)
+                    r.prompts_from = 'the runs\' per-prompt results: seeds and prompts resampled together'
+            elif prompts and c.task in prompts and c.score == 'strict' and (component or {}).get('task') == c.task \
+                    and (cd := component_diffs(component['arms'], c.arm, c.other, prompts[c.task][0],
+                                               1 if METRICS[c.metric]['higher'] else -1)) is not None:
+                names, strata = prompts[c.task]
+                r.ci_prompts = widened_ci(r.mean, r.ci, r.sd, r.n, prompt_variance(*cd, strata))
+                r.prompt_shares = prompt_shares(cd[0][None], cd[1][None], strata, names)
+                r.prompts_from = (f"post hoc: seed {component['seed']}'s final adapters re-evaluated prompt by prompt; "
+                                  "the variance its per-prompt differences give added to the seeds' (conservative)")
+            elif prompts is not None and c.family in ('primary', 'secondary', 'post hoc'):
+                r.prompts_from = ('none: no per-prompt result of the score this claim reads was logged or '
+                                  're-evaluated; its interval is over seeds only')
             rows.append((r, dict(kind=c.test, mean=p['mean'], tests=tests)))
         for (r, _), v in zip(rows, claim_verdicts([t for _, t in rows], alpha)):
             r.verdict, r.p_holm = v['verdict'], v['p_holm']
