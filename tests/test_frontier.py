@@ -21,13 +21,13 @@ def brightness(images, prompts): return images.mean((1, 2, 3))  # continuous: no
 
 def _res(pairs:dict, taus:dict, diffs:dict) -> dict:
     "A frontier result by hand: pair -> (rule, source, nfe); its pooled tau; its difference from Flow-GRPO's."
-    row = lambda n, t: dict(arm=n, quantity='advantage', step='all', kendall=t, kendall_lo=None if t is None else t - .1,
-                            kendall_hi=None if t is None else t + .1, spearman=t, kendall_nonzero=t, sign_agree=.5,
-                            zero_credit=0.)
+    row = lambda n, t: dict(arm=n, quantity='advantage', step='all', kendall=t,
+                            kendall_lo=None if t is None else t - .1, kendall_hi=None if t is None else t + .1,
+                            spearman=t, kendall_nonzero=t, sign_agree=.5, zero_credit=0.)
     return dict(settings=dict(pairs={n: dict(rule=r, source=s, nfe_per_sample=f) for n, (r, s, f) in pairs.items()}),
                 stats=[row(n, taus[n]) for n in pairs] + [dict(row('dense@tweedie', 0.9), quantity='reward')],
-                differences=[dict(a=n, b='flow_grpo', quantity='advantage', stat='kendall', diff=d, lo=d - .2, hi=d + .2)
-                             for n, d in diffs.items()])
+                differences=[dict(a=n, b='flow_grpo', quantity='advantage', stat='kendall', diff=d, lo=d - .2,
+                                  hi=d + .2) for n, d in diffs.items()])
 
 def test_pareto():
     assert pareto([10, 10, 55, 20, 279], [0.1, 0.3, 0.5, 0.2, 0.4]) == [False, True, True, False, False]
@@ -77,7 +77,8 @@ def _contract_step_values(real):
     "`step_values` as the latent branch defines it, for a copy of the package that predates it."
     def step_values(policy, ro, op, reward_fn, cfg=None, keep_images=False, value=None):
         if op != 'latent': return real(policy, ro, op, reward_fn, cfg, keep_images)
-        return StepValues(torch.cat([value.predict(policy, ro).to(ro.reward), ro.reward[:, None]], 1), 'latent', 0, 0, 0)
+        V = torch.cat([value.predict(policy, ro).to(ro.reward), ro.reward[:, None]], 1)
+        return StepValues(V, 'latent', 0, 0, 0)
     return step_values
 
 def test_frontier_with_a_learned_value(monkeypatch):
@@ -87,8 +88,8 @@ def test_frontier_with_a_learned_value(monkeypatch):
         monkeypatch.setattr(fr, 'step_values', _contract_step_values(fr.step_values))
     task, value = Task('brightness', ['a red circle', 'two squares'], ['a green square'], brightness), StandInValue()
     cfg = FidelityConfig(prompts=2, batch_prompts=2, group=2, M=2, K=4, n_boot=20)
-    res = frontier_fidelity(load_policy('tiny'), task, cfg, FrontierConfig(sources=['tweedie', 'latent'], tempflow=False),
-                            value=value)
+    front = FrontierConfig(sources=['tweedie', 'latent'], tempflow=False)
+    res = frontier_fidelity(load_policy('tiny'), task, cfg, front, value=value)
     pairs = res['settings']['pairs']
     assert list(pairs) == ['dense@tweedie', 'dense@latent', 'turning_point@tweedie', 'turning_point@latent',
                            'stepwise@tweedie', 'stepwise@latent', 'flow_grpo']
