@@ -282,9 +282,10 @@ def plot_frontier(res:dict, rule:str='dense', title:str='') -> go.Figure:
     per step, each source under `rule` (beside Flow-GRPO and TempFlow-GRPO) and each source's value error."""
     pairs, rank = res['settings']['pairs'], frontier_ranking(res, digits=6)
     fig = make_subplots(2, 2, specs=[[{'colspan': 2}, None], [{}, {}]], vertical_spacing=0.14, row_heights=[0.55, 0.45],
+                        horizontal_spacing=0.1,
                         subplot_titles=['pooled Kendall tau-b of the advantage vs NFE per training sample (generator)',
-                                        f'per step: Kendall tau-b ({rule} on each source)',
-                                        "per step: each source's value, RMSE against Monte Carlo"])
+                                        f'per step: Kendall tau-b, {rule} on each source',
+                                        'per state: value RMSE vs MC'])
     for i, r in enumerate(rank):
         c = _source_colour(pairs[r['pair']], i)
         fig.add_trace(go.Scatter(
@@ -308,7 +309,9 @@ def plot_frontier(res:dict, rule:str='dense', title:str='') -> go.Figure:
     for i, (s, e) in enumerate(res['value_error'].items()):
         fig.add_trace(go.Scatter(x=e['step'], y=e['rmse'], mode='lines+markers', name=f'{s} value', legendgroup=s,
                                  showlegend=False, line=dict(color=_SOURCE_COLOUR.get(s, color(s, i)))), 2, 2)
-    fig.update_xaxes(type='log', title_text='NFE per training sample (log)', row=1, col=1)
+    nfe = sorted({r['nfe_per_sample'] for r in rank})
+    fig.update_xaxes(type='log', title_text='NFE per training sample (log)', tickvals=nfe,
+                     ticktext=[f'{v:g}' for v in nfe], row=1, col=1)
     fig.update_yaxes(title_text='Kendall tau-b', row=1, col=1)
     fig.update_yaxes(range=[-1.05, 1.05], row=2, col=1)
     fig.update_xaxes(title_text='step k (0: pure noise)', dtick=1, row=2, col=1)
