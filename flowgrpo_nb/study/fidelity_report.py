@@ -30,13 +30,16 @@ from flowgrpo_nb.checkpoint import (
 )
 from ..train import load_run_policy
 from .record import relative_path
+from ..precision import machine_key
+from .frontier import FrontierConfig, frontier_fidelity, frontier_ranking
 from flowgrpo_nb.study.fidelity import (
     FIDELITY_METHODS, FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
 )
 
 # %% auto #0
 __all__ = ['ROW', 'plot_steps', 'plot_differences', 'plot_scatter', 'plot_overall', 'run_arm', 'report_arms', 'fidelity_figures',
-           'fidelity_report', 'write_plotlyjs', 'finished_runs', 'compare_fidelity', 'fidelity_cli', 'fidelity_summary',
+           'fidelity_report', 'write_plotlyjs', 'plot_frontier', 'frontier_markdown', 'frontier_report',
+           'frontier_summary', 'finished_runs', 'compare_fidelity', 'fidelity_cli', 'fidelity_summary',
            'compare_fidelity_summary']
 
 # %% ../../nbs/study/09_fidelity_report.ipynb #99619064
@@ -265,6 +268,106 @@ def _write_report(out:Path, results:dict, png:bool):
     # one browser; a hung export is killed, skipped with a warning
     if png: write_pngs({out/f'{n}.png': fig for n, fig in figs.items()})
 
+# %% ../../nbs/study/09_fidelity_report.ipynb #8ff72d23
+_SYMBOL = dict(dense='circle', turning_point='diamond', stepwise='square', flow_grpo='x', tempflow='star')
+_SOURCE_COLOUR = {'tweedie': '#2ca02c', 'ode:1': '#98df8a', 'ode:2': '#ff7f0e', 'ode:3': '#ffbb78', 'ode:5': '#c5b0d5',
+                  'ode:rest': '#d62728', 'latent': '#9467bd'}
+
+def _source_colour(pair:dict, i:int=0) -> str:
+    "A source's colour (Flow-GRPO's and TempFlow-GRPO's their own): a source looks the same under every rule."
+    s = pair['source']
+    return color(pair['rule']) if s is None else _SOURCE_COLOUR.get(s, color(s, i))
+
+def plot_frontier(res:dict, rule:str='dense', title:str='') -> go.Figure:
+    """Pooled Kendall tau-b against NFE per sample, one point per (rule, source) with its interval and the frontier;
+    per step, each source under `rule` (beside Flow-GRPO and TempFlow-GRPO) and each source's value error."""
+    pairs, rank = res['settings']['pairs'], frontier_ranking(res, digits=6)
+    fig = make_subplots(2, 2, specs=[[{'colspan': 2}, None], [{}, {}]], vertical_spacing=0.14, row_heights=[0.55, 0.45],
+                        horizontal_spacing=0.1,
+                        subplot_titles=['pooled Kendall tau-b of the advantage vs NFE per training sample (generator)',
+                                        f'per step: Kendall tau-b, {rule} on each source',
+                                        'per state: value RMSE vs MC'])
+    for i, r in enumerate(rank):
+        c = _source_colour(pairs[r['pair']], i)
+        fig.add_trace(go.Scatter(
+            x=[r['nfe_per_sample']], y=[r['kendall']], mode='markers', name=r['pair'], legendgroup=r['pair'],
+            marker=dict(symbol=_SYMBOL.get(r['rule'], 'circle'), size=11, color=c, line=dict(width=1, color='#333')),
+            error_y=dict(type='data', symmetric=False, array=[_gap(r['kendall_hi'], r['kendall'])],
+                         arrayminus=[_gap(r['kendall'], r['kendall_lo'])], color=c)), 1, 1)
+    front = sorted((r['nfe_per_sample'], r['kendall']) for r in rank if r['frontier'])
+    if front:
+        fig.add_trace(go.Scatter(x=[f[0] for f in front], y=[f[1] for f in front], mode='lines', name='frontier',
+                                 line=dict(color='#999', dash='dash')), 1, 1)
+    shown = [n for n, p in pairs.items() if p['rule'] == rule or p['source'] is None]  # and the baselines
+    for i, n in enumerate(shown):
+        rs, c = [r for r in res['stats'] if r['arm'] == n and r['quantity'] == 'advantage' and r['step'] != 'all'], \
+            _source_colour(pairs[n], i)
+        x = [r['step'] for r in rs]
+        _band(fig, x, [r['kendall_lo'] for r in rs], [r['kendall_hi'] for r in rs], c, 2, 1)
+        fig.add_trace(go.Scatter(x=x, y=[r['kendall'] for r in rs], mode='lines+markers', line=dict(color=c),
+                                 marker=dict(symbol=_SYMBOL.get(pairs[n]['rule'], 'circle')), legendgroup=n,
+                                 showlegend=False, name=n), 2, 1)
+    for i, (s, e) in enumerate(res['value_error'].items()):
+        fig.add_trace(go.Scatter(x=e['step'], y=e['rmse'], mode='lines+markers', name=f'{s} value', legendgroup=s,
+                                 showlegend=False, line=dict(color=_SOURCE_COLOUR.get(s, color(s, i)))), 2, 2)
+    nfe = sorted({r['nfe_per_sample'] for r in rank})
+    fig.update_xaxes(type='log', title_text='NFE per training sample (log)', tickvals=nfe,
+                     ticktext=[f'{v:g}' for v in nfe], row=1, col=1)
+    fig.update_yaxes(title_text='Kendall tau-b', row=1, col=1)
+    fig.update_yaxes(range=[-1.05, 1.05], row=2, col=1)
+    fig.update_xaxes(title_text='step k (0: pure noise)', dtick=1, row=2, col=1)
+    fig.update_xaxes(title_text='state x_k (0: pure noise)', dtick=1, row=2, col=2)
+    s = res['settings']
+    return fig.update_layout(height=820, template='plotly_white', legend=_LEGEND, title=title or (
+        f"credit fidelity against cost: {len(s['prompts'])} prompts x {s['group']}, K={s['K']}, M={s['M']} "
+        "(bars and bands: 95% CI by prompt)"))
+
+# %% ../../nbs/study/09_fidelity_report.ipynb #e3be5b85
+def frontier_markdown(res:dict) -> str:
+    "The ranking as a Markdown table: pair, NFE per sample, Kendall tau-b, its difference from Flow-GRPO's; CIs."
+    f = lambda v: 'n/a' if v is None else f'{v:+.3f}'
+    ci = lambda r, k: 'n/a' if r[k] is None else f"{f(r[k])} [{f(r[k + '_lo'])}, {f(r[k + '_hi'])}]"
+    lines = ['| pair | NFE / sample | Kendall tau-b [95% CI] | minus Flow-GRPO [95% CI] | Spearman | on the frontier |',
+             '|---|---:|---|---|---:|:---:|']
+    lines += [f"| {r['pair']} | {r['nfe_per_sample']:g} | {ci(r, 'kendall')} | {ci(r, 'vs_flow_grpo')} | "
+              f"{f(r['spearman'])} | {'yes' if r['frontier'] else ''} |" for r in frontier_ranking(res)]
+    return '\n'.join(lines)
+
+def frontier_report(out:str|Path|None='runs/fidelity_frontier',  # output folder (None: write nothing)
+                    cfg:FidelityConfig|None=None,   # prompts, samples, continuations, steps, bootstrap, K, reward
+                    front:FrontierConfig|None=None, # rules, sources, baselines, the shared sampler
+                    policy:Policy|None=None,        # default: the embedded model (`load_policy` of GRPOConfig's)
+                    task:Task|None=None,            # default: `load_task` of `cfg.reward` (or GRPOConfig's)
+                    png:bool=True) -> dict:         # `frontier_fidelity`'s result
+    "The cost-fidelity frontier of the base model: fidelity.json, ranking.md and the figure."
+    cfg, front = cfg or FidelityConfig(), front or FrontierConfig()
+    if task is not None and cfg.reward is not None: raise ValueError(f"reward={cfg.reward!r}: give a task or a reward "
+                                                                     "name, not both")
+    if out is not None: check_output_dir(out)  # before the measurement, not after it
+    rcfg = GRPOConfig()
+    pol = load_policy(rcfg.model, rcfg.model_path) if policy is None else policy
+    task = load_task(cfg.reward or rcfg.reward, rcfg.prompts, rcfg.eval_prompts, rcfg.model) if task is None else task
+    res = frontier_fidelity(pol, task, cfg, front)
+    res['settings'].update(model='base', task=task.name, machine=machine_key())  # what its seconds were measured on
+    if out is not None:
+        out = Path(out); out.mkdir(parents=True, exist_ok=True)
+        write_text(out/'fidelity.json', json.dumps(res), 'the frontier result')
+        write_text(out/'ranking.md', frontier_markdown(res) + '\n', 'the ranking')
+        fig = plot_frontier(res)
+        write_plotlyjs(out)
+        write_text(out/'frontier.html', fig.to_html(include_plotlyjs='directory'), 'a figure page')
+        if png: write_pngs({out/'frontier.png': fig})
+    return res
+
+def frontier_summary(res:dict) -> str:
+    "A few lines: the cost and every pair's pooled Kendall tau-b with its interval and NFE per sample, best first."
+    c = res['cost']['total']
+    head = f"frontier: {c['seconds']:.0f} s ({c['cpu_seconds']:.0f} s CPU), {c['nfe']} NFE; pooled advantage vs MC"
+    fmt = lambda r: 'n/a' if r['kendall'] is None else (
+        f"{r['kendall']:+.3f} [{r['kendall_lo']:+.3f}, {r['kendall_hi']:+.3f}]")
+    return '\n'.join([head, *(f"  {r['pair']:<24} kendall {fmt(r)}  {r['nfe_per_sample']:g} NFE/sample"
+                              f"{'  (frontier)' if r['frontier'] else ''}" for r in frontier_ranking(res))])
+
 # %% ../../nbs/study/09_fidelity_report.ipynb #0e44d0be
 ROW = ('n', 'share_truth_zero', *(f'kendall{w}{e}' for w in ('', '_nonzero', '_window') for e in ('', '_lo', '_hi')))
 
@@ -377,13 +480,25 @@ def fidelity_cli(out:str=None,             # output folder (default: runs/fideli
                  no_png:bool=False,        # HTML figures only
                  threads:int=0,            # torch threads (0: torch's default)
                  # run the code a run's reward names (py:MODULE:FUNCTION; a run folder is data: off by default)
-                 trust_code:bool=False):
+                 trust_code:bool=False,
+                 # the base model's cost-fidelity frontier: every rule on every value source (study/02b_frontier)
+                 frontier:bool=False,
+                 sources:str=None):        # with --frontier: comma-separated value sources (default: every one)
     """Credit fidelity: every method's per-step credit vs the Monte-Carlo step advantage under its own sampler, base and
-    fine-tuned."""
+    fine-tuned; with --frontier, every credit rule on every value source against what each spends."""
     if threads: torch.set_num_threads(threads)
     ks, ss = _ints('steps', steps), _ints('seeds', seeds)
     cfg = FidelityConfig(prompts=prompts, batch_prompts=batch_prompts, split=split, group=group, M=M, steps=ks, K=K,
                          sampler_of=sampler_of, reward=reward, seed=seed, n_boot=n_boot)
+    if frontier:
+        if run is not None or compare is not None or arms is not None:
+            raise ValueError("--frontier measures the base model's (rule, source) pairs on one sampler: give no "
+                             "--run, --compare or --arms")
+        front = FrontierConfig(sources=None if sources is None else [s.strip() for s in sources.split(',')],
+                               sampler_of=sampler_of or 'flow_grpo')
+        out = out or 'runs/fidelity_frontier'
+        res = frontier_report(out, replace(cfg, sampler_of=None), front, png=not no_png)
+        return print(frontier_summary(res) + f"\nwrote {out}/fidelity.json, ranking.md and frontier.html")
     if compare is not None:
         if run is not None: raise ValueError("give --run (one run) or --compare (every run of a comparison), not both")
         rows = compare_fidelity(
