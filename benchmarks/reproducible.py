@@ -18,7 +18,9 @@ Example (~5 minutes of CPU on an AMD EPYC with AVX2 only), and the same digest u
 
     nice -n 10 .venv/bin/python benchmarks/reproducible.py
     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 nice -n 10 .venv/bin/python benchmarks/reproducible.py \\
-        --reps 1 --no-settings --note 'AVX2 caps in the environment'
+        --digest-only --note 'AVX2 caps in the environment'
+
+On a new kind of CPU, `--digest-only` (two runs of the mode, a few minutes) says whether the digest matched there.
 """
 import hashlib, json, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -91,45 +93,23 @@ def machine() -> dict:
     m = machine_key()
     return dict(cpu=m['cpu'], capability=m['capability'], torch=m['torch'], **{k: m[k] for k in ISA_LIMITS})
 
-@call_parse
-def main(reps:int=3,             # smoke runs of each mode (alternating)
-         no_settings:bool=False,  # skip part 1 (each setting alone)
-         record:bool=False,       # write the digest anew from this machine's runs
-         note:str=''):            # said beside this check in the digest file (e.g. 'AVX2 caps in the environment')
-    "Print the mode's cost per setting and per training phase, write results/machines/, check the digest."
-    if reps < 1: raise SystemExit(f"--reps {reps}: at least 1")
-    m, t0 = machine(), time.time()
-    print(f"CPU: {m['cpu']} (torch's kernels here: {m['capability']}; torch {m['torch']}; "
-          + ', '.join(f"{k}={m[k] or 'unset'}" for k in ISA_LIMITS) + ')', flush=True)
-    settings = {}
-    if not no_settings:
-        print(f"\n{'setting':<28} {'forward ms/row':>14} {'update ms/row':>14} {'x default':>10}  bits as default")
-        for s in SETTINGS:
-            settings[s] = p = probe(s)
-            d = settings['default']
-            x = (2 * p['forward'] + p['update']) / (2 * d['forward'] + d['update'])  # a step's 2 : 1 (02b_precision)
-            print(f"{s:<28} {p['forward']:>14.3f} {p['update']:>14.3f} {x:>9.2f}x  {p['bits'] == d['bits']}",
-                  flush=True)
-    runs, digests = {mode: [] for mode in MODES}, []
-    with tempfile.TemporaryDirectory() as d:
-        for r in range(reps):
-            for mode in MODES:
-                run = train(mode, Path(d)/f'{mode}{r}')
-                runs[mode] += rows(run)[1:]
-                if mode == 'reproducible': digests.append(digest(run))
+def cost_table(runs:dict, m:dict, reps:int, settings:dict):
+    "Print the training phases' CPU seconds of both modes, and write them with the settings' to results/machines/."
     steps = {mode: {p: spread([s[f'cpu_{p}'] for s in runs[mode]]) for p in PHASES} for mode in MODES}
-    print(f"\n{'phase (CPU s)':<14} " + ' '.join(f"{mode + ' median [range]':>30}" for mode in MODES) + '   mode/default')
+    head = ' '.join(f"{mode + ' median [range]':>30}" for mode in MODES)
+    print(f"\n{'phase (CPU s)':<14} {head}   mode/default")
     for p in PHASES:
         cells = [f"{steps[mo][p]['median']:.3f} [{steps[mo][p]['min']:.3f}, {steps[mo][p]['max']:.3f}]" for mo in MODES]
         print(f"{p:<14} " + ' '.join(f"{c:>30}" for c in cells)
               + f"   {steps['reproducible'][p]['median'] / steps['default'][p]['median']:.2f}x")
+    write_json(COST, dict(machine=m, measured=time.strftime('%Y-%m-%d %H:%M:%S'), threads=1, code=code_version(),
+                          command=f'benchmarks/reproducible.py --reps {reps}', run=['flowgrpo', *DIGEST_RUN],
+                          settings=settings, steps=steps, runs_per_mode=reps))
+
+def check_digest(digests:list, m:dict, record:bool, note:str):
+    "Check the mode's runs against each other and against the digest file (or record it there); a line in the file."
     same = all(g == digests[0] for g in digests)
     print(f"\n{len(digests)} runs of the mode: {'bitwise the same' if same else 'NOT the same'}: {digests[0]}")
-    write_json(COST, dict(machine=m, measured=time.strftime('%Y-%m-%d %H:%M:%S'), threads=1, code=code_version(),
-                          command='benchmarks/reproducible.py' + (' --no-settings' if no_settings else '')
-                          + f' --reps {reps}', run=['flowgrpo', *DIGEST_RUN], settings=settings,
-                          steps=steps, runs_per_mode=reps) if settings or not COST.exists() else
-               json.loads(COST.read_text()) | dict(steps=steps, runs_per_mode=reps))
     check = dict(**m, code=code_version(), date=time.strftime('%Y-%m-%d'), note=note, runs=len(digests),
                  runs_alike=same)
     if record or not DIGEST.exists():
@@ -142,4 +122,34 @@ def main(reps:int=3,             # smoke runs of each mode (alternating)
         write_json(DIGEST, kept | dict(checks=kept['checks'] + [check | dict(matched=matched)]))
         print(f"the digest recorded on {kept['recorded_on']['cpu']} ({kept['recorded_on']['capability']}): "
               f"{'matched' if matched else 'did not match'} on {m['cpu']} ({m['capability']})")
+
+@call_parse
+def main(reps:int=3,             # smoke runs of each mode (alternating; the mode's must be alike)
+         digest_only:bool=False,  # only the mode's runs: the digest's check (no cost measured, none written)
+         record:bool=False,       # write the digest anew from this machine's runs
+         note:str=''):            # said beside this check in the digest file (e.g. 'AVX2 caps in the environment')
+    "Print the mode's cost per setting and per training phase, write results/machines/, check the digest."
+    if reps < 1 + digest_only: raise SystemExit(f"--reps {reps}: at least {1 + digest_only}")
+    m, t0 = machine(), time.time()
+    print(f"CPU: {m['cpu']} (torch's kernels here: {m['capability']}; torch {m['torch']}; "
+          + ', '.join(f"{k}={m[k] or 'unset'}" for k in ISA_LIMITS) + ')', flush=True)
+    settings = {}
+    if not digest_only:
+        print(f"\n{'setting':<28} {'forward ms/row':>14} {'update ms/row':>14} {'x default':>10}  bits as default")
+        for s in SETTINGS:
+            settings[s] = p = probe(s)
+            d = settings['default']
+            x = (2 * p['forward'] + p['update']) / (2 * d['forward'] + d['update'])  # a step's 2 : 1 (02b_precision)
+            print(f"{s:<28} {p['forward']:>14.3f} {p['update']:>14.3f} {x:>9.2f}x  {p['bits'] == d['bits']}",
+                  flush=True)
+    modes = ['reproducible'] if digest_only else list(MODES)
+    runs, digests = {mode: [] for mode in modes}, []
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(reps):
+            for mode in modes:
+                run = train(mode, Path(d)/f'{mode}{r}')
+                runs[mode] += rows(run)[1:]
+                if mode == 'reproducible': digests.append(digest(run))
+    if not digest_only: cost_table(runs, m, reps, settings)
+    check_digest(digests, m, record, note)
     print(f"({time.time() - t0:.0f} s)")

@@ -87,15 +87,15 @@ def test_the_reproducible_mode_runs_pinned_and_twice_the_same(tmp_path, monkeypa
     from flowgrpo_nb import cli
     from test_train import args, final_state, assert_same_run
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
-    assert 'torch' in sys.modules and cli.main(['train', '--out', str(tmp_path/'a'), *args('flow_grpo', 2),
+    assert 'torch' in sys.modules and cli.main(['train', '--out', str(tmp_path/'a'), *args('flow_grpo', 1),
                                                 '--reproducible']) == 0
-    run(tmp_path/'b', ENV, '--set', 'reproducible=true', steps=2)
+    run(tmp_path/'b', ENV, '--set', 'reproducible=true', steps=1)
     for r in ('a', 'b'):
         cfg, rec = run_config(tmp_path/r), json.loads((tmp_path/r/'base.json').read_text())['precision']
         assert cfg.reproducible is True and cfg.fast is False, r
         # torch's own report, in the run's process: its kernels at the baseline level, not this CPU's
         assert rec['path'] == 'fp32 eager' and "reproducible mode: fp32 eager, torch's kernels at DEFAULT" in rec['why']
-    assert_same_run(final_state(tmp_path/'a', 2), final_state(tmp_path/'b', 2))
+    assert_same_run(final_state(tmp_path/'a', 1), final_state(tmp_path/'b', 1))
 
 def test_the_reproducible_mode_runs_fp32():
     with pytest.raises(ValueError, match=r"GRPOConfig.fast=True: .*reproducible=true"): GRPOConfig(reproducible=True,
