@@ -12,7 +12,8 @@ import argparse, ast, hashlib, importlib, importlib.util, inspect, math, os, shu
 from contextlib import contextmanager
 from pathlib import Path
 from fastcore.script import anno_parser
-from .processes import stop_on_signals, Stopped, stopped, running_as, invoked
+from .processes import (stop_on_signals, Stopped, stopped, running_as, invoked, pin_environment,
+                                   run_pinned)
 
 # %% ../nbs/10_cli.ipynb #cd896d72
 COMMANDS = {
@@ -54,7 +55,7 @@ def usage(width:int=100) -> str:
 # %% ../nbs/10_cli.ipynb #93c7086a
 # a command's options under headings in its --help (an option not named here stays under "options")
 OPTION_GROUPS = {
-    'train': {'what to train': ('preset', 'set'),
+    'train': {'what to train': ('preset', 'set', 'reproducible'),
               'model, prompts and reward': ('model', 'model_path', 'prompts', 'eval_prompts', 'reward'),
               'the run folder': ('out', 'resume', 'quiet', 'no_base_eval')},
 }
@@ -79,7 +80,6 @@ def _kwargs(name:str, fn, args:list[str]) -> dict:
         if any(isinstance(x, float) and not math.isfinite(x) for x in (v if isinstance(v, (list, tuple)) else [v])):
             raise ValueError(f"--{k} {v}: must be a finite number")
     return kw
-
 
 # %% ../nbs/10_cli.ipynb #8d3f9a61
 def _help_file(name:str) -> Path:
@@ -155,7 +155,15 @@ def main(argv:list[str]|None=None) -> int:
             print(f"flowgrpo: stopped by {e.how}", file=sys.stderr)
             return e.status
 
+def _asks_reproducible(args:list[str]) -> bool:
+    "Whether a command line asks for the reproducible mode: `--reproducible`, or `reproducible=true` among its --set."
+    on = lambda a: a.partition('=')[0] == 'reproducible' and a.partition('=')[2].strip().lower() in ('true', 'yes', '1')
+    return '--reproducible' in args or any(on(a) for a in args)
+
 def _main(argv:list[str]) -> int:
+    # the reproducible mode's environment, before torch loads; where it is loaded already: the command in a child
+    if _asks_reproducible(argv[1:]) and not pin_environment():
+        return run_pinned(['-m', 'flowgrpo_nb.cli', *argv]).returncode
     if argv: _start_fork_server(argv[0], argv[1:])  # first: its imports run beside ours
     debug = '--debug' in argv or os.environ.get('FLOWGRPO_DEBUG', '') not in ('', '0')
     argv = [a for a in argv if a != '--debug']

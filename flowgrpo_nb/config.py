@@ -130,6 +130,9 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     # tiny: True: bf16 fast path (a bf16 copy without gradient, fp32 for the update); False: fp32 eager; auto: whichever
     # this machine runs faster (02b_precision)
     fast:bool|str='auto'
+    # pin the numerics to what every x86-64 CPU computes alike (02b_precision): fp32 eager, torch's baseline kernels,
+    # MKL's compatible branch, oneDNN off, one thread; in a process started pinned (flowgrpo train --reproducible)
+    reproducible:bool=False
     # the recipe the defaults came from: tiny (the package's own, chosen on the tiny model's pilot) or a backend's
     # published one (RECIPES); preset_config starts from the model's, a recorded name: the fields hold the values
     recipe:str='tiny'
@@ -372,6 +375,8 @@ def validate_config(c:GRPOConfig):
         _fail('gradient_checkpointing', True, "false for model='tiny' (the diffusers backends sd3 and flux have it)")
     if not 0 < c.ema_decay < 1: _fail('ema_decay', c.ema_decay, 'a number in (0, 1)')
     if c.fast not in FAST_CHOICES or not isinstance(c.fast, (bool, str)): _fail('fast', c.fast, "true, false or 'auto'")
+    if c.reproducible not in (True, False): _fail('reproducible', c.reproducible, 'true or false')
+    if c.reproducible and c.fast is True: _fail('fast', True, "false or 'auto' with reproducible=true (fp32 eager)")
     if not 0 <= c.min_std_ratio < 1: _fail('min_std_ratio', c.min_std_ratio, 'a number in [0, 1)')
     check_window(c)
     if c.flash_pool is not None: check_steps(c, 'flash_pool', c.flash_pool, c.K)
@@ -455,7 +460,8 @@ REMOVED_FIELDS = ('log_images', 'eval_start')
 ADDED_FIELDS = dict(
     fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0,
     backward_pairs=0, tempflow_branches=6, tempflow_group='seed', tempflow_weight='norm', tempflow_weight_const=2.25,
-    flash_pool=None, flash_sampler='flash', flash_eta=1.0, flash_tgr_norm='batch', recipe='tiny'
+    flash_pool=None, flash_sampler='flash', flash_eta=1.0, flash_tgr_norm='batch', recipe='tiny',
+    reproducible=False
 )  # a config written before these fields existed ran with these values (the methods' fields: their defaults,
 # unread; recipe: every run, on any backend, started from the package's defaults)
 # the same experiment

@@ -10,11 +10,12 @@ import copy, json, os, platform, statistics, tempfile, time, warnings
 from pathlib import Path
 import torch
 from .policy import Policy
+from .processes import REPRODUCIBLE_ENV, pinned_environment
 
 # %% auto #0
-__all__ = ['ISA_LIMITS', 'PATHS_VERSION', 'PROBE_ROWS', 'WEIGHTS', 'MARGIN', 'FAST_CHOICES', 'cpu_name', 'machine_key',
-           'probe_policy', 'probe_call', 'path_pair', 'time_paths', 'step_seconds', 'choose_path', 'cache_file',
-           'machine_paths', 'resolve_fast', 'path_name']
+__all__ = ['ISA_LIMITS', 'PATHS_VERSION', 'PROBE_ROWS', 'WEIGHTS', 'MARGIN', 'FAST_CHOICES', 'PINNED_CAPABILITY', 'cpu_name',
+           'machine_key', 'probe_policy', 'probe_call', 'path_pair', 'time_paths', 'step_seconds', 'choose_path',
+           'cache_file', 'machine_paths', 'resolve_fast', 'path_name', 'reproducible_state', 'enter_reproducible']
 
 # %% ../nbs/02b_precision.ipynb #90e72c8e
 ISA_LIMITS = ('ONEDNN_MAX_CPU_ISA', 'ATEN_CPU_CAPABILITY')  # environment variables that cap the instructions torch uses
@@ -166,8 +167,10 @@ def resolve_fast(fast:bool|str='auto', model:str='tiny',
                  # another machine's probe (`time_paths`); default: this one's
                  timings:dict|None=None,
                  # a resumed run: the path it started on (its config.json's `fast`); None: a new run
-                 started:bool|None=None) -> tuple[bool, str]:
+                 started:bool|None=None,
+                 reproducible:bool=False) -> tuple[bool, str]:  # the reproducible mode: fp32 eager, pinned
     "(the path a run of `fast` takes here, or on the machine of `timings`: True for bf16, why)."
+    if reproducible: return False, enter_reproducible()
     if fast is True or fast is False: return fast, f"fast={str(fast).lower()} in the config"
     if fast != 'auto': raise ValueError(f"fast={fast!r}: allowed true, false or 'auto'")
     if model != 'tiny': mine, why = False, f"fast=auto: model={model!r} has no fast path (exact precision)"
@@ -186,3 +189,28 @@ def resolve_fast(fast:bool|str='auto', model:str='tiny',
     return started, f"the path the run started on (fast=auto here: {why})"
 
 def path_name(fast:bool) -> str: return 'bf16 fast' if fast else 'fp32 eager' 
+
+# %% ../nbs/02b_precision.ipynb #1ee02c16
+PINNED_CAPABILITY = 'DEFAULT'  # torch's report of its kernels' level under ATEN_CPU_CAPABILITY=default
+
+def reproducible_state() -> dict:
+    "This process's settings that the reproducible mode pins: torch's kernels' level, the variables, oneDNN, threads."
+    return dict(capability=torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k, '') for k in
+                REPRODUCIBLE_ENV}, onednn=torch.backends.mkldnn.enabled, threads=torch.get_num_threads(),
+                deterministic=torch.are_deterministic_algorithms_enabled())
+
+def enter_reproducible() -> str:
+    """Make torch's settings of the reproducible mode in a process started pinned (ValueError saying how to start one
+    otherwise); the line a run records."""
+    if torch.cuda.is_available():
+        raise ValueError("reproducible=true pins a CPU's numerics and this process trains on a CUDA device: run it "
+                         "with CUDA_VISIBLE_DEVICES='' or without the mode")
+    s = reproducible_state()
+    if not pinned_environment() or s['capability'] != PINNED_CAPABILITY:
+        raise ValueError(
+            f"reproducible=true: this process did not start pinned (torch's kernels at {s['capability']}, "
+            + ', '.join(f"{k}={s[k]!r}" for k in REPRODUCIBLE_ENV) + "): run flowgrpo train --reproducible, which "
+            "starts pinned, or start Python with processes.REPRODUCIBLE_ENV (processes.run_pinned)")
+    torch.set_num_threads(1); torch.backends.mkldnn.enabled = False; torch.use_deterministic_algorithms(True)
+    return (f"reproducible mode: fp32 eager, torch's kernels at {s['capability']}, MKL_CBWR={s['MKL_CBWR']}, "
+            "oneDNN off, one thread, deterministic algorithms")

@@ -86,9 +86,9 @@ class GRPOTrainer:
 @patch
 def _init_state(self:GRPOTrainer, resume:bool):
     cfg = self.cfg
-    fast, why = resolve_fast(cfg.fast, cfg.model, started=run_config(self.folder).fast if resume else None)
-    self.cfg = cfg = replace(cfg, fast=fast)  # from here on a bool
-    self.policy.set_fast(cfg.fast)
+    fast, why = resolve_fast(cfg.fast, cfg.model, started=run_config(self.folder).fast if resume else None,
+                             reproducible=cfg.reproducible)
+    self.cfg = cfg = replace(cfg, fast=fast); self.policy.set_fast(fast)  # from here on a bool
     self.precision = dict(path=path_name(cfg.fast), why=why)
     self.base = dict(fingerprint=self.policy.base_fingerprint(), version=self.policy.model_version(), model=cfg.model,
                      model_path=cfg.model_path, precision=self.precision)
@@ -565,13 +565,14 @@ def train_cli(
     set: Annotated[str, 'GRPOConfig overrides FIELD=VALUE ... (fields below)', dict(nargs='*', action='extend')] = None,
     quiet: bool = False,  # no progress bar
     no_base_eval: bool = False,  # skip the base model's evaluation before the first step
+    reproducible: bool = False,  # the numerics every x86-64 CPU computes alike (slower; GRPOConfig.reproducible)
 ):
     "Fine-tune a flow model with GRPO: the embedded tiny model by default, SD3/FLUX from a local folder."
     if quiet:
         import diffusers, transformers
         diffusers.utils.logging.disable_progress_bar(); transformers.utils.logging.disable_progress_bar()
     cfg = _cli_config(preset, set, method=method, model=model, model_path=model_path, prompts=prompts,
-                      eval_prompts=eval_prompts, reward=reward)
+                      eval_prompts=eval_prompts, reward=reward, reproducible=reproducible or None)
     # the first line: the recipe in force (the model's published one for sd3/flux), from one process
     if os.environ.get('RANK', '0') == '0': print(recipe_line(cfg), flush=True)
     # Ctrl-C, SIGTERM: one sentence naming the checkpoint kept and the command that resumes from it
@@ -584,7 +585,6 @@ def train_cli(
 train_cli.epilog = train_cli.__wrapped__.epilog = (
     methods_help() + '\n\n' + recipes_help() + '\n\nGRPOConfig fields (--set FIELD=VALUE):\n' + config_help()
 )
-
 
 # %% ../nbs/06_train.ipynb #3995b665
 def result_line(s:dict, out) -> str:

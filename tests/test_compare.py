@@ -89,6 +89,7 @@ def test_compare_runs_a_given_task_and_policy(task, tmp_path):
     assert (all(i['code']['version'] == flowgrpo_nb.__version__ for i in inv)
             and [i['runs_to_train'] for i in inv] == [2, 0])
     assert all(i['cpu'] == {'cpu': cpu_name(), 'capability': torch.backends.cpu.get_cpu_capability()} for i in inv)
+    assert all(i['reproducible'] is False for i in inv)  # the mode, recorded (here: the default)
     assert f"on {cpu_name()} (" in (tmp_path/"report.html").read_text()  # the page says which CPU ran each invocation
     assert again.findings == report.findings and again.tasks['geneval'].base == sec.base
 

@@ -80,3 +80,23 @@ def test_base_evaluation_is_reused_under_auto(tmp_path, monkeypatch):
         with pytest.raises(AssertionError, match='evaluated anew'):
             C.base_eval(pol, task, preset_config('flow_grpo+smoke', eval_images=4, fast=False), f, progress=False)
     finally: P._MEMO.clear()
+
+def test_the_reproducible_mode_runs_pinned_and_twice_the_same(tmp_path, monkeypatch):
+    """`--reproducible` from a Python process that has torch loaded runs the command in a pinned child; `--set
+    reproducible=true` in a fresh process pins it before torch loads; both record the mode and train bitwise alike."""
+    from flowgrpo_nb import cli
+    from test_train import args, final_state, assert_same_run
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    assert 'torch' in sys.modules and cli.main(['train', '--out', str(tmp_path/'a'), *args('flow_grpo', 1),
+                                                '--reproducible']) == 0
+    run(tmp_path/'b', ENV, '--set', 'reproducible=true', steps=1)
+    for r in ('a', 'b'):
+        cfg, rec = run_config(tmp_path/r), json.loads((tmp_path/r/'base.json').read_text())['precision']
+        assert cfg.reproducible is True and cfg.fast is False, r
+        # torch's own report, in the run's process: its kernels at the baseline level, not this CPU's
+        assert rec['path'] == 'fp32 eager' and "reproducible mode: fp32 eager, torch's kernels at DEFAULT" in rec['why']
+    assert_same_run(final_state(tmp_path/'a', 1), final_state(tmp_path/'b', 1))
+
+def test_the_reproducible_mode_runs_fp32():
+    with pytest.raises(ValueError, match=r"GRPOConfig.fast=True: .*reproducible=true"): GRPOConfig(reproducible=True,
+                                                                                                  fast=True)

@@ -313,6 +313,7 @@ def compare(out:str|Path='runs/compare',   # the run folder of the comparison
             out, id=f'{datetime.now(timezone.utc).isoformat(timespec="seconds")}-{os.getpid()}',
             started=datetime.now(timezone.utc).isoformat(timespec='seconds'), command=recorded_command(ccfg, out),
             code=code_version(), runs=len(runs), runs_to_train=len(runs) - len(reused),
+            reproducible=bool(ccfg.overrides.get('reproducible')),  # the mode: one computation on every kind
             cpu={k: machine_key()[k] for k in ('cpu', 'capability')}  # runs are one computation per kind of CPU
         )['id']
         trained = lambda: (
