@@ -67,9 +67,9 @@ def comparison_cpu_kind(comp:Path) -> str:
     return ''
 
 def run_cpu_kind(run:RunFolder, default:str='') -> str:
-    "The CPU kind `run` recorded (its provenance.json, or its base.json's precision record), else `default`."
+    "The CPU kind `run` recorded (its provenance.json, or the machine of its first step's doctor.json), else `default`."
     prov = read_json(run.path/'provenance.json', 'the run provenance') if (run.path/'provenance.json').is_file() else {}
-    rec = prov.get('cpu') or ((run.read('base') or {}).get('precision') or {}).get('cpu')
+    rec = prov.get('cpu') or (run.read('doctor') or {}).get('machine')
     return _kind(rec) if isinstance(rec, dict) and rec.get('cpu') else default
 
 # %% ../../nbs/study/08c_export.ipynb #fe9669ac
