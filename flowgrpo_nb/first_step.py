@@ -1,4 +1,4 @@
-"""What a trainer measures once, on its first batch before the first update, and writes to the run's doctor.json.
+"""The run's doctor.json: what a trainer measures once, on its first batch, before its first update.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/first_step.html.md"""
 
