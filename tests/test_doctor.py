@@ -82,3 +82,11 @@ def test_the_first_step_checks_change_nothing(run, tmp_path, monkeypatch):
     rows = lambda d: [{k: v for k, v in json.loads(l).items() if not k.startswith(('sec_', 'cpu_'))}
                       for l in (d/'metrics.jsonl').read_text().splitlines()]
     assert rows(run) == rows(other)
+
+def test_model_measures_again(run, tmp_path, capsys):
+    "--model loads the run's newest checkpoint and measures the first step's checks anew, not reading doctor.json."
+    d = planted(run, tmp_path/'planted', dict(ratio_err=0.25, kl_grad=False))
+    shutil.copytree(run/'checkpoints', d/'checkpoints')
+    assert cli.main(['doctor', str(d), '--model']) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(l.startswith('held') for l in lines[:-1]), lines
