@@ -52,6 +52,8 @@ def hack(ms):
 CASES = {  # planted failure: (doctor.json fields, metrics edit, the check that fails, its number)
     'ratio': (dict(ratio_err=0.25), None, 'first ratio', 'max |ratio - 1| = 0.25'),
     'nan log-prob': (dict(logp_nonfinite=3), None, 'log-probs', '3 non-finite'),
+    'nan loss': (None, lambda ms: [m | ({'loss': float('nan')} if 'sec_step' in m else {}) for m in ms], 'finite loss',
+                 '2 steps with a non-finite loss'),
     'kl without gradient': (dict(kl_grad=False), None, 'KL gradient', 'has NO gradient'),
     'noise-0 mismatch': (dict(noise0_err=0.2), None, 'noise 0 vs ODE', 'max relative difference 0.2 '),
     'all groups tied': (None, tie_all, 'tied groups', 'mean share 1.00'),
