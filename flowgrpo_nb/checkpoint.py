@@ -500,7 +500,7 @@ def release(self:FolderLock):
 # %% ../nbs/00c_checkpoint.ipynb #d4aba5f8
 RUN_FILES = dict(
     config='config.json', base='base.json', metrics='metrics.jsonl', summary='summary.json',
-    calibration='calibration.json'
+    calibration='calibration.json', doctor='doctor.json'  # doctor: the first step's checks (`05g_first_step`)
 )
 
 

@@ -19,6 +19,7 @@ from fastcore.script import call_parse
 from fastcore.basics import patch
 from .flow import flow_sde_scale
 from .policy import Policy, PHASES, ema_of, ema_weights, seeded_generator, timed
+from .first_step import first_step
 from .rollout import rollout, step_values
 from .update import pair_loss, step_grad_norms, update_pairs
 from .credit import METHODS, calibrate_exploration, Calibration
@@ -248,6 +249,7 @@ def train_step(self:GRPOTrainer) -> dict:
     try:
         with timed(times, 'step'):
             c = self.collect(self.step)
+            if self.step == 0: first_step(self, c['rollout'], diag)  # doctor.json, before the first update
             if cfg.diag_every and self.step % cfg.diag_every == 0:
                 with timed(diag, 'diag'): diag |= self.grad_shares(c['rollout'], c['advantages'], c['weight'])
             if cfg.beta == 0 and cfg.kl_every and self.step % cfg.kl_every == 0:

@@ -55,6 +55,8 @@ def test_train_eval_resume(folders, tmp_path, model, method):
     evals = [h for h in rows if 'eval_overall' in h]
     # evaluated on the task's own reward (the CLIP score of the test prompts)
     assert [h['step'] for h in evals] == [0, 2]
+    first = json.loads((tmp_path/'doctor.json').read_text())  # the first step's checks (`05g_first_step`)
+    assert first['ratio_err'] < 1e-3 and first['logp_nonfinite'] == 0 and first['noise0_err'] in (0.0, None)
     lora = load_file(tmp_path/'checkpoints'/'ckpt-000002'/'pytorch_lora_weights.safetensors')
     assert all(k.startswith('transformer.') for k in lora)  # diffusers' LoRA naming
     assert_loads_into_the_pipeline(folders, model, tmp_path/'checkpoints'/'ckpt-000002', lora)
