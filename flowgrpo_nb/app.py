@@ -184,6 +184,7 @@ def rank_prompts(bank:ModelBank, n:int=RANK_PROMPTS, seed:int=0,
     """The first `n` distinct evaluation prompts as (prompt, gain: the best fine-tuned model's score minus the best
     base's, spread across the models of the score each image is shown with, spread of the task's reward), largest
     first (in their order with one model)."""
+    if (key := (n, seed, steps)) in (kept := bank.__dict__.setdefault('_ranked', {})): return list(kept[key])
     prompts, task = list(dict.fromkeys(bank.task.eval_prompts))[:n], bank.task
     if len(bank.names) < 2: return [(p, 0.0, 0.0, 0.0) for p in prompts]
     cfg, S = RolloutConfig(K=steps, sampler='ode', group_size=1), []
@@ -196,7 +197,7 @@ def rank_prompts(bank:ModelBank, n:int=RANK_PROMPTS, seed:int=0,
     spread = S.max(0).values - S.min(0).values  # [n, 2]
     gain = S[nb:, :, 0].max(0).values - S[:nb, :, 0].max(0).values if nb < len(S) else torch.zeros(len(prompts))
     order = sorted(range(len(prompts)), key=lambda i: (-gain[i], -spread[i, 0], -spread[i, 1]))
-    return [(prompts[i], float(gain[i]), *spread[i].tolist()) for i in order]
+    kept[key] = ranked = [(prompts[i], float(gain[i]), *spread[i].tolist()) for i in order]; return list(ranked)
 
 def models_view(bank:ModelBank) -> tuple[str, str]:
     "A one-paragraph header (how many models, which task scores them) and a Markdown table of the models by arm."
@@ -568,13 +569,14 @@ def app_cli(runs:str=None,
             lanes:int=2,
             # torch device of the base models (default: cuda when available for diffusers models)
             device:str=None,
-            share:bool=False):  # a public gradio.live link
+            share:bool=False,  # a public gradio.live link
+            rank:int=RANK_PROMPTS):  # prompts ranked at start, to open where the models differ most (0: none: faster)
     """Serve the app: base vs fine-tuned models side by side, the comparison report, credit of one trajectory. The
     committed results: `flowgrpo app --runs results/confirm` (its fine-tuned models beside the base), or
     `results/study`."""
     check_address(host, port)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-        raise ValueError(f"threads={threads!r}: allowed an integer >= 0")
+    for name, v in (('threads', threads), ('rank', rank)):
+        if type(v) is not int or v < 0: raise ValueError(f"{name}={v!r}: allowed an integer >= 0")
     if threads: torch.set_num_threads(threads)
     os.environ['GRADIO_ANALYTICS_ENABLED'] = 'False'  # nothing reported on launch (the Blocks say so too)
     own = None if os.environ.get('GRADIO_TEMP_DIR') else tempfile.mkdtemp(prefix='flowgrpo-app-')
@@ -584,7 +586,7 @@ def app_cli(runs:str=None,
             # loading and ranking the prompts take a while (about a minute for results/confirm on 2 busy cores)
             print(f"loading {len(find_models(runs)[0])} fine-tuned models and their base from {runs}" if runs else
                   "loading the embedded base model (no --runs)", flush=True)
-            app = make_app(runs, base=base, lanes=lanes, device=device)
+            app = make_app(runs, base=base, lanes=lanes, device=device, rank=rank)
             try:
                 serve(app, host, port, share, block=False, quiet=True)  # Gradio's own lines name its Python API
                 print(f"serving at {app.local_url}" + (f" and {app.share_url}" if share else

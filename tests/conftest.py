@@ -88,3 +88,34 @@ def lock_holder():
     yield hold
     for p in procs:
         p.kill(); p.wait(); p.stdout.close()
+
+
+# ---- the order of the test files, and their seconds (tools/check.py: see its docstring)
+import json, os
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+_SECONDS:dict[str, float] = {}
+
+def _file_key(times:dict, path:Path):
+    "Longest first by the recorded seconds; a file never recorded before them, larger files first (as check.py)."
+    t = times.get(str(path.relative_to(_ROOT)))
+    return (t is not None, -(t or 0), -path.stat().st_size, str(path))
+
+def pytest_collection_modifyitems(config, items):
+    """Test files longest first (tools/test_times.json), so that `--dist loadfile` gives the heavy ones out first and
+    the workers end together; the tests of a file keep their order."""
+    try: times = json.loads((_ROOT/'tools'/'test_times.json').read_text())
+    except (OSError, ValueError): times = {}
+    keys = {p: _file_key(times, p) for p in {Path(it.path).resolve() for it in items}}
+    items.sort(key=lambda it: keys[Path(it.path).resolve()])
+
+def pytest_runtest_logreport(report):
+    "Each test file's seconds (set-up, call and tear-down of its tests), summed where the reports arrive."
+    _SECONDS[report.nodeid.split('::')[0]] = _SECONDS.get(report.nodeid.split('::')[0], 0.0) + report.duration
+
+def pytest_sessionfinish(session):
+    "With FLOWGRPO_TEST_TIMES=FILE (tools/check.py --record-times): write the files' seconds there (not on a worker)."
+    out = os.environ.get('FLOWGRPO_TEST_TIMES')
+    if out and not hasattr(session.config, 'workerinput'):
+        Path(out).write_text(json.dumps({k: round(v, 1) for k, v in sorted(_SECONDS.items())}, indent=1))

@@ -404,6 +404,8 @@ def test_cli_bad_port_before_loading(monkeypatch, capsys):
     assert '\n' not in msg and msg.endswith('pick another with --port')
     assert run_cli(capsys, '--port', str(free_port()), '--threads', '-1') == \
         (2, 'flowgrpo app: threads=-1: allowed an integer >= 0')
+    assert run_cli(capsys, '--port', str(free_port()), '--rank', '-2') == \
+        (2, 'flowgrpo app: rank=-2: allowed an integer >= 0')
 
 def test_cli_exit_code():
     r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--port', '70000'], capture_output=True,
@@ -414,13 +416,14 @@ def test_cli_exit_code():
 
 def test_cli_serves_and_leaves_nothing(runs, tmp_path):
     """`flowgrpo app` in its own process: it serves, refuses uploads, and on SIGTERM exits 143 with one sentence and its
-    temporary folder gone."""
+    temporary folder gone. `--rank 0`: no prompts ranked at start (`test_first_screen_where_models_differ` ranks)."""
     from gradio_client import Client
     import httpx
     tmp = tmp_path/'tmp'; tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if k != 'GRADIO_TEMP_DIR'} | dict(TMPDIR=str(tmp), OMP_NUM_THREADS='1')
     port = free_port()
-    proc = subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--runs', str(runs), '--port', str(port)],
+    proc = subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--runs', str(runs), '--port', str(port),
+                             '--rank', '0'],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_port(port, proc)

@@ -45,9 +45,13 @@ def run(tmp_path_factory):
     # the diffusers backends' option
     ('gradient_checkpointing=true', ['GRPOConfig.gradient_checkpointing=True', "model='tiny'"]),
 ])
-def test_bad_config_is_refused_before_any_work(tmp_path, override, words):
+def test_bad_config_is_refused_before_any_work(tmp_path, capsys, override, words):
+    """In this process (`cli.main`, what the console script runs: a subprocess each would import torch again, 8 CPU s,
+    for the same dispatcher that tests/test_cli.py runs as a subprocess)."""
     out = tmp_path/'x'
-    refused(flowgrpo('train', '--out', out, *SMOKE, override), *words)
+    capsys.readouterr()
+    rc = cli.main(['train', '--out', str(out), *SMOKE, override])
+    refused(subprocess.CompletedProcess([], rc, '', capsys.readouterr().err), *words)
     assert not out.exists()  # nothing written: the next try with a fixed value starts cleanly
 
 def test_output_folder_is_a_file_or_under_a_file(tmp_path):

@@ -5,17 +5,40 @@
 3. README.md is in sync with nbs/index.ipynb (tools/readme.py leaves git unchanged);
 4. `nbdev-test` on every notebook (cells flagged slow / gpu / chrome are skipped, see `tst_flags`),
    plus the chrome-flagged cells when Debian's chromium is installed;
-5. `pytest tests/`.
+5. `pytest tests/` (`--dist loadfile`; the 20 slowest tests are listed).
+
+Both test stages start the longest notebooks and test files first, so that the two workers finish together: the
+seconds each took are kept in tools/test_times.json (`--record-times` rewrites it from this run; one never recorded
+starts first of all, larger files first).
 
 It ends with one line `N passed, N failed` counting notebooks and pytest tests together, and exits non-zero on failure.
-Usage: python tools/check.py [--fast] (--fast skips pytest tests marked slow)."""
-import os, re, shutil, subprocess, sys, time
+Usage: python tools/check.py [--fast] [--record-times] (--fast skips pytest tests marked slow)."""
+import json, os, re, shutil, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT/'.venv'/'bin'
 passed = failed = 0
+TIMES = ROOT/'tools'/'test_times.json'  # seconds per notebook and per test file, from a recorded run
+
+def recorded_times() -> dict:
+    try: return json.loads(TIMES.read_text())
+    except (OSError, ValueError): return {}
+
+def longest_first(paths:list, times:dict) -> list:
+    "`paths` by their recorded seconds, longest first; those never recorded before them, larger files first."
+    def key(p):
+        t = times.get(str(Path(p).resolve().relative_to(ROOT)))
+        return (t is not None, -(t or 0), -Path(p).stat().st_size, str(p))
+    return sorted(paths, key=key)
+
+def record_times(new:dict):
+    "Merge `new` seconds into tools/test_times.json, written whole."
+    merged = {k: round(v, 1) for k, v in {**recorded_times(), **new}.items()}
+    with tempfile.NamedTemporaryFile('w', dir=TIMES.parent, suffix='.tmp', delete=False) as f:
+        json.dump(dict(sorted(merged.items())), f, indent=1); f.write('\n')
+    os.replace(f.name, TIMES)
 
 def run(cmd, **kw): return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
 
@@ -58,7 +81,7 @@ def have_chromium(): return shutil.which('chromium') is not None or Path('/usr/b
 
 def main():
     global passed, failed
-    fast = '--fast' in sys.argv
+    fast, record = '--fast' in sys.argv, '--record-times' in sys.argv
     check_unchanged('notebooks are clean', [str(BIN/'nbdev-clean')], ['nbs'],
                     'Run `nbdev-clean` and commit the cleaned notebooks.')
     check_unchanged('library in sync with notebooks', [str(BIN/'nbdev-export')], ['flowgrpo_nb'],
@@ -69,9 +92,10 @@ def main():
                     'Run `python tools/readme.py` (or `nbdev-readme` where Quarto exists) and commit README.md.')
     flags = 'chrome' if have_chromium() else ''
     stage(f'nbdev-test on every notebook (skipping slow gpu{"" if flags else " chrome"})')
-    nbs = notebooks()
+    nbs = longest_first(notebooks(), recorded_times())
     with ThreadPoolExecutor(int(os.environ.get('FLOWGRPO_TEST_WORKERS', '2'))) as ex:
-        results = list(ex.map(lambda nb: test_notebook(nb, flags), nbs))
+        results = sorted(ex.map(lambda nb: test_notebook(nb, flags), nbs))
+    if record: record_times({str(nb.relative_to(ROOT)): secs for nb, _, secs, _ in results})
     bad = []
     for nb, ok, secs, out in results:
         print(f'  {"ok  " if ok else "FAIL"} {nb.relative_to(ROOT)} ({secs:.0f}s)', flush=True)
@@ -82,10 +106,14 @@ def main():
     stage('pytest tests/')
     workers = os.environ.get('FLOWGRPO_TEST_WORKERS', '2')
     cmd = [str(BIN/'python'), '-m', 'pytest', 'tests', '-q', '-p', 'no:cacheprovider', '-rfE', '-n', workers, '--dist',
-           'loadfile']
+           'loadfile', '--durations=20']
     skip = (['slow'] if fast else []) + ([] if have_chromium() else ['chrome'])
     if skip: cmd += ['-m', ' and '.join(f'not {m}' for m in skip)]
-    r = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    # tests/conftest.py orders the files longest first, and writes each file's seconds where FLOWGRPO_TEST_TIMES says
+    times_out = Path(tempfile.mkdtemp())/'times.json'
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', **({'FLOWGRPO_TEST_TIMES': str(times_out)} if record else {})}
+    r = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, env=env)
+    if record and times_out.is_file(): record_times(json.loads(times_out.read_text()))
     print(r.stdout[-20000:], r.stderr[-5000:], flush=True)
     counts = {k: int(n) for n, k in re.findall(r'(\d+) (passed|failed|error|errors)',
                                                r.stdout.splitlines()[-1] if r.stdout.strip() else '')}
