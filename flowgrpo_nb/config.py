@@ -21,7 +21,8 @@ from .policy import LORA_TARGETS
 from .fields import bad_field, field_types, check_fields
 from .rollout import RolloutConfig, check_window, check_steps, parse_lookahead
 from .credit import (CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL,
-                                CALIB_STOP, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS, FLASH_SAMPLERS, TGR_NORMS)
+                                CALIB_STOP, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS, FLASH_SAMPLERS, TGR_NORMS,
+                                REWARD_NORMS)
 from .task import check_task_names, grid_world, DTYPES
 from .checkpoint import RunFolder
 from .method import method_of
@@ -366,7 +367,7 @@ _CHOICES = dict(sampler=tuple(s for s in SAMPLERS if s != 'ode'), untrained=UNTR
                 ddim_schedule=tuple(DDIM_SCHEDULES), calib_no_signal=NO_SIGNAL, calib_stop=CALIB_STOP,
                 lr_schedule=LR_SCHEDULES, prompt_mix=PROMPT_MIXES, tempflow_group=TEMPFLOW_GROUPS,
                 tempflow_weight=TEMPFLOW_WEIGHTS, flash_sampler=FLASH_SAMPLERS, flash_tgr_norm=TGR_NORMS,
-                recipe=tuple(RECIPES), kl_form=KL_FORMS)
+                recipe=tuple(RECIPES), kl_form=KL_FORMS, reward_norm=REWARD_NORMS)
 
 def validate_config(c:GRPOConfig):
     "Raise a ValueError naming the first field of `c` that cannot run; fills the method's default lookahead."
@@ -418,6 +419,12 @@ def _check_combinations(c:GRPOConfig):
         _fail('lookahead', c.lookahead, f"None for method={c.method!r} ({why})")
     c.lookahead = c.lookahead or m.lookahead
     if c.lookahead is not None: _check_lookahead(c.lookahead)
+    if c.reward_norm == 'gdpo' and '+' not in str(c.reward):
+        _fail('reward_norm', 'gdpo', f"'sum' for the one reward {c.reward!r} (gdpo normalises each of a sum: "
+              "reward='partial+score')")
+    if c.reward_norm == 'gdpo' and (c.lookahead is not None or m.own_rollout):
+        _fail('reward_norm', 'gdpo', f"'sum' for method={c.method!r} (gdpo credits the final reward of a rule "
+              "without step values, e.g. flow_grpo)")
     if c.calibrate and c.sampler != 'flow_sde':
         _fail('sampler', c.sampler, "'flow_sde' when calibrate=True (psi replaces its s_k)")
     rc = c.rollout_config()
@@ -471,7 +478,7 @@ ADDED_FIELDS = dict(
     fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0,
     backward_pairs=0, tempflow_branches=6, tempflow_group='seed', tempflow_weight='norm', tempflow_weight_const=2.25,
     flash_pool=None, flash_sampler='flash', flash_eta=1.0, flash_tgr_norm='batch', recipe='tiny', kl_form='mean',
-    eval_guidance=None
+    eval_guidance=None, reward_norm='sum'
 )  # a config written before these fields existed ran with these values (the methods' fields: their defaults,
 # unread; recipe: every run, on any backend, started from the package's defaults)
 # the same experiment

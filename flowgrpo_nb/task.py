@@ -18,9 +18,9 @@ from .rollout import RolloutConfig, rollout
 # %% auto #0
 __all__ = ['PROMPT_DIGITS', 'COLLAPSE_DROP', 'GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'PromptScores',
            'prompt_scores', 'EvalReport', 'mean_se', 'reward_report', 'collapse', 'Task', 'balanced_prompts',
-           'evaluate_policy', 'grid_world', 'normalise_grid_prompt', 'geneval_task', 'read_prompts', 'prompt_splits',
-           'reward_from_spec', 'reward_task', 'code_modules', 'check_no_code', 'check_task_names', 'load_task',
-           'load_policy']
+           'evaluate_policy', 'grid_world', 'grid_terms', 'normalise_grid_prompt', 'geneval_task', 'read_prompts',
+           'prompt_splits', 'reward_from_spec', 'reward_task', 'code_modules', 'check_no_code', 'check_task_names',
+           'load_task', 'load_policy']
 
 # %% ../nbs/05b_task.ipynb #4c1b1e5a
 PROMPT_DIGITS = 4  # decimals of a logged per-prompt mean: k of k/n reads back exactly for n below 10,000 images
@@ -192,6 +192,19 @@ def grid_world(reward:str) -> int:
     "The grid world's version a grid reward names: 3 for 'partial@3' / 'strict@3', else 2."
     return 3 if isinstance(reward, str) and reward.endswith('@3') else 2
 
+def grid_terms(reward:str) -> dict[str, float]|None:
+    """{grid reward: weight} of a grid reward or a weighted sum of them ('partial+score', '0.7*partial+0.3*score'); None
+    when `reward` names anything else. A sum names each reward once, all of one version of the world."""
+    if not isinstance(reward, str): return None
+    terms = [(name.strip(), w.strip() or '1') for w, _, name in (t.rpartition('*') for t in reward.split('+'))]
+    if not all(name in GRID_REWARDS for name, _ in terms): return None
+    names = [name for name, _ in terms]
+    if len(set(names)) < len(names) or len({grid_world(n) for n in names}) > 1:
+        raise ValueError(f"reward={reward!r}: a sum of the grid world's rewards names each once, all of one version")
+    try: return {name: float(w) for name, w in terms}
+    except ValueError:
+        raise ValueError(f"reward={reward!r}: each weight of a sum is a number, e.g. 0.7*partial") from None
+
 def normalise_grid_prompt(prompt:str, version:int=2) -> str:
     """Lower case, single spaces, no surrounding punctuation; then the grammar's check (a ValueError naming the unknown
     words)."""
@@ -207,8 +220,9 @@ def geneval_task(reward:str='partial') -> Task:
     from flowgrpo_nb.worlds import world
     from flowgrpo_nb.score import LearnedScore
 
-    if reward not in GRID_REWARDS:
-        raise ValueError(f"reward={reward!r}: the grid world's rewards are {', '.join(GRID_REWARDS)}")
+    terms = grid_terms(reward)
+    if terms is None:
+        raise ValueError(f"reward={reward!r}: the grid world's rewards are {', '.join(GRID_REWARDS)}, or sums of them")
     v = grid_world(reward); W = world(v)
     score = LearnedScore() if v == 2 else None  # the learned score knows version 2's words only
     def evaluate(images, prompts):
@@ -225,9 +239,12 @@ def geneval_task(reward:str='partial') -> Task:
             for s in W.mini_geneval(images, prompts).scenes
         ]
 
-    return Task(f'geneval-{reward}', W.prompt_split('train'), W.prompt_split('heldout'),
-                score if reward == 'score' else MiniGenEvalReward(reward.split('@')[0], None if v == 2 else W),
-                evaluate,
+    one = lambda r: score if r == 'score' else MiniGenEvalReward(r.split('@')[0], None if v == 2 else W)
+    if reward in GRID_REWARDS: fn = one(reward)
+    else:
+        from flowgrpo_nb.rewards import WeightedSum  # (transformers, imported only for a sum)
+        fn = WeightedSum({r: one(r) for r in terms}, terms)
+    return Task(f'geneval-{reward}', W.prompt_split('train'), W.prompt_split('heldout'), fn, evaluate,
                 lambda p: W.parse_prompt(p).category, functools.partial(normalise_grid_prompt, version=v), describe)
 
 # %% ../nbs/05b_task.ipynb #59bd8c95
@@ -402,7 +419,7 @@ MODELS = ('tiny', 'sd3', 'flux')
 def check_task_names(model:str, reward:str, prompts:str|None=None):
     "Raise a ValueError for a model / reward / prompts combination that cannot run."
     if model not in MODELS: raise ValueError(f"model={model!r}: allowed {', '.join(MODELS)}")
-    if reward in GRID_REWARDS:
+    if grid_terms(reward) is not None:
         if model != 'tiny':
             raise ValueError(
                 f"reward={reward!r} is the grid world's (32-px images of the tiny model); with model={model!r} "
@@ -422,7 +439,7 @@ def load_task(
 ) -> Task:
     "The task named by a run config's `reward`, `prompts`, `eval_prompts` (for `model`)."
     check_task_names(model, reward, prompts)
-    if reward in GRID_REWARDS: return geneval_task(reward)
+    if grid_terms(reward) is not None: return geneval_task(reward)
     from flowgrpo_nb.world import MAX_WORDS  # the tiny model's text encoder reads the grid world's words
     return reward_task(reward, prompts, eval_prompts, device, max_words=MAX_WORDS if model == 'tiny' else None)
 
