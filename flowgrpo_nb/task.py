@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 import numpy as np, torch
 from tqdm.auto import tqdm
+from fastcore.script import call_parse
 from .policy import Policy
 from .rollout import RolloutConfig, rollout
 
@@ -19,8 +20,8 @@ from .rollout import RolloutConfig, rollout
 __all__ = ['PROMPT_DIGITS', 'COLLAPSE_DROP', 'GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'PromptScores',
            'prompt_scores', 'EvalReport', 'mean_se', 'reward_report', 'collapse', 'Task', 'balanced_prompts',
            'evaluate_policy', 'grid_world', 'grid_terms', 'normalise_grid_prompt', 'geneval_task', 'read_prompts',
-           'prompt_splits', 'reward_from_spec', 'reward_task', 'code_modules', 'check_no_code', 'check_task_names',
-           'load_task', 'load_policy']
+           'prompt_splits', 'is_http', 'reward_from_spec', 'reward_task', 'code_modules', 'check_no_code',
+           'check_task_names', 'load_task', 'load_policy', 'reward_serve_cli']
 
 # %% ../nbs/05b_task.ipynb #4c1b1e5a
 PROMPT_DIGITS = 4  # decimals of a logged per-prompt mean: k of k/n reads back exactly for n below 10,000 images
@@ -347,13 +348,20 @@ def _weights_reward(kind:str, arg:str, device):
     c = CLIPScore.from_pretrained(folder, device=device)
     return AestheticScore(c.model, c.processor, AestheticMLP.from_file(head), device=device)
 
+def is_http(spec) -> bool:
+    "Whether a reward spec is a server's address (`http://HOST:PORT/PATH`, `03e_http_reward`)."
+    return isinstance(spec, str) and spec.startswith(('http://', 'https://'))
+
 def _one_reward(spec:str, device):
     kind, _, arg = spec.partition(':')
     if kind == 'py': return _py_reward(spec, arg)
+    if is_http(spec):
+        from flowgrpo_nb.http_reward import HttpReward
+        return HttpReward(spec)
     if kind not in ('clip', 'pickscore', 'aesthetic'):
         raise ValueError(
-            f"reward {spec!r}: expected clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MODULE:FUNCTION or a '+'-sum "
-            "of them "
+            f"reward {spec!r}: expected clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MODULE:FUNCTION, "
+            "http://HOST:PORT/PATH or a '+'-sum of them "
             f"(the grid world's rewards {', '.join(GRID_REWARDS)} need model='tiny')"
         )
     try:
@@ -427,7 +435,7 @@ def check_task_names(model:str, reward:str, prompts:str|None=None):
             )
         if prompts:
             raise ValueError(f"prompts={prompts!r}: the grid world's rewards use the grid world's prompt splits")
-    elif not prompts:
+    elif not prompts and not (model == 'tiny' and is_http(reward)):  # the tiny model: the grid world's prompts
         raise ValueError(
             f"reward={reward!r} needs a prompt file (prompts=FILE: one prompt per line, or JSONL with 'prompt')"
         )
@@ -440,6 +448,9 @@ def load_task(
     "The task named by a run config's `reward`, `prompts`, `eval_prompts` (for `model`)."
     check_task_names(model, reward, prompts)
     if grid_terms(reward) is not None: return geneval_task(reward)
+    if model == 'tiny' and is_http(reward) and not prompts:  # the grid world's prompts and evaluation, served reward
+        grid = geneval_task('partial')
+        return dataclasses.replace(grid, name=f'geneval-{reward}', reward=_one_reward(reward, device))
     from flowgrpo_nb.world import MAX_WORDS  # the tiny model's text encoder reads the grid world's words
     return reward_task(reward, prompts, eval_prompts, device, max_words=MAX_WORDS if model == 'tiny' else None)
 
@@ -477,3 +488,21 @@ def load_policy(model:str='tiny', model_path:str|None=None, device=None,
         dict(t5=t5) if model == 'sd3' else {}
     )
     return (SD3Policy if model == 'sd3' else FluxPolicy).from_pretrained(model_path, **kw)
+
+# %% ../nbs/05b_task.ipynb #f2a3b4d1
+@call_parse
+def reward_serve_cli(spec:str, # the reward: partial, score, 'partial+score', clip:DIR, py:MODULE:FUNCTION, ...
+                     port:int=8000, # the port to listen on (0: a free one, printed)
+                     host:str='127.0.0.1', # the address (0.0.0.0: every interface, for other machines)
+                     device:str='cpu', # where the reward's model runs (cuda, cuda:1, ...)
+                    ):
+    """Serve a reward over HTTP (flowgrpo-reward/1) until stopped: train with --reward http://HOST:PORT/ from any
+    machine that reaches it."""
+    from flowgrpo_nb.http_reward import serve_reward
+    if is_http(spec): raise ValueError(f"reward-serve {spec!r}: serve a reward this package computes, not a server")
+    reward = geneval_task(spec).reward if grid_terms(spec) is not None else reward_from_spec(spec, device)
+    try: srv = serve_reward(reward, spec, host, port)
+    except OSError as e: raise OSError(f"reward-serve: cannot listen on {host}:{port} ({e.strerror or e})") from None
+    print(f"serving reward {spec!r} at http://{host}:{srv.server_port}/ (flowgrpo-reward/1; Ctrl-C stops)", flush=True)
+    try: srv.serve_forever()
+    finally: srv.server_close()
