@@ -21,7 +21,8 @@ COMMANDS = {
     'eval-tiny': 'flowgrpo_nb.card.evaluate_cli', 'train': 'flowgrpo_nb.train.train_cli',
     'compare': 'flowgrpo_nb.study.job.compare_cli', 'train-score': 'flowgrpo_nb.score.train_score_cli',
     'app': 'flowgrpo_nb.app.app_cli', 'fidelity': 'flowgrpo_nb.study.fidelity_report.fidelity_cli',
-    'export': 'flowgrpo_nb.study.export.export_cli', 'doctor': 'flowgrpo_nb.doctor.doctor_cli'
+    'export': 'flowgrpo_nb.study.export.export_cli', 'doctor': 'flowgrpo_nb.doctor.doctor_cli',
+    'reward-serve': 'flowgrpo_nb.task.reward_serve_cli'
 }
 
 def _command(name:str):

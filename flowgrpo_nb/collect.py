@@ -12,7 +12,7 @@ import torch
 from .policy import Policy, timed, seeded_generator
 from .fields import bad_field
 from .rollout import rollout, step_values, lookahead_nfe
-from .credit import Credit, compute_credit, credit_stats, LOOKAHEAD
+from .credit import Credit, compute_credit, credit_stats, gdpo_rewards, LOOKAHEAD
 from .config import GRPOConfig
 from .method import Method
 from .tempflow import (TempFlowConfig, BranchPairs, tempflow_rollout, tempflow_advantages, tempflow_weight,
@@ -20,8 +20,22 @@ from .tempflow import (TempFlowConfig, BranchPairs, tempflow_rollout, tempflow_a
 from .flash import FlashConfig, draw_k_star, flash_rollout, flash_advantages, tgr_lambda, tgr_weights
 
 # %% auto #0
-__all__ = ['FLOW_GRPO', 'STEPWISE', 'DENSE', 'TURNING_POINT', 'TEMPFLOW', 'FLASH', 'collect_values', 'tempflow_config',
-           'collect_tempflow', 'flash_config', 'collect_flash', 'ValueRule', 'TempFlow', 'Flash']
+__all__ = ['FLOW_GRPO', 'STEPWISE', 'DENSE', 'TURNING_POINT', 'TEMPFLOW', 'FLASH', 'gdpo_values', 'collect_values',
+           'tempflow_config', 'collect_tempflow', 'flash_config', 'collect_flash', 'ValueRule', 'TempFlow', 'Flash']
+
+# %% ../nbs/06_collect.ipynb #e1b2c3cf
+def gdpo_values(V:torch.Tensor,       # [B, K+1] the whole batch's values, V[:, K] the weighted sum
+                terms:dict,           # {name: [B]} the whole batch's component scores (`Rollout.reward_terms`)
+                reward_fn:Callable,   # the sum (its `weights`)
+                group:torch.Tensor,   # [B] group ids
+                cfg:GRPOConfig) -> torch.Tensor:  # [B, K+1] V with GDPO's S as the final reward
+    "The values a rule credits under `reward_norm='gdpo'`: the final reward replaced by `gdpo_rewards`."
+    weights = getattr(reward_fn, 'weights', None)
+    if not terms or not isinstance(weights, dict):
+        raise ValueError(f"reward_norm='gdpo': the reward {cfg.reward!r} gave no component scores; GDPO needs a sum "
+                         "of rewards (WeightedSum, e.g. reward='partial+score')")
+    V = V.clone(); V[:, -1] = gdpo_rewards(terms, weights, group, cfg.credit_config())
+    return V
 
 # %% ../nbs/06_collect.ipynb #b7cb62df
 def collect_values(policy:Policy, cfg:GRPOConfig, step:int, prompts:list[str],
@@ -42,11 +56,14 @@ def collect_values(policy:Policy, cfg:GRPOConfig, step:int, prompts:list[str],
             with policy.count_nfe('lookahead') as n_la: V = step_values(policy, ro, cfg.lookahead, reward_fn).V.cpu()
     with timed(times, 'credit'):
         V_all, group_all = gather(V), gather(ro.group)
-        credit = (rule or compute_credit)(V_all, group_all, ro.trained.cpu(), cfg.credit_config())
+        terms = {k: gather(s) for k, s in (ro.reward_terms or {}).items()}
+        V_rule = V_all if cfg.reward_norm != 'gdpo' else gdpo_values(V_all, terms, reward_fn, group_all, cfg)
+        credit = (rule or compute_credit)(V_rule, group_all, ro.trained.cpu(), cfg.credit_config())
         loss = cfg.loss_steps(step)
         A = torch.where(loss, credit.advantages, 0.)  # steps outside train_start/train_size explore but get no loss
     stats = credit_stats(V_all, replace(credit, advantages=A), loss, group_all) | dict(
-        nfe_rollout=n_ro['nfe'] / ro.B, nfe_lookahead=(n_la['nfe'] / ro.B if cfg.lookahead else 0.0))
+        nfe_rollout=n_ro['nfe'] / ro.B, nfe_lookahead=(n_la['nfe'] / ro.B if cfg.lookahead else 0.0)) | {
+        f'reward[{k}]': float(s.mean()) for k, s in terms.items()}  # each component's curve
     return dict(rollout=ro, advantages=A[rows], weight=None, credit=credit, V=V_all, times=times, stats=stats)
 
 # %% ../nbs/06_collect.ipynb #f6280319

@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/config.html.md"""
 
 # %% auto #0
 __all__ = ['EARLY', 'PRESETS', 'FLUX_LORA_TARGETS', 'RECIPES', 'RECIPE_SOURCES', 'MODEL_RECIPES', 'LR_SCHEDULES', 'PROMPT_MIXES',
-           'REMOVED_FIELDS', 'ADDED_FIELDS', 'RESUMABLE_CHANGES', 'GRPOConfig', 'step_stds', 'trained_stds',
+           'KL_FORMS', 'REMOVED_FIELDS', 'ADDED_FIELDS', 'RESUMABLE_CHANGES', 'GRPOConfig', 'step_stds', 'trained_stds',
            'degenerate_steps', 'model_recipe', 'preset_config', 'recipe_line', 'recipes_help', 'trackers', 'tracker',
            'tracker_kwargs', 'validate_config', 'config_diff', 'run_config', 'parse_overrides', 'config_help', 'lr_at']
 
@@ -21,7 +21,8 @@ from .policy import LORA_TARGETS
 from .fields import bad_field, field_types, check_fields
 from .rollout import RolloutConfig, check_window, check_steps, parse_lookahead
 from .credit import (CreditConfig, UNTRAINED, GROUP_SIZE_ONE, LOOKAHEAD, NO_SIGNAL,
-                                CALIB_STOP, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS, FLASH_SAMPLERS, TGR_NORMS)
+                                CALIB_STOP, TEMPFLOW_GROUPS, TEMPFLOW_WEIGHTS, FLASH_SAMPLERS, TGR_NORMS,
+                                REWARD_NORMS)
 from .task import check_task_names, grid_world, DTYPES
 from .checkpoint import RunFolder
 from .method import method_of
@@ -81,6 +82,8 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     updates_per_rollout:int=2
     clip_range:float=1e-4       # PPO ratio clip (Flow-GRPO: 1e-4)
     beta:float=0.0              # weight of the KL to the adapter-disabled reference
+    # the KL term: mean (of the step Gaussians, Flow-GRPO's) or velocity (|v - v_ref|²/2, alike on every step)
+    kl_form:str='mean'
     max_grad_norm:float=1.0     # gradient-norm clipping
     lr:float=1e-3               # AdamW learning rate (its peak, with a schedule)
     # the lr over optimizer steps: constant, cosine or linear (to 0 at the last), after lr_warmup
@@ -102,6 +105,8 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     steps:int=40                # rollout batches to train on
     eval_every:int=20           # evaluation every n steps (0: only at the start and the end)
     eval_images:int=256         # images per evaluation (0: no evaluation)
+    # CFG scale w of the evaluations (None: guidance, the rollouts'); FLUX.1-dev: its distilled guidance input
+    eval_guidance:float|None=None
     # per-step gradient-norm shares every n steps (0: never; one extra pass over one minibatch)
     diag_every:int=8
     # with beta = 0, log the KL to the reference every n steps (0: never; a no-grad pass over one minibatch, with and
@@ -138,6 +143,8 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     recipe:str='tiny'
 
     def __post_init__(self): validate_config(self)
+    @property
+    def eval_w(self) -> float: return self.guidance if self.eval_guidance is None else self.eval_guidance  # eval CFG
     @property
     def batch_size(self): return self.prompts_per_step * self.group_size
     def rollout_config(self, step:int=0, **kw) -> RolloutConfig:
@@ -237,6 +244,9 @@ PRESETS = {
     'turning_point_early': _TP | EARLY,
     'tempflow':            _TEMPFLOW,
     'flash':               _FLASH,
+    # the maintainer's advice for Flow-GRPO-Fast (flow_grpo#198, #224): rollouts and loss without CFG (w = 1), a KL on
+    # the velocity (in the loss when beta > 0: the recipe's or --set beta), CFG at test at the recipe's w
+    'cfg_at_test':   dict(guidance=1.0, kl_form='velocity'),
     # a few seconds on a CPU: for tests and smoke runs
     'smoke':         dict(K=4, prompts_per_step=2, group_size=4, minibatch=4, steps=4, eval_every=0, eval_images=16,
                           save_every=2, calib_iters=2, calib_samples=4, lora_rank=4, kl_every=1),
@@ -287,6 +297,9 @@ def preset_config(name:str, # a key of `PRESETS`, or several joined by '+' (late
     d.update(overrides)
     recipe = d.get('recipe') or model_recipe(d.get('model', 'tiny'), d.get('reward'))
     if recipe not in RECIPES: _fail('recipe', recipe, ', '.join(RECIPES))
+    if 'guidance' in set().union(*(PRESETS[n] for n in name.split('+'))) and 'eval_guidance' not in d:
+        # a preset that moves the rollouts' CFG keeps the evaluation at the recipe's (--set guidance moves both)
+        d['eval_guidance'] = RECIPES[recipe].get('guidance', GRPOConfig.guidance)
     try: released = method_of(d.get('method', GRPOConfig.method)).released.get(recipe, {})
     except ValueError: released = {}  # GRPOConfig's check names the method
     return GRPOConfig(**{**RECIPES[recipe], **released, **d, 'recipe': recipe})
@@ -351,12 +364,13 @@ _POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance
              'tempflow_weight_const', 'flash_eta')
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 LR_SCHEDULES, PROMPT_MIXES = ('constant', 'cosine', 'linear'), ('category', 'prompt')
+KL_FORMS = ('mean', 'velocity')  # the KL term: of the step Gaussians (Flow-GRPO's), or of the velocities alone
 _CHOICES = dict(sampler=tuple(s for s in SAMPLERS if s != 'ode'), untrained=UNTRAINED,
                 group_size_one=GROUP_SIZE_ONE, dtype=DTYPES,
                 ddim_schedule=tuple(DDIM_SCHEDULES), calib_no_signal=NO_SIGNAL, calib_stop=CALIB_STOP,
                 lr_schedule=LR_SCHEDULES, prompt_mix=PROMPT_MIXES, tempflow_group=TEMPFLOW_GROUPS,
                 tempflow_weight=TEMPFLOW_WEIGHTS, flash_sampler=FLASH_SAMPLERS, flash_tgr_norm=TGR_NORMS,
-                recipe=tuple(RECIPES))
+                recipe=tuple(RECIPES), kl_form=KL_FORMS, reward_norm=REWARD_NORMS)
 
 def validate_config(c:GRPOConfig):
     "Raise a ValueError naming the first field of `c` that cannot run; fills the method's default lookahead."
@@ -374,6 +388,8 @@ def validate_config(c:GRPOConfig):
     if c.gradient_checkpointing and c.model == 'tiny':
         _fail('gradient_checkpointing', True, "false for model='tiny' (the diffusers backends sd3 and flux have it)")
     if not 0 < c.ema_decay < 1: _fail('ema_decay', c.ema_decay, 'a number in (0, 1)')
+    if c.eval_guidance is not None and not c.eval_guidance > 0:
+        _fail('eval_guidance', c.eval_guidance, "a finite number > 0, or None (the rollouts' guidance)")
     if c.fast not in FAST_CHOICES or not isinstance(c.fast, (bool, str)): _fail('fast', c.fast, "true, false or 'auto'")
     if c.reproducible not in (True, False): _fail('reproducible', c.reproducible, 'true or false')
     if c.reproducible and c.fast is True: _fail('fast', True, "false or 'auto' with reproducible=true (fp32 eager)")
@@ -408,6 +424,12 @@ def _check_combinations(c:GRPOConfig):
         _fail('lookahead', c.lookahead, f"None for method={c.method!r} ({why})")
     c.lookahead = c.lookahead or m.lookahead
     if c.lookahead is not None: _check_lookahead(c.lookahead)
+    if c.reward_norm == 'gdpo' and '+' not in str(c.reward):
+        _fail('reward_norm', 'gdpo', f"'sum' for the one reward {c.reward!r} (gdpo normalises each of a sum: "
+              "reward='partial+score')")
+    if c.reward_norm == 'gdpo' and (c.lookahead is not None or m.own_rollout):
+        _fail('reward_norm', 'gdpo', f"'sum' for method={c.method!r} (gdpo credits the final reward of a rule "
+              "without step values, e.g. flow_grpo)")
     if c.calibrate and c.sampler != 'flow_sde':
         _fail('sampler', c.sampler, "'flow_sde' when calibrate=True (psi replaces its s_k)")
     rc = c.rollout_config()
@@ -461,7 +483,7 @@ ADDED_FIELDS = dict(
     fast=False, prompt_mix='prompt', lr_schedule='constant', lr_warmup=0, gradient_checkpointing=False, kl_every=0,
     backward_pairs=0, tempflow_branches=6, tempflow_group='seed', tempflow_weight='norm', tempflow_weight_const=2.25,
     flash_pool=None, flash_sampler='flash', flash_eta=1.0, flash_tgr_norm='batch', recipe='tiny',
-    reproducible=False
+    reproducible=False, kl_form='mean', eval_guidance=None, reward_norm='sum'
 )  # a config written before these fields existed ran with these values (the methods' fields: their defaults,
 # unread; recipe: every run, on any backend, started from the package's defaults)
 # the same experiment

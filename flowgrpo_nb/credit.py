@@ -19,14 +19,16 @@ from .method import method_names
 from .display import MAX_WIDTH
 
 # %% auto #0
-__all__ = ['METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'TEMPFLOW_GROUPS', 'TEMPFLOW_WEIGHTS', 'FLASH_SAMPLERS', 'TGR_NORMS',
-           'READS', 'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig', 'step_spans',
+__all__ = ['REWARD_NORMS', 'METHODS', 'UNTRAINED', 'GROUP_SIZE_ONE', 'TEMPFLOW_GROUPS', 'TEMPFLOW_WEIGHTS', 'FLASH_SAMPLERS',
+           'TGR_NORMS', 'READS', 'RULES', 'LOOKAHEAD', 'NO_SIGNAL', 'CALIB_STOP', 'CreditConfig', 'step_spans',
            'check_credit_inputs', 'group_stats', 'Credit', 'normalize_rewards', 'group_advantages', 'final_rewards',
-           'credit_flow_grpo', 'step_gains', 'credit_stepwise', 'credit_dense', 'TurningPoints', 'find_turning_points',
-           'turning_point_rewards', 'credit_turning_point', 'compute_credit', 'synthetic_values', 'plot_credit',
-           'MethodCredit', 'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration', 'credit_stats']
+           'credit_flow_grpo', 'gdpo_rewards', 'step_gains', 'credit_stepwise', 'credit_dense', 'TurningPoints',
+           'find_turning_points', 'turning_point_rewards', 'credit_turning_point', 'compute_credit', 'synthetic_values',
+           'plot_credit', 'MethodCredit', 'method_credits', 'CalibrationRound', 'Calibration', 'calibrate_exploration',
+           'credit_stats']
 
 # %% ../nbs/05_credit.ipynb #ae0cbcf1
+REWARD_NORMS = ('sum', 'gdpo')  # a sum of rewards: as one reward, or GDPO's per-reward group normalisation
 METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')  # the rules on step values (`compute_credit`)
 UNTRAINED = ('fold', 'drop')  # what happens to the gain of an untrained step
 GROUP_SIZE_ONE = ('error', 'warn_zero')  # what happens to a group with a single sample
@@ -50,10 +52,12 @@ class CreditConfig:
     untrained:str='fold'        # gain of an untrained step: fold into the trained step before it, or drop
     group_size_one:str='error'  # a group of one sample: error, or warn_zero (warned; its advantages are 0)
     unbiased_std:bool=False     # std with n-1 instead of n (Flow-GRPO uses n, as numpy)
+    # a sum of rewards: credited as its weighted sum ('sum') or each reward normalised in its group first ('gdpo')
+    reward_norm:str='sum'
 
     def __post_init__(self):
         check_fields(self, positive=('eps', 'adv_clip'),
-                     choices=dict(untrained=UNTRAINED, group_size_one=GROUP_SIZE_ONE))
+                     choices=dict(untrained=UNTRAINED, group_size_one=GROUP_SIZE_ONE, reward_norm=REWARD_NORMS))
         if not (self.method in method_names() or str(self.method).startswith('py:')):
             bad_field(self, 'method', self.method, f"{', '.join(method_names())} or py:MODULE:NAME")
 
@@ -214,6 +218,20 @@ def credit_flow_grpo(V:Tensor,       # [B, K+1] step values (only V[:, K] is rea
     group, trained = check_credit_inputs(V, group, trained, cfg)
     r = final_rewards(V, trained)
     return Credit(normalize_rewards(r, group, trained, cfg, global_std=cfg.global_std), r)
+
+# %% ../nbs/05_credit.ipynb #d9a1c3e1
+def gdpo_rewards(terms:dict[str, Tensor],   # {name: [B]} each component reward's scores
+                 weights:dict[str, float],  # {name: weight}
+                 group:Tensor,              # [B] group id of each sample
+                 cfg:CreditConfig           # eps, unbiased_std
+                ) -> Tensor:                # [B] S = sum_j w_j (R_j - group mean) / (group std + eps)
+    "GDPO's sum of per-reward group advantages: each component normalised within its group, then weighted and summed."
+    if set(terms) != set(weights):
+        raise ValueError(f"gdpo_rewards: components {sorted(terms)} differ from the weights' {sorted(weights)}")
+    def one(r):
+        mean, std = group_stats(r.float(), group, unbiased=cfg.unbiased_std)
+        return (r.float() - mean) / (std + cfg.eps)
+    return sum(weights[k] * one(terms[k]) for k in sorted(terms))
 
 # %% ../nbs/05_credit.ipynb #80679aed
 def step_gains(V:Tensor,             # [B, K+1] step values

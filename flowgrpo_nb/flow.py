@@ -130,6 +130,7 @@ class StepOutput:
     mean: Tensor     # [B, ...] fp32
     std: Tensor      # [B] fp32, 0 on deterministic rows
     log_prob: Tensor # [B] fp32, log N(x_next; mean, std²) averaged over non-batch dims, 0 where std == 0
+    v: Tensor|None = None  # [B, ...] fp32, the velocity the step took (a KL on the velocity reads it)
 
 # %% ../nbs/00_flow.ipynb #0f3d6b60
 def flow_sde_scale(t, # float or Tensor[B] (or [K]): t_k
@@ -199,7 +200,7 @@ def sampler_step(v:Tensor, # [B, ...] velocity at (x, t), any float dtype
             )
             x_next = torch.addcmul(mean, _per_row(std, x), eps)
     std = std.expand(B).contiguous()  # a scale given as a number arrives as an expanded view
-    return StepOutput(x_next.float(), mean, std, gaussian_log_prob(x_next, mean, std))
+    return StepOutput(x_next.float(), mean, std, gaussian_log_prob(x_next, mean, std), v.float())
 
 # %% ../nbs/00_flow.ipynb #154afd3c
 def _raise_first(checks):

@@ -91,6 +91,8 @@ class Rollout:
     cfg:RolloutConfig        # how the batch was sampled
     psi:torch.Tensor|None=None  # [K] noise-scale override on the window (DenseGRPO), None: the sampler's own
     sde:torch.Tensor|None=None  # [B, K] bool: each sample's stochastic steps, when they differ by sample (Flash-GRPO)
+    # {name: [B]} each component's score when the reward is a sum of several (`WeightedSum.last`); None: one reward
+    reward_terms:dict|None=None
 
     @property
     def B(self) -> int: return self.x.shape[0]
@@ -117,9 +119,11 @@ def reward_states(policy:Policy, x:torch.Tensor,  # [N, C, H, W] states
                   prompts:list[str],              # [N] prompt of each state
                   reward_fn:Callable,             # (images [n, 3, H, W] in [0, 1], prompts) -> Tensor[n]
                   max_batch:int|None=None,        # states per decode / reward call
-                  labels:list[str]|None=None      # [N] how to name a state in errors (default 'sample i')
+                  labels:list[str]|None=None,     # [N] how to name a state in errors (default 'sample i')
+                  terms:dict|None=None            # filled with {name: [N]} from a sum's `.last` (`WeightedSum`)
                  ) -> tuple[torch.Tensor, torch.Tensor]:  # rewards [N] fp32, images [N, 3, H, W]
-    "Decode states and score them with `reward_fn` in chunks; a non-finite reward raises, naming its sample."
+    """Decode states and score them with `reward_fn` in chunks; a non-finite reward raises, naming its sample. With
+    `terms` a dict and `reward_fn` a sum of rewards, each component's scores are put in `terms`, chunk by chunk."""
     N = x.shape[0]; step = max_batch or N
     images = torch.cat([policy.decode(x[i:i + step]) for i in range(0, N, step)])
     rewards = []
@@ -129,7 +133,11 @@ def reward_states(policy:Policy, x:torch.Tensor,  # [N, C, H, W] states
         if r.shape != (n,):
             raise ValueError(f"reward_fn returned shape {tuple(r.shape)} for {n} images: must be Tensor[{n}]")
         rewards.append(r)
+        last = getattr(reward_fn, 'last', None) if terms is not None else None
+        for k, s in (last.items() if isinstance(last, dict) else ()):
+            terms.setdefault(k, []).append(torch.as_tensor(s).float().to(x.device))
     rewards = torch.cat(rewards)
+    if terms: terms.update({k: torch.cat(v) for k, v in terms.items()})
     bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
     if bad:
         i = bad[0]
@@ -203,12 +211,13 @@ def rollout(policy:Policy, prompts:list[str],     # P prompts
             out = _step(cfg, v, x, tk, tn, on, scale, noise=eps)
             x = out.x_next
             xs.append(x); vs.append(v); outs.append(out)
-    reward, images = reward_states(policy, x, names, reward_fn, cfg.max_batch)
+    terms = {}
+    reward, images = reward_states(policy, x, names, reward_fn, cfg.max_batch, terms=terms)
     stack = lambda name: torch.stack([getattr(o, name) for o in outs], 1)
     return Rollout(prompts=names, group=(idx // G).to(dev), t=t,
                    x=torch.stack(xs, 1), v=torch.stack(vs, 1), mean=stack('mean'), std=stack('std'),
                    log_prob=stack('log_prob'), trained=cfg.trained.to(dev), reward=reward, images=images,
-                   cfg=cfg, psi=psi, sde=sde)
+                   cfg=cfg, psi=psi, sde=sde, reward_terms=terms or None)
 
 # %% ../nbs/04_rollout.ipynb #b2b50689
 def logprob_of(policy:Policy, rollout:Rollout,

@@ -12,15 +12,16 @@ from pathlib import Path
 from typing import Callable
 import numpy as np, torch
 from tqdm.auto import tqdm
+from fastcore.script import call_parse
 from .policy import Policy
 from .rollout import RolloutConfig, rollout
 
 # %% auto #0
 __all__ = ['PROMPT_DIGITS', 'COLLAPSE_DROP', 'GRID_REWARDS', 'MAX_PROMPT_CHARS', 'MODELS', 'DTYPES', 'PromptScores',
            'prompt_scores', 'EvalReport', 'mean_se', 'reward_report', 'collapse', 'Task', 'balanced_prompts',
-           'evaluate_policy', 'grid_world', 'normalise_grid_prompt', 'geneval_task', 'read_prompts', 'prompt_splits',
-           'reward_from_spec', 'reward_task', 'code_modules', 'check_no_code', 'check_task_names', 'load_task',
-           'load_policy']
+           'evaluate_policy', 'grid_world', 'grid_terms', 'normalise_grid_prompt', 'geneval_task', 'read_prompts',
+           'prompt_splits', 'is_http', 'reward_from_spec', 'reward_task', 'code_modules', 'check_no_code',
+           'check_task_names', 'load_task', 'load_policy', 'reward_serve_cli']
 
 # %% ../nbs/05b_task.ipynb #4c1b1e5a
 PROMPT_DIGITS = 4  # decimals of a logged per-prompt mean: k of k/n reads back exactly for n below 10,000 images
@@ -192,6 +193,19 @@ def grid_world(reward:str) -> int:
     "The grid world's version a grid reward names: 3 for 'partial@3' / 'strict@3', else 2."
     return 3 if isinstance(reward, str) and reward.endswith('@3') else 2
 
+def grid_terms(reward:str) -> dict[str, float]|None:
+    """{grid reward: weight} of a grid reward or a weighted sum of them ('partial+score', '0.7*partial+0.3*score'); None
+    when `reward` names anything else. A sum names each reward once, all of one version of the world."""
+    if not isinstance(reward, str): return None
+    terms = [(name.strip(), w.strip() or '1') for w, _, name in (t.rpartition('*') for t in reward.split('+'))]
+    if not all(name in GRID_REWARDS for name, _ in terms): return None
+    names = [name for name, _ in terms]
+    if len(set(names)) < len(names) or len({grid_world(n) for n in names}) > 1:
+        raise ValueError(f"reward={reward!r}: a sum of the grid world's rewards names each once, all of one version")
+    try: return {name: float(w) for name, w in terms}
+    except ValueError:
+        raise ValueError(f"reward={reward!r}: each weight of a sum is a number, e.g. 0.7*partial") from None
+
 def normalise_grid_prompt(prompt:str, version:int=2) -> str:
     """Lower case, single spaces, no surrounding punctuation; then the grammar's check (a ValueError naming the unknown
     words)."""
@@ -207,8 +221,9 @@ def geneval_task(reward:str='partial') -> Task:
     from flowgrpo_nb.worlds import world
     from flowgrpo_nb.score import LearnedScore
 
-    if reward not in GRID_REWARDS:
-        raise ValueError(f"reward={reward!r}: the grid world's rewards are {', '.join(GRID_REWARDS)}")
+    terms = grid_terms(reward)
+    if terms is None:
+        raise ValueError(f"reward={reward!r}: the grid world's rewards are {', '.join(GRID_REWARDS)}, or sums of them")
     v = grid_world(reward); W = world(v)
     score = LearnedScore() if v == 2 else None  # the learned score knows version 2's words only
     def evaluate(images, prompts):
@@ -225,9 +240,12 @@ def geneval_task(reward:str='partial') -> Task:
             for s in W.mini_geneval(images, prompts).scenes
         ]
 
-    return Task(f'geneval-{reward}', W.prompt_split('train'), W.prompt_split('heldout'),
-                score if reward == 'score' else MiniGenEvalReward(reward.split('@')[0], None if v == 2 else W),
-                evaluate,
+    one = lambda r: score if r == 'score' else MiniGenEvalReward(r.split('@')[0], None if v == 2 else W)
+    if reward in GRID_REWARDS: fn = one(reward)
+    else:
+        from flowgrpo_nb.rewards import WeightedSum  # (transformers, imported only for a sum)
+        fn = WeightedSum({r: one(r) for r in terms}, terms)
+    return Task(f'geneval-{reward}', W.prompt_split('train'), W.prompt_split('heldout'), fn, evaluate,
                 lambda p: W.parse_prompt(p).category, functools.partial(normalise_grid_prompt, version=v), describe)
 
 # %% ../nbs/05b_task.ipynb #59bd8c95
@@ -330,13 +348,20 @@ def _weights_reward(kind:str, arg:str, device):
     c = CLIPScore.from_pretrained(folder, device=device)
     return AestheticScore(c.model, c.processor, AestheticMLP.from_file(head), device=device)
 
+def is_http(spec) -> bool:
+    "Whether a reward spec is a server's address (`http://HOST:PORT/PATH`, `03e_http_reward`)."
+    return isinstance(spec, str) and spec.startswith(('http://', 'https://'))
+
 def _one_reward(spec:str, device):
     kind, _, arg = spec.partition(':')
     if kind == 'py': return _py_reward(spec, arg)
+    if is_http(spec):
+        from flowgrpo_nb.http_reward import HttpReward
+        return HttpReward(spec)
     if kind not in ('clip', 'pickscore', 'aesthetic'):
         raise ValueError(
-            f"reward {spec!r}: expected clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MODULE:FUNCTION or a '+'-sum "
-            "of them "
+            f"reward {spec!r}: expected clip:DIR, pickscore:DIR, aesthetic:DIR:HEAD, py:MODULE:FUNCTION, "
+            "http://HOST:PORT/PATH or a '+'-sum of them "
             f"(the grid world's rewards {', '.join(GRID_REWARDS)} need model='tiny')"
         )
     try:
@@ -402,7 +427,7 @@ MODELS = ('tiny', 'sd3', 'flux')
 def check_task_names(model:str, reward:str, prompts:str|None=None):
     "Raise a ValueError for a model / reward / prompts combination that cannot run."
     if model not in MODELS: raise ValueError(f"model={model!r}: allowed {', '.join(MODELS)}")
-    if reward in GRID_REWARDS:
+    if grid_terms(reward) is not None:
         if model != 'tiny':
             raise ValueError(
                 f"reward={reward!r} is the grid world's (32-px images of the tiny model); with model={model!r} "
@@ -410,7 +435,7 @@ def check_task_names(model:str, reward:str, prompts:str|None=None):
             )
         if prompts:
             raise ValueError(f"prompts={prompts!r}: the grid world's rewards use the grid world's prompt splits")
-    elif not prompts:
+    elif not prompts and not (model == 'tiny' and is_http(reward)):  # the tiny model: the grid world's prompts
         raise ValueError(
             f"reward={reward!r} needs a prompt file (prompts=FILE: one prompt per line, or JSONL with 'prompt')"
         )
@@ -422,7 +447,10 @@ def load_task(
 ) -> Task:
     "The task named by a run config's `reward`, `prompts`, `eval_prompts` (for `model`)."
     check_task_names(model, reward, prompts)
-    if reward in GRID_REWARDS: return geneval_task(reward)
+    if grid_terms(reward) is not None: return geneval_task(reward)
+    if model == 'tiny' and is_http(reward) and not prompts:  # the grid world's prompts and evaluation, served reward
+        grid = geneval_task('partial')
+        return dataclasses.replace(grid, name=f'geneval-{reward}', reward=_one_reward(reward, device))
     from flowgrpo_nb.world import MAX_WORDS  # the tiny model's text encoder reads the grid world's words
     return reward_task(reward, prompts, eval_prompts, device, max_words=MAX_WORDS if model == 'tiny' else None)
 
@@ -460,3 +488,21 @@ def load_policy(model:str='tiny', model_path:str|None=None, device=None,
         dict(t5=t5) if model == 'sd3' else {}
     )
     return (SD3Policy if model == 'sd3' else FluxPolicy).from_pretrained(model_path, **kw)
+
+# %% ../nbs/05b_task.ipynb #f2a3b4d1
+@call_parse
+def reward_serve_cli(spec:str, # the reward: partial, score, 'partial+score', clip:DIR, py:MODULE:FUNCTION, ...
+                     port:int=8000, # the port to listen on (0: a free one, printed)
+                     host:str='127.0.0.1', # the address (0.0.0.0: every interface, for other machines)
+                     device:str='cpu', # where the reward's model runs (cuda, cuda:1, ...)
+                    ):
+    """Serve a reward over HTTP (flowgrpo-reward/1) until stopped: train with --reward http://HOST:PORT/ from any
+    machine that reaches it."""
+    from flowgrpo_nb.http_reward import serve_reward
+    if is_http(spec): raise ValueError(f"reward-serve {spec!r}: serve a reward this package computes, not a server")
+    reward = geneval_task(spec).reward if grid_terms(spec) is not None else reward_from_spec(spec, device)
+    try: srv = serve_reward(reward, spec, host, port)
+    except OSError as e: raise OSError(f"reward-serve: cannot listen on {host}:{port} ({e.strerror or e})") from None
+    print(f"serving reward {spec!r} at http://{host}:{srv.server_port}/ (flowgrpo-reward/1; Ctrl-C stops)", flush=True)
+    try: srv.serve_forever()
+    finally: srv.server_close()

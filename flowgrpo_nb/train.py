@@ -204,7 +204,7 @@ def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|
     keep, bi, ki, ii, kk, n_pairs = self._pairs(A, ks, mb, ro.pairs)  # the loss: a mean over n_pairs pairs
     stats['skipped'].append(1 - keep.sum().item() / n_pairs)
     if not keep.any(): return
-    r = pair_loss(self.policy, ro, ii, kk, A[mb][:, ks][bi, ki], old_lp, cfg.clip_range, cfg.beta,
+    r = pair_loss(self.policy, ro, ii, kk, A[mb][:, ks][bi, ki], old_lp, cfg.clip_range, cfg.beta, cfg.kl_form,
                   weight=None if weight is None else weight[ii, kk], n_all=n_pairs, chunk=cfg.backward_pairs,
                   backward=lambda loss: self.acc.backward(loss / n_mb), logprob=self.pair_logprob)
     for k, v in asdict(r).items():
@@ -230,7 +230,7 @@ def kl_to_base(self:GRPOTrainer, ro) -> float:
     mb, ks = torch.arange(ro.B)[:self.cfg.minibatch * self.rows_per_sample], ro.trained.nonzero().flatten().cpu()
     bi, ki = ro.pairs[mb][:, ks].cpu().nonzero(as_tuple=True)
     return pair_loss(self.policy, ro, mb[bi], ks[ki], torch.zeros(len(bi)), measure_kl=True,
-                     logprob=self.pair_logprob).kl
+                     logprob=self.pair_logprob, kl_form=self.cfg.kl_form).kl
 
 # %% ../nbs/06_train.ipynb #f2d86f17
 @patch
@@ -466,7 +466,7 @@ EVAL_SEED = 7919  # a run's evaluations draw their noise from cfg.seed + EVAL_SE
 
 def eval_settings(cfg:GRPOConfig) -> dict:
     "The keyword arguments of `evaluate_policy` for a run of `cfg`: the same images and noise at every evaluation."
-    return dict(n_images=cfg.eval_images, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance, seed=cfg.seed + EVAL_SEED)
+    return dict(n_images=cfg.eval_images, K=cfg.K, shift=cfg.shift, guidance=cfg.eval_w, seed=cfg.seed + EVAL_SEED)
 
 @patch
 def evaluate(self:GRPOTrainer, n_images:int|None=None, **kw) -> EvalReport:

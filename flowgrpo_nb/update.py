@@ -13,7 +13,8 @@ from .policy import Policy
 from .rollout import Rollout, logprob_pairs
 
 # %% auto #0
-__all__ = ['ppo_surrogate', 'ppo_loss', 'kl_to_reference', 'PairLoss', 'pair_loss', 'update_pairs', 'step_grad_norms']
+__all__ = ['ppo_surrogate', 'ppo_loss', 'kl_to_reference', 'velocity_kl', 'PairLoss', 'pair_loss', 'update_pairs',
+           'step_grad_norms']
 
 # %% ../nbs/05d_update.ipynb #ba60063d
 def ppo_surrogate(log_prob:torch.Tensor,           # [...] the pairs' log-probs under the current policy
@@ -44,6 +45,11 @@ def kl_to_reference(mean:torch.Tensor, ref_mean:torch.Tensor, std:torch.Tensor) 
         var > 0, ((mean - ref_mean) ** 2).flatten(2).mean(2) / var.clamp_min(torch.finfo(var.dtype).tiny), 0.0
     )
 
+# %% ../nbs/05d_update.ipynb #5164c6e4
+def velocity_kl(v:torch.Tensor, ref_v:torch.Tensor) -> torch.Tensor:
+    "[b, k] `‖v − v_ref‖² / 2` averaged over dimensions: the KL between unit Gaussians centred on the two velocities."
+    return 0.5 * ((v - ref_v) ** 2).flatten(2).mean(2)
+
 # %% ../nbs/05d_update.ipynb #a859f0b9
 @dataclass
 class PairLoss:
@@ -61,6 +67,7 @@ def pair_loss(policy:Policy, rollout:Rollout,
               old_lp:torch.Tensor|None=None,      # [B, K] old log-probs (None: each pair's own, detached: ratio 1)
               clip_range:float=1e-4,
               beta:float=0.0,                     # weight of the KL to the adapter-free reference in the loss
+              kl_form:str='mean',                 # the KL term: 'mean' (step Gaussians) or 'velocity'
               weight:torch.Tensor|None=None,      # [n] each pair's weight on its surrogate (None: 1)
               n_all:int|None=None,                # the loss is a mean over this many pairs, n or more (None: n)
               chunk:int=0,                        # at most this many pairs per graph (0: all in one)
@@ -82,7 +89,8 @@ def pair_loss(policy:Policy, rollout:Rollout,
             loss = loss * (len(ratio) / n_all)  # this chunk's share of the mean over all pairs
             if measure_kl:
                 with torch.no_grad(), policy.disable_adapter(): ref = logprob(policy, rollout, ii[c], kk[c])
-                kl = kl_to_reference(out.mean.unsqueeze(1), ref.mean.unsqueeze(1), out.std.unsqueeze(1)).squeeze(1)
+                kl = (velocity_kl(out.v.unsqueeze(1), ref.v.unsqueeze(1)) if kl_form == 'velocity' else
+                      kl_to_reference(out.mean.unsqueeze(1), ref.mean.unsqueeze(1), out.std.unsqueeze(1))).squeeze(1)
                 # one graph: beta x the mean, as the trainer always took it; chunks: each its share of the sum
                 # (the two round differently)
                 if beta > 0: loss = loss + (beta * kl.mean() if len(ratio) == n_all else beta * kl.sum() / n_all)

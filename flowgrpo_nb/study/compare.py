@@ -185,7 +185,7 @@ def _check_runs(ccfg:CompareConfig, tasks:dict):
             raise ValueError(f"task {tk.name!r} has no evaluation: a comparison needs one to judge the models")
         for s in ccfg.task_seeds(t):
             cfgs = {a: ccfg.train_config(a, s, t) for a in ccfg.task_arms(t)}
-            ev = {a: (c.eval_images, c.K, c.shift, c.guidance) for a, c in cfgs.items()}
+            ev = {a: (c.eval_images, c.K, c.shift, c.eval_w) for a, c in cfgs.items()}
             if len(set(ev.values())) > 1 or not ev['flow_grpo'][0]:
                 raise ValueError(
                     f"task {t!r}, seed {s}: the runs must evaluate alike and at all (eval_images, K, shift, guidance): "
@@ -389,7 +389,7 @@ def setup(ccfg:CompareConfig, tasks:dict, out:Path|None=None) -> dict:
         lora_rank=cfg.lora_rank,
         overrides=ccfg.overrides,
         evaluation=dict(
-            images=cfg.eval_images, every=cfg.eval_every, K=cfg.K, shift=cfg.shift, guidance=cfg.guidance,
+            images=cfg.eval_images, every=cfg.eval_every, K=cfg.K, shift=cfg.shift, guidance=cfg.eval_w,
             sampler='Euler ODE', noise=f'seed + {EVAL_SEED}: the same for every run of a seed and the base model'
         ),
         tasks={
