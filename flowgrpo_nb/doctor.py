@@ -159,9 +159,10 @@ def hacking(r:RunRecord) -> Check:
 
 # %% ../nbs/06b_doctor.ipynb #4d6053a4
 def cfg_scales(config:dict) -> tuple[float, float]:
-    "(training CFG, evaluation CFG) of a run's config: `train_cfg` / `eval_cfg` where it has them, else `guidance`."
+    "(training CFG, evaluation CFG) of a run's config: `guidance`, and `eval_guidance` where it is set."
     g = config.get('guidance', 1.0)
-    return config.get('train_cfg', g), config.get('eval_cfg', g)
+    ev = config.get('eval_guidance')
+    return g, g if ev is None else ev
 
 def setup_lines(r:RunRecord) -> list[Check]:
     "The precision path and the machine; CFG at training and at evaluation."
