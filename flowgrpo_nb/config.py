@@ -45,7 +45,7 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     # -- the learned value of lookahead='latent' (05g_value): a critic fitted online on the run's own rollouts
     value_hidden:int=32         # channels of its convolutions, width of its head
     value_grid:int=4            # its features pooled to a grid x grid map
-    value_lr:float=1e-3         # its own AdamW's learning rate
+    value_lr:float=3e-4         # its own AdamW's learning rate
     value_epochs:int=2          # passes over a batch's B x K states after each step's credit
     value_minibatch:int=64      # states per gradient step of the value
     # -- DenseGRPO's exploration calibration

@@ -28,7 +28,7 @@ class ValueConfig:
     "The value network's size and how it learns (a run sets them with `GRPOConfig.value_*`)."
     hidden:int=32       # channels of its convolutions, width of its head
     grid:int=4          # its features pooled to a grid x grid map (the grid world's cells)
-    lr:float=1e-3       # its own AdamW's learning rate
+    lr:float=3e-4       # its own AdamW's learning rate
     epochs:int=2        # passes over a batch's B x K states per fit
     minibatch:int=64    # states per gradient step
     seed:int=0          # its initial weights and its shuffles derive from it
@@ -52,8 +52,9 @@ class LatentValue(nn.Module):
         self.cfg, self.latent_shape, self.pooled_dim = cfg or ValueConfig(), tuple(latent_shape), pooled_dim
         C, h, g = self.latent_shape[0], self.cfg.hidden, self.cfg.grid
         with torch.random.fork_rng(devices=[]):  # the layers' own init draws from the global RNG: restored after
-            self.conv = nn.Sequential(nn.Conv2d(2 * C, h, 3, padding=1), nn.SiLU(), nn.Conv2d(h, h, 3, padding=1),
-                                      nn.SiLU(), nn.AdaptiveAvgPool2d(g))
+            self.conv = nn.Sequential(nn.Conv2d(2 * C, h, 3, padding=1), nn.GroupNorm(1, h), nn.SiLU(),
+                                      nn.Conv2d(h, h, 3, padding=1), nn.GroupNorm(1, h), nn.SiLU(),
+                                      nn.AdaptiveAvgPool2d(g))
             self.norm = nn.LayerNorm(pooled_dim, elementwise_affine=False)
             self.film = nn.Linear(pooled_dim + 2, 2 * h)
             self.head = nn.Sequential(nn.Linear(h * g * g, h), nn.SiLU(), nn.Linear(h, 1))
