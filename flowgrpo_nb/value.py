@@ -1,4 +1,4 @@
-"""A small network V(x_t, t, prompt) that predicts the final reward of the image a state leads to: step values for every credit rule at no generator NFE.
+"""A small network V(x_t, t, prompt) predicting the final reward a state leads to: step values at no generator NFE.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/value.html.md"""
 
