@@ -15,6 +15,7 @@ from .rollout import rollout, step_values, lookahead_nfe
 from .credit import Credit, compute_credit, credit_stats, gdpo_rewards, LOOKAHEAD
 from .config import GRPOConfig
 from .method import Method
+from .value import LatentValue, value_step
 from .tempflow import (TempFlowConfig, BranchPairs, tempflow_rollout, tempflow_advantages, tempflow_weight,
                                tempflow_nfe, branch_pairs_logprob)
 from .flash import FlashConfig, draw_k_star, flash_rollout, flash_advantages, tgr_lambda, tgr_weights
@@ -44,16 +45,19 @@ def collect_values(policy:Policy, cfg:GRPOConfig, step:int, prompts:list[str],
                    psi:torch.Tensor|None=None,          # [K] DenseGRPO's calibrated noise
                    rows:slice=slice(None),              # this process's rows of the P × G batch
                    gather:Callable=lambda t: t.cpu(),   # a tensor of this process's rows -> the whole batch's, on cpu
-                   rule:Callable|None=None              # (V, group, trained, CreditConfig) -> Credit; compute_credit
+                   rule:Callable|None=None,             # (V, group, trained, CreditConfig) -> Credit; compute_credit
+                   value:LatentValue|None=None          # lookahead='latent': the run's value (fitted after valuing)
                   ) -> dict:
     "Roll out, value and credit the batch of a rule on step values (`METHODS`)."
     times = {}
     with policy.count_nfe('rollout') as n_ro, timed(times, 'rollout'):
         ro = rollout(policy, prompts, cfg.rollout_config(step), reward_fn, generator, psi=psi, rows=rows)
-    with timed(times, 'values'):
+    with timed(times, 'values'):  # a learned value's predictions and its fit on this batch inside (its CPU seconds)
         if cfg.lookahead is None: V = torch.cat([torch.zeros(ro.B, ro.K), ro.reward[:, None].cpu()], 1)
         else:
-            with policy.count_nfe('lookahead') as n_la: V = step_values(policy, ro, cfg.lookahead, reward_fn).V.cpu()
+            with policy.count_nfe('lookahead') as n_la:
+                V = step_values(policy, ro, cfg.lookahead, reward_fn, value=value).V.cpu()
+        critic = value_step(value, policy, ro, V, cfg.seed, step) if cfg.lookahead == 'latent' else {}
     with timed(times, 'credit'):
         V_all, group_all = gather(V), gather(ro.group)
         terms = {k: gather(s) for k, s in (ro.reward_terms or {}).items()}
@@ -62,7 +66,7 @@ def collect_values(policy:Policy, cfg:GRPOConfig, step:int, prompts:list[str],
         loss = cfg.loss_steps(step)
         A = torch.where(loss, credit.advantages, 0.)  # steps outside train_start/train_size explore but get no loss
     stats = credit_stats(V_all, replace(credit, advantages=A), loss, group_all) | dict(
-        nfe_rollout=n_ro['nfe'] / ro.B, nfe_lookahead=(n_la['nfe'] / ro.B if cfg.lookahead else 0.0)) | {
+        nfe_rollout=n_ro['nfe'] / ro.B, nfe_lookahead=(n_la['nfe'] / ro.B if cfg.lookahead else 0.0)) | critic | {
         f'reward[{k}]': float(s.mean()) for k, s in terms.items()}  # each component's curve
     return dict(rollout=ro, advantages=A[rows], weight=None, credit=credit, V=V_all, times=times, stats=stats)
 
@@ -133,8 +137,8 @@ class ValueRule(Method):
         self.title = title or name
         self.lookahead = LOOKAHEAD.get(name) if lookahead == 'default' else lookahead
     def collect(self, policy, cfg, step, prompts, reward_fn, generator, psi=None, rows=slice(None),
-                gather=lambda t: t.cpu()) -> dict:
-        return collect_values(policy, cfg, step, prompts, reward_fn, generator, psi, rows, gather, self.rule)
+                gather=lambda t: t.cpu(), value=None) -> dict:
+        return collect_values(policy, cfg, step, prompts, reward_fn, generator, psi, rows, gather, self.rule, value)
     def nfe(self, cfg) -> float:
         op = cfg.lookahead or self.lookahead
         return float(cfg.K + (lookahead_nfe(op, cfg.K, cfg.rollout_config().window, cfg.group_size, cfg.shared_noise)

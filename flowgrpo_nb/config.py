@@ -41,7 +41,14 @@ class GRPOConfig(RolloutConfig, CreditConfig):
     # a trained step whose std is below this x the largest trained std is degenerate (warned)
     min_std_ratio:float=0.05
     # -- step values (the credit rule and its options: `CreditConfig`)
-    lookahead:str|None=None     # step values: tweedie, ode:N, ode:rest; None: the method's default (flow_grpo: none)
+    # step values: tweedie, ode:N, ode:rest or latent (a learned value); None: the method's default (flow_grpo: none)
+    lookahead:str|None=None
+    # -- the learned value of lookahead='latent' (05g_value): a critic fitted online on the run's own rollouts
+    value_hidden:int=32         # channels of its convolutions, width of its head
+    value_grid:int=4            # its features pooled to a grid x grid map
+    value_lr:float=3e-4         # its own AdamW's learning rate
+    value_epochs:int=2          # passes over a batch's B x K states after each step's credit
+    value_minibatch:int=64      # states per gradient step of the value
     # -- DenseGRPO's exploration calibration
     calibrate:bool=False        # calibrate the per-step noise psi(k) before training (DenseGRPO)
     calib_iters:int=8           # calibration rounds
@@ -238,10 +245,15 @@ PRESETS = {
     'mix_grpo':            _FLOW | EARLY | dict(window_slide=4),  # MixGRPO-like: a window of 3 sliding to later steps
     'stepwise':            _STEPWISE | dict(lookahead=LOOKAHEAD['stepwise']),
     'stepwise_ode':        _STEPWISE | dict(lookahead='ode:5'),  # the paper's remedy for blurry Tweedie estimates
+    'stepwise_latent':     _STEPWISE | dict(lookahead='latent'),
     'dense':               _DENSE,
     'dense_early':         _DENSE | EARLY,
+    # DenseGRPO's rule on a learned value's gains (05g_value): Flow-GRPO's NFE, its sampler's own noise (psi's
+    # calibration would read ode:rest values)
+    'dense_latent':        _DENSE | dict(lookahead='latent', calibrate=False),
     'turning_point':       _TP,
     'turning_point_early': _TP | EARLY,
+    'turning_point_latent': _TP | dict(lookahead='latent'),
     'tempflow':            _TEMPFLOW,
     'flash':               _FLASH,
     # the maintainer's advice for Flow-GRPO-Fast (flow_grpo#198, #224): rollouts and loss without CFG (w = 1), a KL on
@@ -359,9 +371,9 @@ def tracker_kwargs(name:str, run_dir:str|Path) -> dict:
 _AT_LEAST = dict(K=2, prompts_per_step=1, group_size=2, minibatch=1, updates_per_rollout=1, steps=1, lora_rank=1,
                  keep_last=1, calib_samples=1, max_batch=1, eval_every=0, eval_images=0, save_every=0, calib_iters=0,
                  window_start=0, window_slide=0, diag_every=0, kl_every=0, lr_warmup=0, backward_pairs=0, seed=0,
-                 tempflow_branches=2)
+                 tempflow_branches=2, value_hidden=1, value_grid=1, value_epochs=1, value_minibatch=1)
 _POSITIVE = ('lr', 'max_grad_norm', 'adv_clip', 'lora_alpha', 'shift', 'guidance', 'eps', 'calib_eps1', 'calib_eps2',
-             'tempflow_weight_const', 'flash_eta')
+             'tempflow_weight_const', 'flash_eta', 'value_lr')
 _NON_NEGATIVE = ('level', 'beta', 'weight_decay', 'clip_range')
 LR_SCHEDULES, PROMPT_MIXES = ('constant', 'cosine', 'linear'), ('category', 'prompt')
 KL_FORMS = ('mean', 'velocity')  # the KL term: of the step Gaussians (Flow-GRPO's), or of the velocities alone
@@ -403,7 +415,7 @@ def validate_config(c:GRPOConfig):
 # %% ../nbs/05c_config.ipynb #933d608b
 def _check_lookahead(op):
     try: parse_lookahead(op)
-    except ValueError: _fail('lookahead', op, "'tweedie', 'ode:N' (N >= 1) or 'ode:rest'")
+    except ValueError: _fail('lookahead', op, "'tweedie', 'ode:N' (N >= 1), 'ode:rest' or 'latent'")
 
 def _check_train_steps(c:GRPOConfig, rc):
     "train_start/train_size pick steps inside the SDE window (a fixed one), at least one."

@@ -254,12 +254,12 @@ def logprob_pairs(policy:Policy, rollout:Rollout,
 
 # %% ../nbs/04_rollout.ipynb #111a13e9
 def parse_lookahead(op:str) -> tuple[str, int|None]:
-    "'tweedie' -> ('tweedie', None), 'ode:5' -> ('ode', 5), 'ode:rest' -> ('rest', None)."
-    if op == 'tweedie': return 'tweedie', None
+    "'tweedie' -> ('tweedie', None), 'ode:5' -> ('ode', 5), 'ode:rest' -> ('rest', None), 'latent' -> ('latent', None)."
+    if op in ('tweedie', 'latent'): return op, None
     if op == 'ode:rest': return 'rest', None
     n = op[4:] if isinstance(op, str) and op.startswith('ode:') else ''
     if not n.isdigit() or int(n) < 1:
-        raise ValueError(f"op={op!r}: allowed 'tweedie', 'ode:rest' or 'ode:<n>' with n an int >= 1")
+        raise ValueError(f"op={op!r}: allowed 'tweedie', 'ode:rest', 'ode:<n>' with n an int >= 1, or 'latent'")
     return 'ode', int(n)
 
 # %% ../nbs/04_rollout.ipynb #49a44e0e
@@ -328,16 +328,27 @@ def _grids(t:torch.Tensor, ks:torch.Tensor, kind:str, n:int|None) -> tuple[torch
     frac = 1 - torch.arange(n + 1, device=t.device, dtype=t.dtype) / n
     return t[ks.to(t.device)][:, None] * frac, torch.full((len(ks),), n, device=t.device)
 
+def _latent_values(policy, rollout, value, keep_images:bool) -> StepValues:
+    "V[:, :K] a learned value's predictions (no generator NFE), V[:, K] the reward."
+    if value is None or not callable(getattr(value, 'predict', None)):
+        raise ValueError(f"op='latent': value={value!r}; allowed a learned value with predict(policy, rollout) -> "
+                         "[B, K] (`LatentValue`, 05g_value)")
+    V = torch.cat([value.predict(policy, rollout).to(rollout.reward), rollout.reward[:, None]], 1)
+    images = rollout.images[:, None].repeat(1, rollout.K + 1, 1, 1, 1) if keep_images else None
+    return StepValues(V, 'latent', 0, 0, 0, images)
+
 @torch.no_grad()
 def step_values(policy:Policy, rollout:Rollout,
-                op:str,                          # 'tweedie', 'ode:<n>' or 'ode:rest'
+                op:str,                          # 'tweedie', 'ode:<n>', 'ode:rest' or 'latent'
                 reward_fn:Callable,              # the reward of the rollout
                 cfg:RolloutConfig|None=None,     # only its max_batch is used (default: the rollout's)
-                keep_images:bool=False           # keep the completions' images (previews)
+                keep_images:bool=False,          # keep the completions' images (previews)
+                value=None                       # op='latent': a learned value, `value.predict(policy, rollout)` [B, K]
                ) -> StepValues:
     "Values V [B, K+1] of every state, all completions batched in lock-step, each distinct state valued once."
     kind, n = parse_lookahead(op)
     max_batch = (cfg or rollout.cfg).max_batch
+    if kind == 'latent': return _latent_values(policy, rollout, value, keep_images)
     rows, ks, src = value_plan(rollout, op)
     B, K, N = rollout.B, rollout.K, len(rows)
     V = rollout.reward[:, None].repeat(1, K + 1)
@@ -362,7 +373,7 @@ def lookahead_nfe(op:str, K:int, window:tuple[int, int]|None=None,  # SDE steps 
     "Extra NFE per trajectory `step_values` takes for `op` (assuming noise makes all SDE states distinct)."
     kind, n = parse_lookahead(op)
     s, e = window or (0, K - 1)
-    if kind == 'tweedie': return 0
+    if kind in ('tweedie', 'latent'): return 0  # latent: the value network's cost is counted apart
     if kind == 'rest': return sum(K - 1 - k for k in range(s, e)) - (shared_noise and s < e) * (K - 1 - s) * (1 - 1 / G)
     prefix = s + 1 if s < e else K  # states x_0..x_s coincide within a group under shared noise
     return (n - 1) * (K - (prefix * (1 - 1 / G) if shared_noise else 0))

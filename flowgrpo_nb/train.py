@@ -24,6 +24,7 @@ from .rollout import rollout, step_values
 from .update import pair_loss, step_grad_norms, update_pairs
 from .credit import METHODS, calibrate_exploration, Calibration
 from .method import Method, method_of, method_names, methods_help
+from .value import latent_value_for, value_files, load_value
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
 from flowgrpo_nb.config import (
     GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker,
@@ -101,6 +102,7 @@ def _init_state(self:GRPOTrainer, resume:bool):
     check_output_dir(self.run_dir, need_bytes=4 * sum(p.numel() * 4 for p in self.params) + 2**20)
     self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     self.ema = ema_of(self.params, cfg.ema_decay) if cfg.ema else None
+    self.value = latent_value_for(cfg, self.policy, self.acc.num_processes)  # lookahead='latent': its critic
     self.step, self.psi, self.calibration, self.calibration_record, self.history = 0, None, None, None, []
     self.log_file = self.folder.log
     if self.acc.is_main_process: self.folder.clean_interrupted()
@@ -117,7 +119,8 @@ def collect(self:GRPOTrainer, step:int) -> dict:
     cfg, pol = self.cfg, self.policy
     prompts, gen = step_prompts(cfg, step, self.task.train_prompts, self.task.category), step_generator(cfg, step)
     gather = lambda t: self.acc.gather(t.to(self.acc.device)).cpu()
-    return self.method.collect(pol, cfg, step, prompts, self.task.reward, gen, self.psi, self.rows(), gather)
+    kw = {} if self.value is None else dict(value=self.value)  # lookahead='latent': the run's value, fitted in collect
+    return self.method.collect(pol, cfg, step, prompts, self.task.reward, gen, self.psi, self.rows(), gather, **kw)
 
 # %% ../nbs/06_train.ipynb #d84e0055
 @patch
@@ -209,7 +212,6 @@ def _backward(self:GRPOTrainer, ro, A, ks, mb, n_mb, stats, old_lp:torch.Tensor|
                   backward=lambda loss: self.acc.backward(loss / n_mb), logprob=self.pair_logprob)
     for k, v in asdict(r).items():
         if v is not None: stats.setdefault(k, []).append(v)
-
 
 # %% ../nbs/06_train.ipynb #a908fa16
 @patch
@@ -403,7 +405,7 @@ def save(self:GRPOTrainer) -> Path|None:
     files = {
         'pytorch_lora_weights.safetensors': self.save_adapter, 'optimizer.safetensors': tensors,
         'optimizer.json': meta, 'rng.safetensors': {'torch': torch.get_rng_state()}, 'config.json': self.cfg.to_dict()
-    }
+    } | value_files(self.value)  # lookahead='latent': the value's weights and optimizer
     # the LoRA file holds the EMA (what was evaluated); the adapter being trained goes beside it
     if self.ema is not None:
         files['live.safetensors'] = {f'{i}': p.detach().contiguous() for i, p in enumerate(self.params)}
@@ -419,7 +421,7 @@ def load(self:GRPOTrainer, ckpt:Path):
     self.opt.load_state_dict(unflatten_optimizer(d['optimizer.safetensors'], d['optimizer.json']))
     torch.set_rng_state(d['rng.safetensors']['torch']); st = d['state.json']
     self.step, self.psi = st['step'], None if st['psi'] is None else torch.tensor(st['psi'])
-    self.calibration_record = st.get('calibration')
+    self.calibration_record = st.get('calibration'); load_value(self.value, d, ckpt)
     # the LoRA file holds the EMA and live.safetensors the live adapter (before: ema.safetensors the EMA)
     if self.ema is not None:
         live = d.get('live.safetensors')

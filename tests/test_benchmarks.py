@@ -208,3 +208,13 @@ def test_cpu_real_runs_at_its_smallest(tmp_path):
     assert 'train dense:' in out
     md = _load('sd35_tables.py').render(cpu=d)  # the README generator reads a partial run too
     assert '| dense | ode:rest |' in md and '| stepwise |' not in md.split('## One H200')[0]
+
+def test_value_cost_table(tmp_path):
+    "value_cost.py prices a latent-valued rule beside Flow-GRPO's: Flow-GRPO's generator NFE, the value's apart."
+    js = tmp_path/'cost.json'
+    out = bench('value_cost.py', '--steps', '1', '--warmup', '0', '--methods', 'flow_grpo,dense_latent',
+                '--out', str(js))
+    d = json.loads(js.read_text())['methods']
+    assert d['dense_latent']['nfe_generator'] == d['flow_grpo']['nfe_generator'] == 10
+    assert d['dense_latent']['loss_finite']
+    assert d['dense_latent']['nfe_value'] > 0 == d['flow_grpo']['nfe_value'] and 'dense_latent' in out

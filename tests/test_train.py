@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point')
+METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point', 'dense_latent')  # dense_latent: its value resumes too
 STEPS = 20
 # 20 steps of 2 prompts x 4 samples, K = 4, a checkpoint every step, all kept
 def args(method, steps=STEPS):
@@ -56,7 +56,8 @@ def straight(tmp_path_factory):
         assert p.returncode == 0, err.decode()[-3000:]
     return outs
 
-@pytest.mark.parametrize('method,stop', [('flow_grpo', 3), ('stepwise', 7), ('dense', 1), ('turning_point', 13)])
+@pytest.mark.parametrize('method,stop', [('flow_grpo', 3), ('stepwise', 7), ('dense', 1), ('turning_point', 13),
+                                         ('dense_latent', 5)])
 def test_resume_after_clean_stop_is_exact(straight, tmp_path, method, stop):
     "Stop cleanly after `stop` steps, resume to 20: every tensor of the final checkpoint equals the straight run's."
     train(tmp_path, method, steps=stop)

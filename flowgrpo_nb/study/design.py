@@ -86,6 +86,16 @@ ARMS = {
         'flash', 'flow_grpo_train4', also=('flow_grpo_first4',),
         why="Flash-GRPO: one SDE step per sample at its prompt's step drawn from steps 0-4, TGR-weighted"
     ),
+    # DenseGRPO's and TP-GRPO's rules on a learned latent value's gains (05g_value: an online critic), at Flow-GRPO's
+    # generator NFE: against the same rule on ODE completions (`also`) and Flow-GRPO on the same early steps
+    'dense_latent': Arm(
+        'dense_latent', _EFFECTIVE, also=('dense', 'dense_nocal'),
+        why="DenseGRPO's rule on a learned latent value's gains (an online critic, no ODE completions)"
+    ),
+    'turning_point_latent': Arm(
+        'turning_point_latent', _EFFECTIVE, also=('turning_point',),
+        why="turning points on a learned latent value's gains (an online critic, no ODE completions)"
+    ),
 }
 
 # %% ../../nbs/study/01_design.ipynb #b68852a0
@@ -157,8 +167,9 @@ DEFAULT_ARMS = dict(geneval=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'flow_gr
                     score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'turning_point'))
 # the main job's: Flow-GRPO and the method the confirmatory study found ahead of it at equal steps
 MAIN_ARMS = dict(geneval=('flow_grpo', 'dense'), score=('flow_grpo', 'dense'))
-# the exploratory study's arms: every arm but the two added after it ran (in the menu: `flowgrpo compare --arms`)
-STUDY_ARMS = dict(geneval=tuple(a for a in ARMS if a not in ('tempflow', 'flash')),
+# the exploratory study's arms: every arm but those added after it ran (in the menu: `flowgrpo compare --arms`)
+_LATER = ('tempflow', 'flash', 'dense_latent', 'turning_point_latent')
+STUDY_ARMS = dict(geneval=tuple(a for a in ARMS if a not in _LATER),
                   score=('flow_grpo', 'flow_grpo_ddim', 'stepwise', 'dense', 'dense_nocal', 'turning_point'))
 BUDGETS = {
     'smoke': dict(
