@@ -26,16 +26,14 @@ from .credit import METHODS, calibrate_exploration, Calibration
 from .method import Method, method_of, method_names, methods_help
 from .value import latent_value_for, value_files, load_value
 from .task import Task, EvalReport, load_task, load_policy, evaluate_policy, collapse, COLLAPSE_DROP
-from flowgrpo_nb.config import (
+from .config import (
     GRPOConfig, PRESETS, preset_config, config_diff, parse_overrides, config_help, run_config, lr_at, tracker,
-    tracker_kwargs, recipe_line, recipes_help
-)
+    tracker_kwargs, recipe_line, recipes_help)
 from .precision import resolve_fast, path_name
 from .tensors import check_checkpoint_tensors
-from flowgrpo_nb.checkpoint import (
+from .checkpoint import (
     write_checkpoint, list_checkpoints, read_checkpoint, latest_checkpoint, clean_interrupted, flatten_optimizer,
-    unflatten_optimizer, MetricsLog, check_output_dir, RunFolder, resumable
-)
+    unflatten_optimizer, MetricsLog, check_output_dir, RunFolder, resumable)
 
 # %% ../nbs/06_train.ipynb #c31c22a1
 def step_prompts(cfg:GRPOConfig, step:int, prompts:list[str],
