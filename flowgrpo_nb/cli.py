@@ -132,6 +132,7 @@ def spec_parser(s:dict) -> argparse.ArgumentParser:
         kw |= {k: a[k] for k in _ACTION_KEYS.get(a['action'], ('nargs', 'const', 'choices', 'metavar'))}
         if a['action'] not in _ACTION_KEYS: kw['type'] = _resolve(a['type'])
         if a['flags']: kw['dest'] = a['dest']
+        else: kw.pop('required')  # a positional's is argparse's own (its nargs)
         groups[a['group']].add_argument(*(a['flags'] or [a['dest']]), action=a['action'], **kw)
     return p
 

@@ -203,10 +203,11 @@ def train_score_cli(steps:int=900, # optimizer steps
                     lr:float=2e-3, # peak learning rate
                     seed:int=0, # seed of data and initialisation
                     threads:int=1, # torch CPU threads
-                    out:str=str(ASSETS/'score.safetensors'), # where to save the weights (+ .json)
+                    out:str=None, # where to save the weights (+ .json); default: the package's assets/score.safetensors
                    ):
     "Train the learned score on the grid world and save it with its retrieval accuracy."
     torch.set_num_threads(threads)
+    out = str(ASSETS/'score.safetensors') if out is None else out
     if Path(out).is_dir(): raise ValueError(f"--out {out} is a folder; expected a weights file, e.g. score.safetensors")
     check_output_dir(Path(out).parent)  # before the training, not after it
     t0 = time.time()
