@@ -213,11 +213,13 @@ BUDGETS = {
     # the frontier pilot (exploratory, no claims): on the grid world's version 3, each arm trained past the CPU
     # seconds of DenseGRPO's 100 steps (Flow-GRPO costs about 0.43 of a dense step, flow_grpo_train4 0.28, measured in
     # results/credit), evaluated on 600 images every 25 steps, so that its curves can be read at equal CPU seconds and
-    # NFE; it gives the frontier study's registration its cost ratios and its seed and prompt SDs
+    # NFE; it gives the frontier study's registration its cost ratios and its seed and prompt SDs. DenseGRPO with the
+    # latent value (05g_value) was added after the first three arms had run: 275 steps, about dense's 100 in CPU
+    # seconds (a step of it costs about 0.89 of a Flow-GRPO step: results/value_cost)
     'frontier_pilot': dict(
         seeds=dict(geneval3=(7000, 7001, 7002, 7003)), steps=100, eval_every=25, eval_images=600,
-        tasks=('geneval3',), arms=dict(geneval3=('dense', 'flow_grpo', 'flow_grpo_train4')),
-        steps_of=dict(geneval3=dict(dense=100, flow_grpo=250, flow_grpo_train4=375)),
+        tasks=('geneval3',), arms=dict(geneval3=('dense', 'flow_grpo', 'flow_grpo_train4', 'dense_latent')),
+        steps_of=dict(geneval3=dict(dense=100, flow_grpo=250, flow_grpo_train4=375, dense_latent=275)),
         save_every=25, by_seed=True, train=_TRAIN | dict(fast=False),
     ),
 }
