@@ -32,9 +32,18 @@ def _its_control(c, short:bool=False) -> str:
     )
 
 
-def _said(c, tag:str) -> str:
-    "One comparison as a sentence: who, the difference and its interval, the basis, p and the verdict."
-    who = f"{c.arm} vs {c.other}" + (f' ({_its_control(c)})' if c.is_control else '')
+def _ends(report, t:str, c) -> str:
+    """Where comparison `c` in task `t` reads its two arms when the budget trains them to different steps (`steps_of`):
+    each at its own end, so not at equal optimizer steps; '' when both train the budget's steps."""
+    b = report.budget or {}
+    so = (b.get('steps_of') or {}).get(t, {})
+    a, o = so.get(c.arm, b.get('steps')), so.get(c.other, b.get('steps'))
+    return '' if a == o else f", each at its end: {c.arm} step {a}, {c.other} step {o}, not at equal optimizer steps"
+
+def _said(c, tag:str, ends:str='') -> str:
+    """One comparison as a sentence: who (and, `ends`, where each arm is read when not at equal steps), the difference
+    and its interval, the basis, p and the verdict."""
+    who = f"{c.arm} vs {c.other}" + (f' ({_its_control(c)}{ends})' if c.is_control else f' ({ends[2:]})' if ends else '')
     basis = (
         f"over {c.n} seeds, higher in {c.higher_in}/{c.n}"
         if c.n > 1
@@ -61,10 +70,12 @@ def comparison_findings(report:Report) -> list[str]:
     """Sentences on the paired comparisons: significant first, then dense credit that does not beat its control, then
     the rest."""
     cs = [(f'[{t}] ', c) for t, sec in report.tasks.items() for c in sec.comparisons if c.kind != 'base']
+    task = {id(c): t for t, sec in report.tasks.items() for c in sec.comparisons}
+    said = lambda c, tag: _said(c, tag, _ends(report, task[id(c)], c))
     sig = sorted([x for x in cs if x[1].verdict != 'not distinguishable'], key=lambda x: x[1].p)
-    out = [_said(c, tag) + (_not_beaten_said(c) if _not_beaten(report, c) else '') for tag, c in sig]
-    out += [_said(c, tag) + _not_beaten_said(c) for tag, c in cs if (tag, c) not in sig and _not_beaten(report, c)]
-    return out + [_said(c, tag) for tag, c in cs if (tag, c) not in sig and not _not_beaten(report, c)]
+    out = [said(c, tag) + (_not_beaten_said(c) if _not_beaten(report, c) else '') for tag, c in sig]
+    out += [said(c, tag) + _not_beaten_said(c) for tag, c in cs if (tag, c) not in sig and _not_beaten(report, c)]
+    return out + [said(c, tag) for tag, c in cs if (tag, c) not in sig and not _not_beaten(report, c)]
 
 # %% ../../nbs/study/06_report.ipynb #a846ea7c
 def _x(a, k='median', f='{:.2f}×') -> str: return '—' if a is None else f.format(getattr(a, k))
