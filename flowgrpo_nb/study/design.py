@@ -221,6 +221,8 @@ BUDGETS = {
         tasks=('geneval3',), arms=dict(geneval3=('dense', 'flow_grpo', 'flow_grpo_train4', 'dense_latent')),
         steps_of=dict(geneval3=dict(dense=100, flow_grpo=250, flow_grpo_train4=375, dense_latent=275)),
         save_every=25, by_seed=True, train=_TRAIN | dict(fast=False),
+        exploratory=('An exploratory pilot, registered nowhere: it gives the frontier study its cost ratios and SDs, and '
+                     'its verdict words describe these runs; it decides nothing.'),
     ),
 }
 # its sizes as overrides

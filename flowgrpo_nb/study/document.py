@@ -255,6 +255,7 @@ def headline_html(report:Report, figures:dict) -> str:
     t = next(iter(figures), None)
     ref = (report.budget or {}).get('reference') and t is not None
     lines = reference_findings(report, t) if ref else [s for s in [question_answer(report)] if s] + answer_lines(report)
+    lines = [s for s in [(report.budget or {}).get('exploratory')] if s] + lines  # a pilot says so first
     first = re.sub(r'\*\*|\[([^\]]*)\]\([^)]*\)', r'\1', lines[0]) if lines else ''  # as the page shows it
     fig = fitted(headline_figure(report, figures), headline_px(len(first)))
     said = lambda ls: f"<ul class='answer'>{''.join(f'<li>{_md(s)}</li>' for s in ls)}</ul>" if ls else ''

@@ -286,8 +286,10 @@ def prompt_share_findings(report:Report) -> list[str]:
 def findings(report:Report) -> list[str]:
     """Plain statements of what `report` shows, most decisive first. A budget that names a `reference` (the main job)
     says first where its runs fall among the reference's and, once, what it can decide, instead of a verdict per
-    comparison (`study/05b_reference`)."""
+    comparison (`study/05b_reference`). A budget labelled `exploratory` (a pilot) says so first: its verdict words
+    describe its runs and decide nothing."""
+    label = [s] if (s := (report.budget or {}).get('exploratory')) else []
     if (report.budget or {}).get('reference'):
         first = [f'[{t}] {f}' for t in report.tasks for f in reference_findings(report, t)]
-        return first + other_findings(report, verdicts=False)
-    return comparison_findings(report) + prompt_share_findings(report) + other_findings(report)
+        return label + first + other_findings(report, verdicts=False)
+    return label + comparison_findings(report) + prompt_share_findings(report) + other_findings(report)
