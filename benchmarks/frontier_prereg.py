@@ -57,8 +57,8 @@ CREDIT_SD = dict(P1='C1@cpu', P2='C2@nfe', P3=None, P4=None, P5=None)
 def to_step(x:float) -> int: return max(EVERY, int(round(x / EVERY)) * EVERY)
 
 def read_pilot(folder) -> tuple[dict, dict]:
-    """({seed: {arm: RunResult}}: the finished runs of seeds with a base evaluation, {seed/arm: CPU kind}) of the pilot's
-    comparison folder."""
+    """({seed: {arm: RunResult}}: the finished runs of seeds with a base evaluation, {seed/arm: CPU kind}) of the
+    pilot's comparison folder."""
     from flowgrpo_nb.checkpoint import read_json
     from flowgrpo_nb.study.runs import run_dir, base_file
     from flowgrpo_nb.study.results import run_report
@@ -104,8 +104,9 @@ def readings(cost:dict) -> dict:
         nfe[a] = method_of(cfg.method).nfe(cfg) * cfg.batch_size  # generator NFE of one optimizer step
     dense_nfe = d['cal_nfe'] + NFE_AT * nfe['dense']
     how = dict(cpu=f"DenseGRPO's {spend:.0f} CPU s ({H} steps x {d['step']:.2f} + calibration {d['calibration']:.0f}); "
-                   + ', '.join(f"{a} {c['step']:.2f} s a step" + (f" + {c['calibration']:.0f}" if c['calibration'] else '')
-                               + f" -> {cpu[a]}" for a, c in cost.items() if a != 'dense'),
+                   + ', '.join(f"{a} {c['step']:.2f} s a step"
+                               + (f" + {c['calibration']:.0f}" if c['calibration'] else '') + f" -> {cpu[a]}"
+                               for a, c in cost.items() if a != 'dense'),
                nfe=f"DenseGRPO {NFE_AT} steps x {nfe['dense']:.0f} NFE + calibration {d['cal_nfe']:.0f} = "
                    f"{dense_nfe:.0f} NFE / Flow-GRPO's {nfe['flow_grpo']:.0f} a step -> "
                    f"{to_step(dense_nfe / nfe['flow_grpo'])} steps")
@@ -116,8 +117,8 @@ def claims(st:dict, arms) -> list[dict]:
     c, n = st['cpu'], st['nfe']
     row = lambda **kw: dict(claim='level', metric='last_mean', k=K, test='superiority', family='primary') | kw
     out = [
-        row(id='P1', question=f'At equal CPU seconds, does Flow-GRPO trained on steps 0-3 only ({c.get("flow_grpo_train4")}'
-                              f' steps) end higher than DenseGRPO ({H} steps)?',
+        row(id='P1', question=f'At equal CPU seconds, does Flow-GRPO trained on steps 0-3 only '
+                              f'({c.get("flow_grpo_train4")} steps) end higher than DenseGRPO ({H} steps)?',
             arm='flow_grpo_train4', other='dense', arm_steps=c.get('flow_grpo_train4'), other_steps=H),
         row(id='P2', question=f'At equal NFE, does DenseGRPO ({n["dense"]} steps) end higher than Flow-GRPO '
                               f'({n["flow_grpo"]} steps)?',
@@ -142,7 +143,9 @@ def claims(st:dict, arms) -> list[dict]:
 
 def as_claim(r:dict):
     from flowgrpo_nb.study.design import Claim
-    return Claim(**{k: v for k, v in r.items() if k in Claim.__dataclass_fields__} | dict(margin=r.get('margin', 1.0), task=TASK))
+    "Row `r` as the `Claim` the study will judge (its margin 1 until planned)."
+    return Claim(**{k: v for k, v in r.items() if k in Claim.__dataclass_fields__}
+                 | dict(margin=r.get('margin', 1.0), task=TASK))
 
 def section(per_seed:dict):
     from flowgrpo_nb.study.results import TaskSection
@@ -169,8 +172,8 @@ def pilot_sd(per_seed:dict, r:dict) -> dict:
 
 def pilot_prompt_var(per_seed:dict, r:dict) -> float|None:
     """The variance the held-out prompts add to the study's effect of row `r`, which more seeds do not shrink: the
-    prompt-resampling variance of the seeds' mean per-prompt difference less its evaluation noise (the mean over seeds of
-    one seed's, over the seeds), floored at 0 (None: no per-prompt results)."""
+    prompt-resampling variance of the seeds' mean per-prompt difference less its evaluation noise (the mean over seeds
+    of one seed's, over the seeds), floored at 0 (None: no per-prompt results)."""
     import numpy as np
     from flowgrpo_nb.study.summary import prompt_effects
     from flowgrpo_nb.study.stats import prompt_variance
@@ -189,7 +192,7 @@ def pilot_prompt_var(per_seed:dict, r:dict) -> float|None:
     return max(prompt_variance(mean, w, strata) - each / len(D), 0.0)
 
 def credit_sds(path=CREDIT) -> dict:
-    "{contrast: (sd, var_prompts)} of the credit study's report, the prompts' variance from its two intervals."
+    "{contrast: {id, sd, n, vp}} of the credit study's report, the prompts' variance `vp` from its two intervals."
     out = {}
     for c in json.loads(Path(path).read_text())['contrasts']:
         if not c.get('sd') or not c.get('n'): continue
@@ -197,17 +200,26 @@ def credit_sds(path=CREDIT) -> dict:
         if c.get('ci_prompts') and c.get('ci'):
             f = (c['ci_prompts'][1] - c['ci_prompts'][0]) / (c['ci'][1] - c['ci'][0])
             vp = max(f * f - 1, 0.0) * c['sd'] ** 2 / c['n']
-        out[c['id']] = (c['sd'], vp)
+        out[c['id']] = dict(id=c['id'], sd=c['sd'], n=c['n'], vp=vp)
     return out
 
-def seeds_with_prompts(test:str, sd:float, vp:float, margin:float, level:float, power:float=0.8, most:int=500) -> int|None:
-    "The fewest seeds >= 2 at which `test` on the seeds-and-prompts interval reaches `power` (None: more than `most`)."
+def seeds_with_prompts(test:str, sd:float, vp:float, margin:float, level:float, power:float=0.8,
+                       most:int=500) -> int|None:
+    """The fewest seeds >= 2 at which `test` on the seeds-and-prompts interval reaches `power` (None: more than `most`);
+    its standard error sqrt(sd^2 / n + vp) falls as n grows, so the power rises with n: bisection."""
     from flowgrpo_nb.study.stats import test_power, seeds_for
-    start = seeds_for(test, sd, margin, level, power, most=most)  # the prompts only add: never fewer than seeds alone
-    if start is None: return None
-    for n in range(start, most + 1):
-        if test_power(test, math.sqrt(sd * sd + n * vp), n, margin, level) >= power: return n
-    return None
+    ok = lambda n: test_power(test, math.sqrt(sd * sd + n * vp), n, margin, level) >= power
+    lo = seeds_for(test, sd, margin, level, power, most=most)  # the prompts only add: never fewer than seeds alone
+    if lo is None: return None
+    if ok(lo): return lo
+    hi = lo
+    while not ok(hi):
+        if hi >= most: return None
+        lo, hi = hi, min(2 * hi, most)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
 
 def margin_of(per_seed:dict, st:dict, fraction:float=MARGIN_FRACTION) -> tuple[float, dict]:
     "MARGIN_FRACTION of Flow-GRPO's training gain at its equal-CPU step in the pilot, and the numbers behind it."
@@ -222,7 +234,8 @@ def margin_of(per_seed:dict, st:dict, fraction:float=MARGIN_FRACTION) -> tuple[f
 
 def cpu_kind(kinds:dict) -> str:
     "The one CPU kind the pilot's runs record (several: each named)."
-    k = sorted({f"{v.get('cpu', '?')} ({v.get('capability', '?')}), torch {v.get('torch', '?')}" for v in kinds.values()})
+    k = sorted({f"{v.get('cpu', '?')} ({v.get('capability', '?')}), torch {v.get('torch', '?')}"
+                for v in kinds.values()})
     return ' and '.join(k) or 'not recorded'
 
 def toml_text(p:dict, seeds:list) -> str:
@@ -252,43 +265,48 @@ def study_cost(p:dict, n:int) -> float:
 def plan(per_seed:dict, kinds:dict, credit:dict|None=None, prompt_var:float|None=None, hours:float=CPU_HOURS,
          cost_of=None, fraction:float=MARGIN_FRACTION) -> dict:
     """The plan from the pilot's runs `per_seed`: rows with steps, margins, SDs and seeds, the seeds, cost, reasons.
-    `credit`: {contrast: (sd, var_prompts)} (default: results/credit's; {}: none); `prompt_var`: over the pilot's and
+    `credit`: `credit_sds` (default: results/credit's; {}: none); `prompt_var`: over the pilot's and
     credit's; `cost_of(plan, n)`: CPU seconds at n seeds (default `study_cost`)."""
-    from flowgrpo_nb.study.stats import holm_level, seeds_for, mde_one_sided, tost_margin
+    from flowgrpo_nb.study.stats import holm_level, seeds_for
     credit = credit_sds() if credit is None else credit
     cost_of = cost_of or study_cost
     cost = arm_costs(per_seed)
     if not {'dense', 'flow_grpo'} <= set(cost):
-        sys.exit("frontier_prereg.py: the pilot has fewer than two finished seeds of dense or flow_grpo: nothing to plan from")
+        sys.exit("frontier_prereg.py: the pilot has fewer than two finished seeds of dense or flow_grpo: nothing to "
+                 "plan from")
     st = readings(cost)
     margin, why = margin_of(per_seed, st, fraction)
     rows = claims(st, set(cost))
-    largest = max((v[0] for v in credit.values()), default=None)
-    vp_credit = max((v[1] for v in credit.values() if v[1] is not None), default=None)
+    # a row without a contrast of its own in the credit study: its largest SD, with its largest prompt variance
+    big = credit and max(credit.values(), key=lambda v: v['sd'])
+    largest = credit and dict(big, id=f"largest, {big['id']}",
+                              vp=max((v['vp'] for v in credit.values() if v['vp'] is not None), default=None))
     for r in rows:
         r |= dict(task=TASK, margin=margin)
         if r['family'] != 'primary': continue
         ps = pilot_sd(per_seed, r)
         ref = CREDIT_SD.get(r['id'])
-        csd, cvp = credit.get(ref, (largest, vp_credit)) if ref else (largest, vp_credit)
+        cr = credit.get(ref) or largest or None
+        cid, cvp = (cr['id'], cr['vp'] or 0.0) if cr else (None, 0.0)
         vp = prompt_var if prompt_var is not None else pilot_prompt_var(per_seed, r)
         if prompt_var is not None: vp_from = 'given'
-        elif vp is None: vp, vp_from = cvp or 0.0, f"the credit study's ({ref or 'its largest'}; the pilot logs none)"
+        elif vp is None: vp, vp_from = cvp, f"the credit study's {cid} (the pilot logs none)"
         else:
-            vp_from = (f"the larger of the pilot's per-prompt results ({vp:.2e}) and the credit study's "
-                       f"({ref or 'its largest'})")
-            vp = max(vp, cvp or 0.0)
-        sd = max(x for x in (ps['sd'], csd) if x is not None)
+            vp_from = f"the larger of the pilot's per-prompt results ({vp:.2e}) and the credit study's {cid}"
+            vp = max(vp, cvp)
+        if ps['sd'] is None and not cr: sys.exit(f"frontier_prereg.py: row {r['id']} has no SD to plan from: neither "
+                                                 "two pilot seeds of its arms nor a credit study")
+        sd = max(x for x in (ps['sd'], cr and cr['sd']) if x is not None)
         r.update(sd=round(sd, 4), pilot=ps, var_prompts=vp)
-        r['sd_from'] = (f"the larger of the pilot's paired SD {ps['sd']:.4f} over {ps['n']} seeds (80% upper limit "
-                        f"{ps['ucl80']:.4f}; mean {ps['mean']:+.4f}" if ps['sd'] is not None else
-                        f"no pilot SD ({ps['n']} seeds)") + (f"; read with {', '.join(ps['said'])}" if ps['said'] else '') \
-            + (")" if ps['sd'] is not None else '') + (f" and the credit study's {csd:.4f} ({ref or 'its largest'}, 22 "
-                                                       "seeds)" if csd is not None else '') \
-            + f"; prompt variance {vp:.2e} from {vp_from}, powered on the seeds-and-prompts interval; margin " \
-            f"{margin} = {fraction:.2g} of Flow-GRPO's training gain {why['gain']:+.4f} in the pilot (base to " \
-            f"step {why['step']}, {why['seeds']} seeds); redraw SD of an evaluation {why['redraw']['600']:.4f} at 600 " \
-            f"images, {why['redraw']['1200']:.4f} at 1200 (results/eval_noise)"
+        said = [f"the pilot's paired SD {ps['sd']:.4f} over {ps['n']} seeds (80% upper limit {ps['ucl80']:.4f}, mean "
+                f"{ps['mean']:+.4f}" + ''.join(f"; {x}" for x in ps['said']) + ')' if ps['sd'] is not None else
+                f"no pilot SD ({ps['n']} seeds)"]
+        if cr: said.append(f"the credit study's {cr['sd']:.4f} ({cr['id']}, {cr['n']} seeds)")
+        r['sd_from'] = (f"the larger of {' and '.join(said)}; prompt variance {vp:.2e} from {vp_from}, powered on the "
+                        f"seeds-and-prompts interval; margin {margin} = {fraction:.2g} of Flow-GRPO's training gain "
+                        f"{why['gain']:+.4f} in the pilot (base to step {why['step']}, {why['seeds']} seeds); "
+                        f"redraw SD of an evaluation {why['redraw']['600']:.4f} at 600 images, "
+                        f"{why['redraw']['1200']:.4f} at 1200 (results/eval_noise)")
     moved = []
     while True:
         prim = [r for r in rows if r['family'] == 'primary']
@@ -305,19 +323,22 @@ def plan(per_seed:dict, kinds:dict, credit:dict|None=None, prompt_var:float|None
         worst.update(family='secondary', note=f"moved to the secondary family: its {asks(worst)} seeds do not fit "
                                               f"{hours:g} CPU-hours")
         moved.append(worst['id'])
-    per_seed_cost = cost_of(dict(rows=rows, header=[]), 1)
-    n_fit = int(hours * 3600 // per_seed_cost)
-    for r in rows:  # what the seeds that fit can decide: the smallest margin each test reaches with power 0.8
-        if 'need' not in r or not 2 <= n_fit <= 500: continue
-        eff = math.sqrt(r['sd'] ** 2 + n_fit * r['var_prompts'])
-        r['powered_margin'] = dict(superiority=mde_one_sided(eff, n_fit, level),
-                                   equivalence=tost_margin(eff, n_fit, level))
+    n_fit = int(hours * 3600 // cost_of(dict(rows=rows, header=[]), 1))
     repro = json.loads(REPRO.read_text())['steps']
     factor = repro['reproducible']['step']['median'] / repro['default']['step']['median']
     return dict(rows=rows, cost=cost, readings=st, margin=margin, why=why, level=level, m=len(prim), seeds=n,
                 seconds=secs, hours=hours, moved=moved, fits=secs <= hours * 3600, n_fit=n_fit,
                 kind=cpu_kind(kinds), factor=factor,
                 reproducible=secs * factor <= hours * 3600, latent=LATENT in cost, pilot_seeds=sorted(per_seed))
+
+def powered(p:dict, r:dict) -> dict:
+    """What the seeds that fit the budget can decide for row `r`: the smallest margin each test reaches with power 0.8
+    at its level, on the seeds-and-prompts interval."""
+    from flowgrpo_nb.study.stats import mde_one_sided, tost_margin
+    n = p['n_fit']
+    if not 2 <= n <= 500: return {}
+    eff = math.sqrt(r['sd'] ** 2 + n * r['var_prompts'])
+    return dict(superiority=mde_one_sided(eff, n, p['level']), equivalence=tost_margin(eff, n, p['level']))
 
 def header(p:dict) -> list[str]:
     "The TOML's header: what the plan read, decided and left out."
@@ -348,7 +369,8 @@ def header(p:dict) -> list[str]:
           f"{p['seconds'] / 3600:.1f} CPU-hours estimated (of {p['hours']:g}), interleaved by seed.",
           (f"Reproducible mode: yes (--set reproducible=true: {p['factor']:.2f}x the CPU, "
            f"{p['seconds'] * p['factor'] / 3600:.1f} h, fits)" if p['reproducible'] else
-           f"Reproducible mode: no ({p['factor']:.2f}x the CPU would be {p['seconds'] * p['factor'] / 3600:.1f} h, over "
+           f"Reproducible mode: no ({p['factor']:.2f}x the CPU would be {p['seconds'] * p['factor'] / 3600:.1f} h, "
+           "over "
            f"{p['hours']:g}): each seed runs on one CPU kind, recorded, where its runs retrain bitwise."),
           "Secondary: the frontier (F rows: mean held-out score over each arm's curve to the CPU budget, against "
           "Flow-GRPO)" + (f"; moved from the primary family for the budget: {', '.join(p['moved'])}" if p['moved'] else
@@ -365,7 +387,8 @@ def main():
     ap.add_argument('--fraction', type=float, default=MARGIN_FRACTION, help="the margin: this fraction of the gain")
     ap.add_argument('--write', action='store_true', help=f"write {DEST.relative_to(ROOT)} (never overwrites)")
     a = ap.parse_args()
-    if not 0 < a.fraction < 1: sys.exit(f"frontier_prereg.py: --fraction {a.fraction}: a fraction of the gain in (0, 1)")
+    if not 0 < a.fraction < 1:
+        sys.exit(f"frontier_prereg.py: --fraction {a.fraction}: a fraction of the gain, in (0, 1)")
     per_seed, kinds = read_pilot(a.pilot)
     p = plan(per_seed, kinds, fraction=a.fraction)
     p['header'] = header(p)
@@ -373,8 +396,9 @@ def main():
     print(toml_text(p, seeds))
     for r in p['rows']:
         if 'need' not in r: continue
-        pm = r.get('powered_margin') or {}
-        print(f"{r['id']} ({r['family']}): pilot SD {r['pilot']['sd']:.4f} (n {r['pilot']['n']}), planning SD {r['sd']}, "
+        pm = powered(p, r)
+        print(f"{r['id']} ({r['family']}): pilot SD {r['pilot']['sd']:.4f} (n {r['pilot']['n']}), planning SD "
+              f"{r['sd']}, "
               f"prompt var {r['var_prompts']:.2e}; seeds on seeds and prompts {r['need']}, on seeds only "
               f"{r['seed_only']}; at the {p['n_fit']} seeds that fit, margins powered: "
               + ', '.join(f"{t} {v:.4f}" for t, v in pm.items()))
@@ -382,7 +406,8 @@ def main():
         print(f"does not fit: even one primary row asks more than the {p['n_fit']} seeds that {p['hours']:g} CPU-hours "
               f"buy at margin {p['margin']}")
     if a.write:
-        if DEST.exists(): sys.exit(f"frontier_prereg.py: {DEST} exists: a pre-registration is written once, before its runs")
+        if DEST.exists():
+            sys.exit(f"frontier_prereg.py: {DEST} exists: a pre-registration is written once, before its runs")
         if not p['fits']: sys.exit(f"frontier_prereg.py: the plan does not fit {p['hours']:g} CPU-hours at margin "
                                    f"{p['margin']}: nothing written (a larger --fraction, or more hours)")
         from flowgrpo_nb.study.design import load_prereg

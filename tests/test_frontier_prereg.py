@@ -30,10 +30,9 @@ def test_steps_follow_from_the_planted_costs_and_seeds_from_the_planted_sds():
     p = fp.plan(pilot(), {}, credit={}, prompt_var=0.0, cost_of=FREE)
     rows = {r['id']: r for r in p['rows']}
     spend = 14.0 + fp.H * 6.0  # DenseGRPO's H steps and its calibration, counted once
-    assert p['readings']['cpu'] == dict(dense=fp.H, flow_grpo=fp.to_step(spend / 3), flow_grpo_train4=fp.to_step(spend / 2),
-                                        dense_latent=fp.to_step(spend / 2.5)) == dict(dense=100, flow_grpo=200,
-                                                                                      flow_grpo_train4=300,
-                                                                                      dense_latent=250)
+    want = dict(dense=fp.H, flow_grpo=fp.to_step(spend / 3), flow_grpo_train4=fp.to_step(spend / 2),
+                dense_latent=fp.to_step(spend / 2.5))
+    assert p['readings']['cpu'] == want == dict(dense=100, flow_grpo=200, flow_grpo_train4=300, dense_latent=250)
     assert (rows['P1']['arm_steps'], rows['P1']['other_steps']) == (300, 100)
     # equal NFE, exact: dense 55 NFE a sample (10 + 45 ode:rest), Flow-GRPO 10; 32 samples a step; calibration 3520
     assert (rows['P2']['arm_steps'], rows['P2']['other_steps']) == (fp.NFE_AT, fp.to_step((3520 + 50 * 32 * 55) / 320))
@@ -53,8 +52,8 @@ def test_steps_follow_from_the_planted_costs_and_seeds_from_the_planted_sds():
 def test_prompts_and_the_budget_cost_seeds_or_rows_never_fewer_seeds():
     base = fp.plan(pilot(), {}, credit={}, prompt_var=0.0, cost_of=FREE)
     wide = fp.plan(pilot(), {}, credit={}, prompt_var=1e-4, cost_of=FREE)
-    assert all(wide_r['need']['equivalence'] >= r['need']['equivalence']
-               for r, wide_r in zip(base['rows'], wide['rows']) if 'need' in r), 'prompts add variance seeds cannot remove'
+    assert all(w['need']['equivalence'] >= r['need']['equivalence']
+               for r, w in zip(base['rows'], wide['rows']) if 'need' in r), 'prompts add variance seeds cannot remove'
     # a budget one seed short of what the primary family asks: the row asking most leaves it, the rest keep their seeds
     n0 = base['seeds']
     tight = fp.plan(pilot(), {}, credit={}, prompt_var=0.0, cost_of=FREE, hours=(n0 - 1) * 1000.0 / 3600)
@@ -74,8 +73,8 @@ def test_without_the_latent_arm_the_plan_says_so():
 def test_the_frontier_budget_runs_the_file_and_refuses_without_it(tmp_path):
     from flowgrpo_nb.study.design import CompareConfig, BUDGETS, load_prereg
     missing = tmp_path/'frontier_prereg.toml'
-    with pytest.raises(ValueError, match=f"budget 'frontier' runs the seeds and arms of the pre-registration {missing}, "
-                                         "which does not exist"):
+    with pytest.raises(ValueError, match=f"budget 'frontier' runs the seeds and arms of the pre-registration "
+                                         f"{missing}, which does not exist"):
         CompareConfig('frontier', prereg=str(missing))
     p = fp.plan(pilot(), {}, credit={}, prompt_var=0.0, cost_of=FREE)
     p['header'] = fp.header(p)
