@@ -33,7 +33,7 @@ the package wrote, never typed in:
     .venv/bin/python benchmarks/frontier_prereg.py plan [--pilot DIR]            # prints the plan
     .venv/bin/python benchmarks/frontier_prereg.py plan --write [--pilot DIR]    # writes design/frontier_prereg.toml
 """
-import argparse, json, math, statistics, sys, tempfile
+import argparse, functools, json, math, statistics, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,13 +203,20 @@ def credit_sds(path=CREDIT) -> dict:
         out[c['id']] = dict(id=c['id'], sd=c['sd'], n=c['n'], vp=vp)
     return out
 
+@functools.lru_cache(maxsize=None)
+def _seeds_for(test:str, sd:float, margin:float, level:float, power:float=0.8, most:int=10_000) -> int|None:
+    "`stats.seeds_for`, kept: the plan asks the same questions again as rows leave the primary family."
+    from flowgrpo_nb.study.stats import seeds_for
+    return seeds_for(test, sd, margin, level, power, most=most)
+
+@functools.lru_cache(maxsize=None)
 def seeds_with_prompts(test:str, sd:float, vp:float, margin:float, level:float, power:float=0.8,
                        most:int=500) -> int|None:
     """The fewest seeds >= 2 at which `test` on the seeds-and-prompts interval reaches `power` (None: more than `most`);
     its standard error sqrt(sd^2 / n + vp) falls as n grows, so the power rises with n: bisection."""
-    from flowgrpo_nb.study.stats import test_power, seeds_for
+    from flowgrpo_nb.study.stats import test_power
     ok = lambda n: test_power(test, math.sqrt(sd * sd + n * vp), n, margin, level) >= power
-    lo = seeds_for(test, sd, margin, level, power, most=most)  # the prompts only add: never fewer than seeds alone
+    lo = _seeds_for(test, sd, margin, level, power, most)  # the prompts only add: never fewer than seeds alone
     if lo is None: return None
     if ok(lo): return lo
     hi = lo
@@ -267,7 +274,7 @@ def plan(per_seed:dict, kinds:dict, credit:dict|None=None, prompt_var:float|None
     """The plan from the pilot's runs `per_seed`: rows with steps, margins, SDs and seeds, the seeds, cost, reasons.
     `credit`: `credit_sds` (default: results/credit's; {}: none); `prompt_var`: over the pilot's and
     credit's; `cost_of(plan, n)`: CPU seconds at n seeds (default `study_cost`)."""
-    from flowgrpo_nb.study.stats import holm_level, seeds_for
+    from flowgrpo_nb.study.stats import holm_level
     credit = credit_sds() if credit is None else credit
     cost_of = cost_of or study_cost
     cost = arm_costs(per_seed)
@@ -314,7 +321,7 @@ def plan(per_seed:dict, kinds:dict, credit:dict|None=None, prompt_var:float|None
         for r in prim:
             r['need'] = {t: seeds_with_prompts(t, r['sd'], r['var_prompts'], margin, level)
                          for t in ('superiority', 'equivalence')}
-            r['seed_only'] = {t: seeds_for(t, r['sd'], margin, level) for t in ('superiority', 'equivalence')}
+            r['seed_only'] = {t: _seeds_for(t, r['sd'], margin, level) for t in ('superiority', 'equivalence')}
         asks = lambda r: math.inf if None in r['need'].values() else max(r['need'].values())
         n = max(asks(r) for r in prim)
         secs = cost_of(dict(rows=rows, header=[]), n) if n < math.inf else math.inf

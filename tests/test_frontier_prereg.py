@@ -50,13 +50,13 @@ def test_steps_follow_from_the_planted_costs_and_seeds_from_the_planted_sds():
     assert all(r['family'] == 'secondary' and r['metric'] == 'auc' for r in p['rows'] if r['id'].startswith('F'))
 
 def test_prompts_and_the_budget_cost_seeds_or_rows_never_fewer_seeds():
-    base = fp.plan(pilot(), {}, credit={}, prompt_var=0.0, cost_of=FREE)
-    wide = fp.plan(pilot(), {}, credit={}, prompt_var=1e-4, cost_of=FREE)
+    base = fp.plan(pilot(latent=False), {}, credit={}, prompt_var=0.0, cost_of=FREE)
+    wide = fp.plan(pilot(latent=False), {}, credit={}, prompt_var=1e-4, cost_of=FREE)
     assert all(w['need']['equivalence'] >= r['need']['equivalence']
                for r, w in zip(base['rows'], wide['rows']) if 'need' in r), 'prompts add variance seeds cannot remove'
     # a budget one seed short of what the primary family asks: the row asking most leaves it, the rest keep their seeds
     n0 = base['seeds']
-    tight = fp.plan(pilot(), {}, credit={}, prompt_var=0.0, cost_of=FREE, hours=(n0 - 1) * 1000.0 / 3600)
+    tight = fp.plan(pilot(latent=False), {}, credit={}, prompt_var=0.0, cost_of=FREE, hours=(n0 - 1) * 1000.0 / 3600)
     asks = lambda r: max(r['need'].values())
     assert tight['moved'][0] == max((r for r in base['rows'] if r['family'] == 'primary'), key=asks)['id']
     assert all('do not fit' in r['note'] for r in tight['rows'] if r['id'] in tight['moved'])
