@@ -330,13 +330,27 @@ def plan(per_seed:dict, kinds:dict, credit:dict|None=None, prompt_var:float|None
         worst.update(family='secondary', note=f"moved to the secondary family: its {asks(worst)} seeds do not fit "
                                               f"{hours:g} CPU-hours")
         moved.append(worst['id'])
-    n_fit = int(hours * 3600 // cost_of(dict(rows=rows, header=[]), 1))
+    per_seed_cost = cost_of(dict(rows=rows, header=[]), 1)
+    n_fit = int(hours * 3600 // per_seed_cost)
     repro = json.loads(REPRO.read_text())['steps']
     factor = repro['reproducible']['step']['median'] / repro['default']['step']['median']
     return dict(rows=rows, cost=cost, readings=st, margin=margin, why=why, level=level, m=len(prim), seeds=n,
-                seconds=secs, hours=hours, moved=moved, fits=secs <= hours * 3600, n_fit=n_fit,
+                seconds=secs, hours=hours, moved=moved, fits=secs <= hours * 3600, n_fit=n_fit, per_seed=per_seed_cost,
                 kind=cpu_kind(kinds), factor=factor,
                 reproducible=secs * factor <= hours * 3600, latent=LATENT in cost, pilot_seeds=sorted(per_seed))
+
+def measured_seed(per_seed:dict, p:dict) -> float:
+    """CPU seconds of one seed of the plan priced on the pilot's own records: each arm's steps at its measured cost per
+    step, its calibration and its evaluations (the pilot's per evaluation), and the base evaluation of the seed."""
+    from flowgrpo_nb.study.design import prereg_steps, prereg_arms, Prereg
+    pre = Prereg('plan', 0.05, 0.8, [as_claim(r) for r in p['rows']], (), {TASK: [FIRST_SEED]})
+    steps, total = prereg_steps(pre).get(TASK, {}), 0.0
+    for a in prereg_arms(pre)[TASK]:
+        rs = [runs[a] for runs in per_seed.values() if a in runs]
+        ev = statistics.median(r.eval_cpu_seconds / (len(r.curve) - 1) for r in rs)
+        n = steps.get(a, H)
+        total += p['cost'][a]['calibration'] + n * p['cost'][a]['step'] + (n // EVERY) * ev
+    return total + ev
 
 def powered(p:dict, r:dict) -> dict:
     """What the seeds that fit the budget can decide for row `r`: the smallest margin each test reaches with power 0.8
@@ -392,7 +406,7 @@ def main():
     ap.add_argument('what', choices=('plan',))
     ap.add_argument('--pilot', default=str(PILOT), help="the pilot's comparison folder")
     ap.add_argument('--fraction', type=float, default=MARGIN_FRACTION, help="the margin: this fraction of the gain")
-    ap.add_argument('--write', action='store_true', help=f"write {DEST.relative_to(ROOT)} (never overwrites)")
+    ap.add_argument('--write', action='store_true', help="write design/frontier_prereg.toml (never overwrites)")
     a = ap.parse_args()
     if not 0 < a.fraction < 1:
         sys.exit(f"frontier_prereg.py: --fraction {a.fraction}: a fraction of the gain, in (0, 1)")
@@ -409,6 +423,8 @@ def main():
               f"prompt var {r['var_prompts']:.2e}; seeds on seeds and prompts {r['need']}, on seeds only "
               f"{r['seed_only']}; at the {p['n_fit']} seeds that fit, margins powered: "
               + ', '.join(f"{t} {v:.4f}" for t, v in pm.items()))
+    print(f"one seed: {p['seconds'] / max(p['seeds'], 1) if p['fits'] else p['per_seed']:.0f} CPU s estimated "
+          f"(estimate_cost, this machine), {measured_seed(per_seed, p):.0f} priced on the pilot's own records")
     if not p['fits']:
         print(f"does not fit: even one primary row asks more than the {p['n_fit']} seeds that {p['hours']:g} CPU-hours "
               f"buy at margin {p['margin']}")
