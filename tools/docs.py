@@ -26,7 +26,8 @@ how many pages it builds and about how long that takes (the record's times, or `
 committed record of a whole build on this machine, for pages it has not timed); a page whose hash is unchanged is kept
 as it is (`--force` builds it again); pages run in parallel, `--jobs` at a time, each in a kernel of its own with one
 thread. `--record FILE` copies the record there when every page is in the site."""
-import argparse, hashlib, html, json, os, re, shutil, subprocess, sys, tempfile, time, unicodedata, warnings
+import argparse, hashlib, html, json, os, re, shutil, subprocess, sys, tempfile, threading, time, unicodedata
+import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from urllib.parse import urljoin
 from pathlib import Path
@@ -424,11 +425,17 @@ def title_of(path:Path) -> str:
             if m: return m.group(1).strip()
     return path.stem
 
+_ONE_AT_A_TIME = threading.Lock()
+
 def build_page(rel:Path, out:Path, all_pages:list, titles:dict, nav:list, nbs:Path=NBS, site:str='flowgrpo_nb',
                source_links:bool=False) -> Path:
-    "Execute, process and write one page; its path."
-    title, desc, nb = process(execute(nbs/rel), nbs/rel)
-    body = notebook_body(render_outputs(tag_cells(nb)))
+    """Execute, process and write one page; its path. Pages run in parallel in their kernels; nbdev's processing, which
+    imports and runs the notebook's `show_doc` cells in this process, one page at a time (imports are not
+    thread-safe: diffusers' lazy modules fail half-imported)."""
+    nb = execute(nbs/rel)
+    with _ONE_AT_A_TIME:
+        title, desc, nb = process(nb, nbs/rel)
+        body = notebook_body(render_outputs(tag_cells(nb)))
     dest = out/rel.with_suffix('.html')
     dest.parent.mkdir(parents=True, exist_ok=True)
     from flowgrpo_nb.checkpoint import write_text
