@@ -1,4 +1,4 @@
-"""The plan of a credit-fidelity measurement, said before it runs: its generator evaluations, their CPU time here, a bar over them.
+"""What a credit-fidelity measurement will cost, said before it runs: its NFE, their CPU time here, a bar over them.
 
 Docs: https://flowgrpo.github.io/flowgrpo_nb/study/plan.html.md"""
 
