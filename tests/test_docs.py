@@ -180,11 +180,13 @@ def test_local_links_and_anchors_resolve(site):
 
 def test_the_link_walk_names_each_page_and_link(tmp_path):
     """The walk over a built site finds a missing file, a missing anchor (on another page and on the same one) and a
-    missing image, and accepts a page of the site that was not built, a heading's anchor and another host."""
+    missing image, and accepts a page of the site that was not built, a heading's anchor, another host and the text of
+    a code listing."""
     docs = _docs()
     (tmp_path/'study').mkdir()
     (tmp_path/'05_credit.html').write_text('<h2 id="compute_credit">x</h2><a href="#compute_credit">ok</a>'
-                                          '<a href="#gone">same page</a><img src="missing.png">')
+                                          '<a href="#gone">same page</a><img src="missing.png">'
+                                          '<pre><span>html = f"&lt;script src="</span>{PLOTLY_JS}"</pre>')
     (tmp_path/'study'/'findings.html').write_text(
         '<a href="../05_credit.html#compute_credit">ok</a><a href="../05_credit.html#nope">bad anchor</a>'
         '<a href="../07_viz.html">not built, a page of the site</a><a href="../no_such_page.html">gone</a>'

@@ -455,7 +455,8 @@ def broken_links(out:Path, nbs:Path=NBS) -> list[tuple[str, str, str]]:
     ids = {p.resolve(): {html.unescape(i) for i in IDS.findall(p.read_text())} for p in built}
     bad = []
     for page in built:
-        for _, url in URL_ATTR.findall(page.read_text()):
+        code = re.sub(r'<pre\b.*?</pre>', '', page.read_text(), flags=re.S)  # a code listing's `src="..."` is text
+        for _, url in URL_ATTR.findall(code):
             url = html.unescape(url)
             if url.startswith(('data:', 'javascript:', 'mailto:')) or OTHER_HOST.match(url): continue
             path, _, anchor = url.partition('#')
