@@ -1,6 +1,7 @@
 """A newcomer's first commands say what they are doing before the work and move a bar over training steps: the main
-job (`flowgrpo compare`, here on a tiny budget) and one training run (`flowgrpo train --preset tempflow`). Each test
-reads the command's output as it comes and stops the command once its step bar has moved."""
+job (`flowgrpo compare`, here on a tiny budget), one training run (`flowgrpo train --preset tempflow`) and a
+credit-fidelity measurement (`flowgrpo fidelity`, its bar over the generator's evaluations). Each test reads the
+command's output as it comes and stops the command once its bar has moved."""
 import os, re, select, signal, subprocess, sys, time
 
 import pytest
@@ -54,3 +55,34 @@ def test_train_says_each_phase_then_moves_its_step_bar(tmp_path):
                                        r'^training: steps 1\.\.2, \d+ prompts x 4 samples$',
                                        r'tempflow:\s+0%.*0/2', moved)]
     assert order == sorted(order), (order, lines)
+
+
+def test_fidelity_says_its_plan_then_moves_a_bar_to_what_it_measured(tmp_path):
+    """`flowgrpo fidelity` prints what it measures with an estimate, then a bar over the generator's evaluations that
+    ends at the NFE its result records (the plan is exact)."""
+    import json
+    out = tmp_path/'fid'
+    lines = stream(['fidelity', '--prompts', '2', '--batch-prompts', '1', '--group', '2', '-k', '4', '-m', '2',
+                    '--n-boot', '20', '--arms', 'flow_grpo,dense', '--no-png', '--out', str(out)],
+                   lambda ls: any(l.startswith('wrote ') for l in ls))
+    n = json.loads((out/'fidelity.json').read_text())['base']['cost']['total']['nfe']
+    plan = first(lines, rf'^measuring 2 arm\(s\) \(1 sampler\(s\)\) on 1 model\(s\): 2 prompts x 2 samples, M=2 '
+                        rf'continuations; {n:,} NFE, estimated \d+ s of CPU on this machine$')
+    assert plan < first(lines, rf'fidelity:\s+0%.*\b0/{n}\b') < first(lines, rf'fidelity:\s+100%.*\b{n}/{n}\b') \
+        < first(lines, r'^base: ') < first(lines, r'^wrote ')
+
+
+def test_the_fidelity_bar_moves_inside_a_batch():
+    "The bar is redrawn from the policy's NFE counter while the measurement runs, not only between batches."
+    from flowgrpo_nb.policy import NFECounter
+    from flowgrpo_nb.study.fidelity import FidelityConfig
+    from flowgrpo_nb.study.fidelity_plan import nfe_bar
+    class Policy: nfe = NFECounter()
+    Policy.nfe.add(7)  # counted before: not this measurement's
+    with nfe_bar(Policy, dict(what='1 arm(s)', nfe=100, seconds=2.0), FidelityConfig(), every=0.01) as bar:
+        Policy.nfe.add(40)
+        t0 = time.monotonic()
+        while bar.n != 40 and time.monotonic() - t0 < 30: time.sleep(0.01)
+        assert bar.n == 40, bar.n
+        Policy.nfe.add(60)
+    assert bar.n == 100

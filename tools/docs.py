@@ -1,4 +1,4 @@
-"""Build the docs site: `python tools/docs.py [--out DIR] [--only NB ...] [--quarto]`.
+"""Build the docs site: `python tools/docs.py [NB ...] [--out DIR] [--jobs N] [--force] [--quarto]`.
 
 Where Quarto is installed (or with `--quarto`) this is `nbdev-docs`. Where it is not (Quarto has no wheel or Debian
 package, and many offline clusters lack it), the same pages, in the same order and with the same navigation, are
@@ -16,9 +16,19 @@ built in plain Python:
    lead to the local page and heading (headings get Quarto's ids), a link to another host (a paper) stays a link with
    its address shown, the "source" links to the code host are left out (`--source-links` keeps them), no prompts.
 
-Nothing is fetched: the pages open from disk, offline (`_docs/index.html`). `--only` builds some pages (the others
-still appear in the navigation), which is what the tests do."""
-import argparse, html, json, os, re, shutil, subprocess, sys, tempfile, time, unicodedata, warnings
+Nothing is fetched: the pages open from disk, offline (`_docs/index.html`). Naming notebooks (`python tools/docs.py
+nbs/05_credit.ipynb`, or `--only 05_credit.ipynb`) builds those pages only (the others still appear in the navigation),
+which is what the tests do.
+
+The build keeps a record, `build.json` in the site's folder: each page's time and the content hash of what it was
+built from (its notebook, the package's sources, this script, the site's pages and titles). Before it starts it says
+how many pages it builds and about how long that takes (the record's times, or `results/docs/build.json`'s, the
+committed record of a whole build on this machine, for pages it has not timed); a page whose hash is unchanged is kept
+as it is (`--force` builds it again); pages run in parallel, `--jobs` at a time, each in a kernel of its own with one
+thread. `--record FILE` copies the record there when every page is in the site."""
+import argparse, hashlib, html, json, os, re, shutil, subprocess, sys, tempfile, threading, time, unicodedata
+import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from urllib.parse import urljoin
 from pathlib import Path
 
@@ -415,22 +425,106 @@ def title_of(path:Path) -> str:
             if m: return m.group(1).strip()
     return path.stem
 
+_ONE_AT_A_TIME = threading.Lock()
+
 def build_page(rel:Path, out:Path, all_pages:list, titles:dict, nav:list, nbs:Path=NBS, site:str='flowgrpo_nb',
                source_links:bool=False) -> Path:
-    "Execute, process and write one page; its path."
-    title, desc, nb = process(execute(nbs/rel), nbs/rel)
-    body = notebook_body(render_outputs(tag_cells(nb)))
+    """Execute, process and write one page; its path. Pages run in parallel in their kernels; nbdev's processing, which
+    imports and runs the notebook's `show_doc` cells in this process, one page at a time (imports are not
+    thread-safe: diffusers' lazy modules fail half-imported)."""
+    nb = execute(nbs/rel)
+    with _ONE_AT_A_TIME:
+        title, desc, nb = process(nb, nbs/rel)
+        body = notebook_body(render_outputs(tag_cells(nb)))
     dest = out/rel.with_suffix('.html')
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(page_html(rel, title or titles.get(rel, ''), desc, body, all_pages, titles, nav, site,
-                              source_links))
+    from flowgrpo_nb.checkpoint import write_text
+    write_text(dest, page_html(rel, title or titles.get(rel, ''), desc, body, all_pages, titles, nav, site,
+                               source_links), 'a page')
     return dest
 
-def build(out:Path, only:list|None=None, nbs:Path=NBS, log=None, progress:bool=False,
-          source_links:bool=False) -> list[Path]:
-    """The static site in `out` (every page, or those in `only`); the pages written. `progress`: a progress bar, one
-    step per page; `log`: called with a line per page built; `source_links`: keep the links to the code host."""
+# ---------------------------------------------------------------------------------------------- 6. every link
+
+URL_ATTR = re.compile(r'''\s(?:href|src|action|poster|data)\s*=\s*(["'])(.*?)\1''', re.S)
+
+def broken_links(out:Path, nbs:Path=NBS) -> list[tuple[str, str, str]]:
+    """Every internal link (href, src, ..., anchors included) of the pages built in `out` that does not resolve:
+    (page, link, why). A link to a page of the site that this build left out (`--only`) counts as resolved."""
+    site = {p.with_suffix('.html').as_posix() for p in pages(nbs)}
+    built = sorted(out.rglob('*.html'))
+    ids = {p.resolve(): {html.unescape(i) for i in IDS.findall(p.read_text())} for p in built}
+    bad = []
+    for page in built:
+        code = re.sub(r'<pre\b.*?</pre>', '', page.read_text(), flags=re.S)  # a code listing's `src="..."` is text
+        for _, url in URL_ATTR.findall(code):
+            url = html.unescape(url)
+            if url.startswith(('data:', 'javascript:', 'mailto:')) or OTHER_HOST.match(url): continue
+            path, _, anchor = url.partition('#')
+            dest, why = (page.parent/path).resolve() if path else page.resolve(), None
+            if dest in ids: why = None if not anchor or anchor in ids[dest] else f'no id {anchor!r} there'
+            elif not dest.exists():
+                try: inside = dest.relative_to(out.resolve()).as_posix() in site
+                except ValueError: inside = False
+                why = None if inside and path.endswith('.html') else 'no such file'
+            if why: bad.append((page.relative_to(out).as_posix(), url, why))
+    return bad
+
+# ---------------------------------------------------------------------------------------------- 7. the record, the plan
+
+RECORD = 'build.json'                              # in the site's folder: each page's seconds and content hash
+COMMITTED = ROOT/'results'/'docs'/'build.json'     # a whole build's record on this machine (`--record`)
+
+def site_digest(all_pages:list, titles:dict, source_links:bool=False) -> str:
+    """The hash of what every page is built from besides its notebook: the package's sources, this script, the site's
+    pages and titles, the options."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for f in sorted((ROOT/'flowgrpo_nb').rglob('*.py')):
+        h.update(f.relative_to(ROOT).as_posix().encode() + f.read_bytes())
+    h.update(json.dumps([[p.as_posix(), titles.get(p, '')] for p in all_pages] + [source_links]).encode())
+    return h.hexdigest()
+
+def page_key(path:Path, site:str) -> str:
+    "A page's content hash: its notebook's bytes and the site's digest."
+    return hashlib.sha256(path.read_bytes() + site.encode()).hexdigest()
+
+def read_record(f:Path) -> dict:
+    "A build record (`{'pages': {notebook: {'key', 'seconds'}}, ...}`); empty where it is missing or unreadable."
+    try: rec = json.loads(Path(f).read_text())
+    except (OSError, ValueError): return {'pages': {}}
+    return rec if isinstance(rec, dict) and isinstance(rec.get('pages'), dict) else {'pages': {}}
+
+def estimate(todo:list, records:list, jobs:int) -> float|None:
+    """Wall seconds the pages in `todo` take: each page's time in the first record that has it (a page none has: the
+    median of those known), spread over `jobs` workers; None when no record has a time."""
+    known = {}
+    for rec in reversed(records): known |= {p: v['seconds'] for p, v in rec['pages'].items() if 'seconds' in v}
+    if not known: return None
+    mid = sorted(known.values())[len(known) // 2]
+    return sum(known.get(p.as_posix(), mid) for p in todo) / max(1, min(jobs, len(todo)))
+
+def _minutes(s:float) -> str: return f'{s:.0f} s' if s < 90 else f'{s / 60:.0f} min'
+
+def _page_job(p:Path, *args) -> tuple:
+    "One page in a worker: (notebook, page, seconds, None) or, where a cell failed, (notebook, None, 0, message)."
+    t = time.perf_counter()
+    try: return p, build_page(p, *args), time.perf_counter() - t, None
+    except Exception as e:
+        if type(e).__name__ not in ('CellExecutionError', 'CellTimeoutError', 'DeadKernelError'): raise
+        return p, None, 0.0, f"{p}: a cell failed while its page was built:\n{e}"
+
+def _machine() -> str:
+    from flowgrpo_nb.precision import machine_key
+    k = machine_key()
+    return f"{k.get('cpu', '?')} ({k.get('capability', '?')}), {os.cpu_count()} CPUs, torch {k.get('torch', '?')}"
+
+def build(out:Path, only:list|None=None, nbs:Path=NBS, log=None, progress:bool=False, source_links:bool=False,
+          jobs:int=1, force:bool=False, say=None) -> list[Path]:
+    """The static site in `out` (every page, or those in `only`); its pages. `progress`: a progress bar, one step per
+    page; `say`: called with the plan (pages, workers, estimate) before the work; `log`: with a line per page built;
+    `jobs`: pages built at once; `force`: build pages whose content hash is unchanged too; `source_links`: keep the
+    links to the code host."""
     from tqdm.auto import tqdm
+    from flowgrpo_nb.checkpoint import write_json
     out.mkdir(parents=True, exist_ok=True)
     import plotly
     shutil.copy(Path(plotly.__file__).parent/'package_data'/'plotly.min.js', out/'plotly.min.js')
@@ -439,37 +533,90 @@ def build(out:Path, only:list|None=None, nbs:Path=NBS, log=None, progress:bool=F
     todo = [Path(p) for p in only] if only else all_pages
     unknown = [str(p) for p in todo if p not in all_pages]
     if unknown:
-        raise SystemExit(f"--only {' '.join(unknown)}: not a notebook of the site; allowed: "
+        raise SystemExit(f"{' '.join(unknown)}: not a notebook of the site; allowed: "
                          f"{' '.join(map(str, all_pages))}")
-    written = []
-    bar = tqdm(todo, desc='pages', unit='page', disable=not progress, dynamic_ncols=True)
-    for p in bar:
-        bar.set_postfix_str(str(p))
-        t = time.perf_counter()
-        try: written.append(build_page(p, out, all_pages, titles, nav, nbs, site, source_links))
-        except Exception as e:
-            if type(e).__name__ not in ('CellExecutionError', 'CellTimeoutError', 'DeadKernelError'): raise
-            bar.close()
-            raise SystemExit(f"{p}: a cell failed while its page was built:\n{e}") from None
-        if log: log(f"  {p} ({time.perf_counter() - t:.0f} s)")
-    check_anchors(out, written)
-    return written
+    rec, digest, t0 = read_record(out/RECORD), site_digest(all_pages, titles, source_links), time.perf_counter()
+    keys = {p: page_key(nbs/p, digest) for p in todo}
+    kept = [p for p in todo if not force and (out/p.with_suffix('.html')).exists()
+            and rec['pages'].get(p.as_posix(), {}).get('key') == keys[p]]
+    run = [p for p in todo if p not in kept]
+    jobs = max(1, min(jobs, len(run) or 1))
+    est = estimate(run, [rec, read_record(COMMITTED)], jobs)
+    if say and not run: say(f"nothing to build: the {len(kept)} page(s) asked for are unchanged since the last build "
+                            "(--force builds them again)")
+    elif say: say(f"building {len(run)} of the site's {len(all_pages)} pages"
+                + (f" ({len(kept)} unchanged since the last build: kept)" if kept else '')
+                + f" with {jobs} worker(s); "
+                + (f"estimated {_minutes(est)} from the pages' last times" if est is not None else
+                   "no page timed yet: no estimate"))
+    written, failed = [], []
+    bar = tqdm(total=len(run), desc='pages', unit='page', disable=not progress, dynamic_ncols=True)
+    def done(p, dest, secs, err):
+        bar.set_postfix_str(str(p), refresh=False); bar.update()
+        if err: failed.append(err); return  # the other pages go on; the build fails at its end
+        written.append(dest)
+        rec['pages'][p.as_posix()] = dict(key=keys[p], seconds=round(secs, 1))
+        write_json(out/RECORD, rec, 'the build record')  # after every page: a stopped build keeps what it finished
+        if log: log(f"  {p} ({secs:.0f} s)")
+    args = (out, all_pages, titles, nav, nbs, site, source_links)
+    if jobs == 1:
+        for p in run: done(*_page_job(p, *args))
+    else:
+        # threads suffice: a page's work is its kernel's, a process of its own (one thread: OMP_NUM_THREADS)
+        os.environ['OMP_NUM_THREADS'] = '1'
+        with ThreadPoolExecutor(jobs) as ex:
+            futures = [ex.submit(_page_job, p, *args) for p in run]
+            try:
+                for f in as_completed(futures): done(*f.result())
+            except BaseException:
+                for f in futures: f.cancel()
+                raise
+    bar.close()
+    if failed: raise SystemExit('\n'.join(failed))
+    site_pages = written + [out/p.with_suffix('.html') for p in kept]
+    check_anchors(out, site_pages)
+    rec['last'] = dict(built=len(run), kept=len(kept), jobs=jobs, seconds=round(time.perf_counter() - t0, 1),
+                       machine=_machine(), when=time.strftime('%Y-%m-%d %H:%M'))
+    write_json(out/RECORD, rec, 'the build record')
+    return site_pages
+
+def as_page(name:str, nbs:Path=NBS) -> Path:
+    "A notebook named as a user would (`nbs/05_credit.ipynb`, `05_credit.ipynb`, an absolute path) as a site page."
+    p = (Path.cwd()/name).resolve()
+    return p.relative_to(nbs.resolve()) if p.is_file() and p.is_relative_to(nbs.resolve()) else Path(name)
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('notebooks', nargs='*', help='build only these pages, e.g. nbs/05_credit.ipynb')
     ap.add_argument('--out', default=str(ROOT/'_docs'), help='folder of the site (default: _docs)')
-    ap.add_argument('--only', nargs='+',
+    ap.add_argument('--only', nargs='+', default=[],
                     help='build only these notebooks, e.g. tutorials/quickstart.ipynb 07_viz.ipynb')
+    ap.add_argument('--jobs', type=int, default=min(4, os.cpu_count() or 1),
+                    help='pages built at once, one single-thread worker each (default: the CPUs, at most 4)')
+    ap.add_argument('--force', action='store_true', help='build pages whose content hash is unchanged too')
+    ap.add_argument('--record', help='where a whole build copies its record (e.g. results/docs/build.json)')
     ap.add_argument('--quarto', action='store_true',
                     help='use Quarto (nbdev-docs); the default where quarto is installed')
     ap.add_argument('--source-links', action='store_true',
                     help="keep show_doc's 'source' links to the code host (off: the pages are for reading offline)")
     a = ap.parse_args(argv)
+    if a.jobs < 1: ap.error(f'--jobs {a.jobs}: at least 1')
     if a.quarto or shutil.which('quarto'):
         return subprocess.run([str(Path(sys.executable).parent/'nbdev-docs')], cwd=ROOT, check=True)
     t = time.perf_counter()
     print(f"building the site without Quarto into {a.out}")
-    written = build(Path(a.out), a.only, progress=True, source_links=a.source_links)
+    only = [as_page(n) for n in [*a.notebooks, *a.only]] or None
+    written = build(Path(a.out), only, progress=True, source_links=a.source_links, jobs=a.jobs, force=a.force,
+                    say=lambda s: print(s, flush=True))
     print(f"{len(written)} pages in {time.perf_counter() - t:.0f} s: open {Path(a.out)/'index.html'}")
+    bad = broken_links(Path(a.out))
+    if bad: print(f"{len(bad)} internal link(s) lead nowhere:\n" + '\n'.join(f"  {p}: {u} ({w})" for p, u, w in bad))
+    if a.record:
+        rec = read_record(Path(a.out)/RECORD)
+        if only or set(rec['pages']) != {p.as_posix() for p in pages()}:
+            raise SystemExit(f"--record {a.record}: only a whole build is recorded (this one built some pages)")
+        from flowgrpo_nb.checkpoint import write_json
+        write_json(Path(a.record), rec, 'the build record')
+        print(f"recorded in {a.record}")
 
 if __name__ == '__main__': main()

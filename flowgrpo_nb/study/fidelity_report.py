@@ -32,6 +32,7 @@ from ..train import load_run_policy
 from .record import relative_path
 from ..precision import machine_key
 from .frontier import FrontierConfig, frontier_fidelity, frontier_ranking
+from .fidelity_plan import fidelity_plan, frontier_plan, nfe_bar
 from flowgrpo_nb.study.fidelity import (
     FIDELITY_METHODS, FidelityConfig, check_arms, arm_fidelity, fidelity_table, _check_arm_psi, _sampler_of
 )
@@ -221,7 +222,8 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
                     base:bool=True,          # with a run: also the base model
                     png:bool=True,
                     # run the code the run's reward names (py:MODULE:FUNCTION); without it such a run is refused
-                    trust_code:bool=False) -> dict[str, dict]:  # model name -> `arm_fidelity` result
+                    trust_code:bool=False,
+                    progress:bool=False) -> dict[str, dict]:  # the plan's line, a bar; model name -> result
     """Credit fidelity of the base model and/or a fine-tuned run under every arm's own sampler; writes fidelity.json and
     figures."""
     cfg = cfg or FidelityConfig()
@@ -238,13 +240,14 @@ def fidelity_report(out:str|Path|None='runs/fidelity',  # output folder (None: w
     else: pol = load_policy(rcfg.model, rcfg.model_path) if policy is None else policy
     rw = (cfg.reward or rcfg.reward) if task is None else task.name
     task = load_task(rw, rcfg.prompts, rcfg.eval_prompts, rcfg.model) if task is None else task
-    results = {}
-    for name in (['base'] if base or run is None else []) + (['finetuned'] if run is not None else []):
-        # the base model: the run's network, adapter off
-        with pol.disable_adapter() if name == 'base' else nullcontext():
-            results[name] = arm_fidelity(pol, task, spec, cfg)
-        results[name]['settings'].update(model=name, checkpoint=None if name == 'base' else relative_path(ckpt, run),
-                                         task=task.name, reward=rw)
+    results, models = {}, (['base'] if base or run is None else []) + (['finetuned'] if run is not None else [])
+    with nfe_bar(pol, fidelity_plan(spec, cfg, len(models)), cfg) if progress else nullcontext():
+        for name in models:
+            # the base model: the run's network, adapter off
+            with pol.disable_adapter() if name == 'base' else nullcontext():
+                results[name] = arm_fidelity(pol, task, spec, cfg)
+            ckpt_of = None if name == 'base' else relative_path(ckpt, run)
+            results[name]['settings'].update(model=name, checkpoint=ckpt_of, task=task.name, reward=rw)
     if out is not None: _write_report(Path(out), results, png)
     return results
 
@@ -338,7 +341,8 @@ def frontier_report(out:str|Path|None='runs/fidelity_frontier',  # output folder
                     front:FrontierConfig|None=None, # rules, sources, baselines, the shared sampler
                     policy:Policy|None=None,        # default: the embedded model (`load_policy` of GRPOConfig's)
                     task:Task|None=None,            # default: `load_task` of `cfg.reward` (or GRPOConfig's)
-                    png:bool=True) -> dict:         # `frontier_fidelity`'s result
+                    png:bool=True,
+                    progress:bool=False) -> dict:   # the plan's line, a bar; `frontier_fidelity`'s result
     "The cost-fidelity frontier of the base model: fidelity.json, ranking.md and the figure."
     cfg, front = cfg or FidelityConfig(), front or FrontierConfig()
     if task is not None and cfg.reward is not None: raise ValueError(f"reward={cfg.reward!r}: give a task or a reward "
@@ -347,7 +351,8 @@ def frontier_report(out:str|Path|None='runs/fidelity_frontier',  # output folder
     rcfg = GRPOConfig()
     pol = load_policy(rcfg.model, rcfg.model_path) if policy is None else policy
     task = load_task(cfg.reward or rcfg.reward, rcfg.prompts, rcfg.eval_prompts, rcfg.model) if task is None else task
-    res = frontier_fidelity(pol, task, cfg, front)
+    with nfe_bar(pol, frontier_plan(cfg, front), cfg) if progress else nullcontext():
+        res = frontier_fidelity(pol, task, cfg, front)
     res['settings'].update(model='base', task=task.name, machine=machine_key())  # what its seconds were measured on
     if out is not None:
         out = Path(out); out.mkdir(parents=True, exist_ok=True)
@@ -497,7 +502,7 @@ def fidelity_cli(out:str=None,             # output folder (default: runs/fideli
         front = FrontierConfig(sources=None if sources is None else [s.strip() for s in sources.split(',')],
                                sampler_of=sampler_of or 'flow_grpo')
         out = out or 'runs/fidelity_frontier'
-        res = frontier_report(out, replace(cfg, sampler_of=None), front, png=not no_png)
+        res = frontier_report(out, replace(cfg, sampler_of=None), front, png=not no_png, progress=True)
         return print(frontier_summary(res) + f"\nwrote {out}/fidelity.json, ranking.md and frontier.html")
     if compare is not None:
         if run is not None: raise ValueError("give --run (one run) or --compare (every run of a comparison), not both")
@@ -507,7 +512,8 @@ def fidelity_cli(out:str=None,             # output folder (default: runs/fideli
         )
         return print(compare_fidelity_summary(rows) + f"\nwrote {out or Path(compare)/'fidelity'}/fidelity.json")
     out, t0 = out or 'runs/fidelity', time.time()
-    try: results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png, trust_code=trust_code)
+    try: results = fidelity_report(out, cfg, run, arms=arms, base=not no_base, png=not no_png, trust_code=trust_code,
+                                   progress=True)
     except KeyboardInterrupt as e:  # the results are written once every model is measured, then the figures
         done = (f := Path(out)/'fidelity.json').exists() and f.stat().st_mtime >= t0
         raise stopped(
