@@ -56,6 +56,27 @@ def clip_folder(tmp_path_factory):
     return tiny_clip_folder(tmp_path_factory.mktemp('clip'))
 
 
+
+@pytest.fixture(scope='session')
+def shared_cache(tmp_path_factory):
+    """`cached(name, make) -> folder`: the folder `name`, made once per pytest run by `make(folder)` and shared by the
+    xdist workers (a file lock: the first to ask makes it, the others wait, then read it). Its users only read it:
+    expensive set-up (the straight training runs) is done once, whichever test file asks first."""
+    import os, shutil
+    from filelock import FileLock
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get('PYTEST_XDIST_WORKER') else base  # the run's folder, above each worker's
+    def cached(name:str, make):
+        d = root/f'shared-{name}'
+        with FileLock(f'{d}.lock'):
+            if not (d/'.made').exists():
+                shutil.rmtree(d, ignore_errors=True)  # a make that failed before: made again
+                d.mkdir()
+                make(d)
+                (d/'.made').touch()
+        return d
+    return cached
+
 CHROMIUM = '/usr/bin/chromium'  # Debian's
 CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking']
 

@@ -1,6 +1,6 @@
-"""Trainer runs through the CLI: exact resume after clean stops and SIGKILLs for every method, run-twice equality, two
-processes."""
-import json, os, random, signal, subprocess, sys, time
+"""Trainer runs through the CLI: exact resume after clean stops for every method, run-twice equality, two processes
+(the resumes after SIGKILL: tests/test_train_kill.py, against the same straight runs)."""
+import json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from safetensors.torch import load_file
@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
 METHODS = ('flow_grpo', 'stepwise', 'dense', 'turning_point', 'dense_latent')  # dense_latent: its value resumes too
-STEPS = 20
-# 20 steps of 2 prompts x 4 samples, K = 4, a checkpoint every step, all kept
+STEPS = 12
+# 12 steps of 2 prompts x 4 samples, K = 4, a checkpoint every step, all kept, evaluations at 0, 5 and 10
 def args(method, steps=STEPS):
     return ['--preset', f'{method}+smoke', '--quiet', '--set', f'steps={steps}', 'save_every=1', 'keep_last=50',
             'log_with=none', 'calib_iters=1', 'eval_images=8', 'eval_every=5']
@@ -45,21 +45,26 @@ def assert_same_run(a:dict, b:dict):
             for k in a[name]: assert torch.equal(a[name][k], b[name][k]), f'{name}: {k} differs'
         else: assert a[name] == b[name], name
 
-@pytest.fixture(scope='module')
-def straight(tmp_path_factory):
-    "The uninterrupted 20-step run of each method (and, for flow_grpo, the same command a second time)."
-    outs = {m: tmp_path_factory.mktemp(f'straight_{m}') for m in METHODS}
-    procs = {m: subprocess.Popen(cmd(o, m), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-             for m, o in outs.items()}
+def _train_straight(root:Path):
+    procs = {m: subprocess.Popen(cmd(root/m, m), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for m in METHODS}
     for m, p in procs.items():
         _, err = p.communicate(timeout=900)
         assert p.returncode == 0, err.decode()[-3000:]
-    return outs
 
-@pytest.mark.parametrize('method,stop', [('flow_grpo', 3), ('stepwise', 7), ('dense', 1), ('turning_point', 13),
+def straight_runs(shared_cache) -> dict:
+    """The uninterrupted STEPS-step run of each method: {method: folder}, trained once per pytest run for this file and
+    tests/test_train_kill.py (read, never written, by the tests)."""
+    root = shared_cache(f'train_straight_{STEPS}', _train_straight)
+    return {m: root/m for m in METHODS}
+
+@pytest.fixture(scope='session')
+def straight(shared_cache): return straight_runs(shared_cache)
+
+@pytest.mark.parametrize('method,stop', [('flow_grpo', 3), ('stepwise', 7), ('dense', 1), ('turning_point', 10),
                                          ('dense_latent', 5)])
 def test_resume_after_clean_stop_is_exact(straight, tmp_path, method, stop):
-    "Stop cleanly after `stop` steps, resume to 20: every tensor of the final checkpoint equals the straight run's."
+    "Stop cleanly after `stop` steps, resume to STEPS: every tensor of the final checkpoint equals the straight run's."
     train(tmp_path, method, steps=stop)
     train(tmp_path, method, '--resume')
     assert_same_run(final_state(straight[method]), final_state(tmp_path))
@@ -85,47 +90,6 @@ def test_resume_with_the_safeguards_is_exact(tmp_path):
     r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', '--resume', steps=4), cwd=ROOT, env=ENV,
                        capture_output=True, text=True)
     assert r.returncode == 2 and 'differing fields: steps (run: 2, now: 4)' in r.stderr, r.stderr[-2000:]
-
-# the child of a kill test: the CLI with every checkpoint file write slowed by 0.3 s, so that a kill can land
-# inside a write
-SLOW_WRITES = ("import sys, time, flowgrpo_nb.checkpoint as c, flowgrpo_nb.cli as cli\n"
-               "w = c._fsync_write\n"
-               "def slow(*a): w(*a); time.sleep(0.3)\n"
-               "c._fsync_write = slow\n"
-               "sys.exit(cli.main(sys.argv[1:]))")
-
-def _kill_at(out, method, when):
-    """Start a run and SIGKILL it: `when` = ('ckpt', n) once checkpoint n exists, or ('write', n) while checkpoint n is
-    being written."""
-    kind, n = when
-    child = cmd(out, method) if kind == 'ckpt' else [sys.executable, '-c', SLOW_WRITES, *cmd(out, method)[3:]]
-    p = subprocess.Popen(child, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    root, t0 = Path(out)/'checkpoints', time.time()
-    while True:
-        assert p.poll() is None, p.stderr.read().decode()[-3000:]
-        assert time.time() - t0 < 600, f'no {when} after 600 s'
-        names = {c.name for c in root.iterdir()} if root.is_dir() else set()
-        if kind == 'ckpt' and f'ckpt-{n:06d}' in names: break
-        if kind == 'write' and any(x.startswith(f'.tmp-ckpt-{n:06d}') for x in names): break
-        time.sleep(0.005)
-    p.send_signal(signal.SIGKILL); p.wait()
-    return names
-
-_rng = random.Random(0)  # seeded "random moments": the same kill points in every CI run
-KILLS = [('flow_grpo', ('ckpt', _rng.randint(2, 15))), ('flow_grpo', ('write', _rng.randint(2, 15))),
-         ('stepwise', ('write', _rng.randint(2, 15))), ('dense', ('write', _rng.randint(2, 15))),
-         ('turning_point', ('ckpt', _rng.randint(2, 15)))]
-
-@pytest.mark.parametrize('method,when', KILLS)
-def test_resume_after_sigkill_is_exact(straight, tmp_path, method, when):
-    """SIGKILL once a checkpoint exists or in the middle of writing one, resume: the same final state as the straight
-    run."""
-    seen = _kill_at(tmp_path, method, when)
-    if when[0] == 'write': assert any(x.startswith('.tmp-') for x in seen), seen  # the kill did land inside a write
-    assert not (tmp_path/'checkpoints'/f'ckpt-{STEPS:06d}').exists()
-    train(tmp_path, method, '--resume')
-    assert_same_run(final_state(straight[method]), final_state(tmp_path))
-    assert not list((tmp_path/'checkpoints').glob('.tmp-*')), 'the interrupted write was not cleaned up'
 
 def test_same_command_twice_is_bitwise_equal(straight, tmp_path):
     """Every tensor equal, and every file of the final checkpoint byte-identical: state.json's checksums compare two

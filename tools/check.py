@@ -4,7 +4,8 @@
 2. the library is in sync with the notebooks (`nbdev-export` leaves git unchanged);
 3. README.md is in sync with nbs/index.ipynb (tools/readme.py leaves git unchanged);
 4. `nbdev-test` on every notebook (cells flagged slow / gpu / chrome are skipped, see `tst_flags`),
-   plus the chrome-flagged cells when Debian's chromium is installed;
+   plus the chrome-flagged cells when Debian's chromium is installed; each notebook in a process of its own, forked
+   from one that has imported torch and the other heavy libraries once (tools/nbtest.py);
 5. `pytest tests/` (`--dist loadfile`; the 20 slowest tests are listed).
 
 Both test stages start the longest notebooks and test files first, so that the two workers finish together: the
@@ -13,8 +14,7 @@ starts first of all, larger files first).
 
 It ends with one line `N passed, N failed` counting notebooks and pytest tests together, and exits non-zero on failure.
 Usage: python tools/check.py [--fast] [--record-times] (--fast skips pytest tests marked slow)."""
-import json, os, re, shutil, subprocess, sys, tempfile, time
-from concurrent.futures import ThreadPoolExecutor
+import json, os, re, shutil, subprocess, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,11 +71,18 @@ def notebooks():
                  and not p.name.startswith('_'))
     return [p for p in nbs if not (p.parent/'.notest').exists()]
 
-def test_notebook(nb, flags=''):
-    t = time.time()
-    cmd = [str(BIN/'nbdev-test'), str(nb)] + (['--flags', flags] if flags else [])
+def test_notebooks(nbs:list, flags='') -> list:
+    """`nbdev-test` on each of `nbs` (in this order, FLOWGRPO_TEST_WORKERS at a time) by tools/nbtest.py: [(notebook,
+    ok, seconds, output)], sorted by notebook."""
+    cmd = [str(BIN/'python'), str(ROOT/'tools'/'nbtest.py'), '--workers', os.environ.get('FLOWGRPO_TEST_WORKERS', '2'),
+           *(['--flags', flags] if flags else []), *map(str, nbs)]
     r = run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
-    return nb, r.returncode == 0, time.time() - t, r.stdout + r.stderr
+    results = [json.loads(l) for l in r.stdout.splitlines() if l.startswith('{')]
+    done = {Path(d['nb']) for d in results}
+    if r.returncode or done != set(map(Path, nbs)):
+        finish(f'tools/nbtest.py exited {r.returncode} with {len(nbs) - len(done)} notebooks untested\n'
+               f'{r.stdout[-3000:]}{r.stderr[-3000:]}')
+    return sorted((Path(d['nb']), d['ok'], d['seconds'], d['output']) for d in results)
 
 def have_chromium(): return shutil.which('chromium') is not None or Path('/usr/bin/chromium').exists()
 
@@ -93,8 +100,7 @@ def main():
     flags = 'chrome' if have_chromium() else ''
     stage(f'nbdev-test on every notebook (skipping slow gpu{"" if flags else " chrome"})')
     nbs = longest_first(notebooks(), recorded_times())
-    with ThreadPoolExecutor(int(os.environ.get('FLOWGRPO_TEST_WORKERS', '2'))) as ex:
-        results = sorted(ex.map(lambda nb: test_notebook(nb, flags), nbs))
+    results = test_notebooks(nbs, flags)
     if record: record_times({str(nb.relative_to(ROOT)): secs for nb, _, secs, _ in results})
     bad = []
     for nb, ok, secs, out in results:
