@@ -221,8 +221,8 @@ BUDGETS = {
         tasks=('geneval3',), arms=dict(geneval3=('dense', 'flow_grpo', 'flow_grpo_train4', 'dense_latent')),
         steps_of=dict(geneval3=dict(dense=100, flow_grpo=250, flow_grpo_train4=375, dense_latent=275)),
         save_every=25, by_seed=True, train=_TRAIN | dict(fast=False),
-        exploratory=('An exploratory pilot, registered nowhere: it gives the frontier study its cost ratios and SDs, and '
-                     'its verdict words describe these runs; it decides nothing.'),
+        exploratory=('An exploratory pilot, registered nowhere: it gives the frontier study its cost ratios and '
+                     'SDs, and its verdict words describe these runs; it decides nothing.'),
     ),
     # the third study (which method for a CPU budget?): the pilot's recipe on fresh seeds, seed by seed; the seeds, arms
     # and each arm's steps (the longest reading it takes part in: equal CPU, equal NFE, equal steps) are the

@@ -43,7 +43,9 @@ def _ends(report, t:str, c) -> str:
 def _said(c, tag:str, ends:str='') -> str:
     """One comparison as a sentence: who (and, `ends`, where each arm is read when not at equal steps), the difference
     and its interval, the basis, p and the verdict."""
-    who = f"{c.arm} vs {c.other}" + (f' ({_its_control(c)}{ends})' if c.is_control else f' ({ends[2:]})' if ends else '')
+    who = f"{c.arm} vs {c.other}" + (
+        f' ({_its_control(c)}{ends})' if c.is_control else f' ({ends[2:]})' if ends else ''
+    )
     basis = (
         f"over {c.n} seeds, higher in {c.higher_in}/{c.n}"
         if c.n > 1
