@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 JUDGED = ('tasks', 'contrasts', 'findings')  # what the code concludes from the runs
 KEPT = ('setup', 'timing', 'wall_seconds', 'config')  # how the runs ran: kept from the committed report
 # the reports committed (a study's report is committed when its last run has finished: until then it has none)
-REPORTS = [n for n in ('main', 'compare', 'study', 'confirm', 'credit') if (ROOT/'results'/n/'report.json').is_file()]
+REPORTS = [n for n in ('main', 'compare', 'study', 'confirm', 'credit', 'frontier_pilot')
+           if (ROOT/'results'/n/'report.json').is_file()]
 
 def differences(a, b, path='', tol=1e-9) -> list[str]:
     "Where JSON values `a` and `b` differ (numbers by more than `tol`)."
