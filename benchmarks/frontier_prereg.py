@@ -212,21 +212,10 @@ def _seeds_for(test:str, sd:float, margin:float, level:float, power:float=0.8, m
 @functools.lru_cache(maxsize=None)
 def seeds_with_prompts(test:str, sd:float, vp:float, margin:float, level:float, power:float=0.8,
                        most:int=500) -> int|None:
-    """The fewest seeds >= 2 at which `test` on the seeds-and-prompts interval reaches `power` (None: more than `most`);
-    its standard error sqrt(sd^2 / n + vp) falls as n grows, so the power rises with n: bisection."""
-    from flowgrpo_nb.study.stats import test_power
-    ok = lambda n: test_power(test, math.sqrt(sd * sd + n * vp), n, margin, level) >= power
-    lo = _seeds_for(test, sd, margin, level, power, most)  # the prompts only add: never fewer than seeds alone
-    if lo is None: return None
-    if ok(lo): return lo
-    hi = lo
-    while not ok(hi):
-        if hi >= most: return None
-        lo, hi = hi, min(2 * hi, most)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
+    """The fewest seeds >= 2 at which `test` on the seeds-and-prompts interval reaches `power` (None: more than `most`):
+    `stats.seeds_for` with the prompts' variance `vp`, kept as `_seeds_for` is."""
+    from flowgrpo_nb.study.stats import seeds_for
+    return seeds_for(test, sd, margin, level, power, most=most, vp=vp)
 
 def margin_of(per_seed:dict, st:dict, fraction:float=MARGIN_FRACTION) -> tuple[float, dict]:
     "MARGIN_FRACTION of Flow-GRPO's training gain at its equal-CPU step in the pilot, and the numbers behind it."

@@ -192,10 +192,12 @@ def test_power(test:str, sd:float, n:int, margin:float, alpha:float=0.05, effect
     raise ValueError(f"test={test!r}: allowed {', '.join(KINDS)}")
 
 def seeds_for(test:str, sd:float, margin:float, alpha:float=0.05, target:float=0.8, effect:float|None=None,
-              most:int=10_000) -> int|None:
-    "The fewest seeds (>= 2) at which `test` reaches power `target` (`test_power`'s effect); None: more than `most`."
+              most:int=10_000, vp:float=0.0) -> int|None:
+    """The fewest seeds (>= 2) at which `test` reaches power `target` (`test_power`'s effect); None: more than `most`.
+    `vp`: the held-out prompts' variance of the mean, a floor more seeds do not shrink (the seeds-and-prompts interval:
+    standard error sqrt(sd² / n + vp), still falling with n, so the bisection holds)."""
     if not sd > 0 or not margin > 0: return None
-    ok = lambda n: test_power(test, sd, n, margin, alpha, effect) >= target
+    ok = lambda n: test_power(test, math.sqrt(sd * sd + n * vp) if vp else sd, n, margin, alpha, effect) >= target
     lo, hi = 1, 2
     while not ok(hi):
         if hi >= most: return None
