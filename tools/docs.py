@@ -471,6 +471,12 @@ def broken_links(out:Path, nbs:Path=NBS) -> list[tuple[str, str, str]]:
 
 # ---------------------------------------------------------------------------------------------- 7. the record, the plan
 
+def _cpu() -> str:
+    "This machine's CPU as the records name it: its model and torch's kernel capability (e.g. 'AMD EPYC (AVX2)')."
+    import torch
+    from flowgrpo_nb.precision import cpu_name
+    return f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()})"
+
 RECORD = 'build.json'                              # in the site's folder: each page's seconds and content hash
 COMMITTED = ROOT/'results'/'docs'/'build.json'     # a whole build's record on this machine (`--record`)
 
@@ -550,6 +556,7 @@ def build(out:Path, only:list|None=None, nbs:Path=NBS, log=None, progress:bool=F
                 + (f"estimated {_minutes(est)} from the pages' last times" if est is not None else
                    "no page timed yet: no estimate"))
     written, failed = [], []
+    rec['cpu'] = _cpu()  # the machine its seconds were measured on
     bar = tqdm(total=len(run), desc='pages', unit='page', disable=not progress, dynamic_ncols=True)
     def done(p, dest, secs, err):
         bar.set_postfix_str(str(p), refresh=False); bar.update()
