@@ -33,7 +33,7 @@ the package wrote, never typed in:
     .venv/bin/python benchmarks/frontier_prereg.py plan [--pilot DIR]            # prints the plan
     .venv/bin/python benchmarks/frontier_prereg.py plan --write [--pilot DIR]    # writes design/frontier_prereg.toml
 """
-import argparse, functools, json, math, statistics, sys, tempfile
+import argparse, functools, json, math, statistics, sys, tempfile, textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,9 +237,9 @@ def cpu_kind(kinds:dict) -> str:
 def toml_text(p:dict, seeds:list) -> str:
     "The pre-registration's text: header (the plan's reasons) and rows."
     q = lambda s: json.dumps(s, ensure_ascii=False)
-    lines = [f'# {l}' for l in p['header']] + ['alpha = 0.05', 'power = 0.8',
-                                               'endpoints = ["collapses", "per_category", "cost"]', '', '[seeds]',
-                                               f'{TASK} = {json.dumps(seeds)}']
+    lines = [f'# {w}' for h in p['header'] for w in textwrap.wrap(h, 116, subsequent_indent='  ')]
+    lines += ['alpha = 0.05', 'power = 0.8', 'endpoints = ["collapses", "per_category", "cost"]', '', '[seeds]',
+              f'{TASK} = {json.dumps(seeds)}']
     for r in p['rows']:
         lines += ['', '[[claim]]']
         for k in ('id', 'question', 'arm', 'other', 'task', 'claim', 'metric', 'k', 'test', 'margin', 'family',
@@ -386,7 +386,7 @@ def header(p:dict) -> list[str]:
           "Flow-GRPO)" + (f"; moved from the primary family for the budget: {', '.join(p['moved'])}" if p['moved'] else
                           '') + '.',
           "Left out: TempFlow-GRPO, Flash-GRPO and TP-GRPO with the latent value (no pilot run prices their equal-CPU "
-          "steps or SDs:", "they would be typed, not measured); the continuous reward (no margin that can say "
+          "steps or SDs: they would be typed, not measured); the continuous reward (no margin that can say "
           "something)."]
     return h
 
@@ -396,12 +396,19 @@ def main():
     ap.add_argument('--pilot', default=str(PILOT), help="the pilot's comparison folder")
     ap.add_argument('--fraction', type=float, default=MARGIN_FRACTION, help="the margin: this fraction of the gain")
     ap.add_argument('--write', action='store_true', help="write design/frontier_prereg.toml (never overwrites)")
+    ap.add_argument('--hours', type=float, default=CPU_HOURS, help="the CPU-hours the study may take")
+    ap.add_argument('--decision', action='append', default=[],
+                    help="a decision the plan's numbers leave to its author, with its reason (a header line each)")
     a = ap.parse_args()
     if not 0 < a.fraction < 1:
         sys.exit(f"frontier_prereg.py: --fraction {a.fraction}: a fraction of the gain, in (0, 1)")
+    if not 0 < a.hours <= 1000: sys.exit(f"frontier_prereg.py: --hours {a.hours}: CPU-hours, in (0, 1000]")
+    if a.write and a.fraction != MARGIN_FRACTION and not a.decision:
+        sys.exit(f"frontier_prereg.py: --fraction {a.fraction} is not the default {MARGIN_FRACTION:.2g}: say why with "
+                 "--decision TEXT")
     per_seed, kinds = read_pilot(a.pilot)
-    p = plan(per_seed, kinds, fraction=a.fraction)
-    p['header'] = header(p)
+    p = plan(per_seed, kinds, fraction=a.fraction, hours=a.hours)
+    p['header'] = header(p) + [f"Decision: {d}" for d in a.decision]
     seeds = list(range(FIRST_SEED, FIRST_SEED + p['seeds'])) if p['fits'] else []
     print(toml_text(p, seeds))
     for r in p['rows']:
