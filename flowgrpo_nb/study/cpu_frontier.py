@@ -99,7 +99,9 @@ def fig_frontier(report:Report, task:str|None=None, fr:Frontier|None=None) -> go
                             line=dict(width=0), hoverinfo='skip', legendgroup=a, showlegend=False)
         fig.add_scatter(x=x, y=fr.mean[a], mode='lines', line=dict(color=c, width=3), legendgroup=a,
                         name=f"{display_name(a)} (mean, 95% band over {fr.seeds[a]} seeds)")
-    for c in fr.crossings: fig.add_vline(x=c['seconds'], line=dict(color='#555', dash='dot', width=1))
+    for c in fr.crossings:
+        fig.add_vline(x=c['seconds'], line=dict(color='#555', dash='dot', width=1), annotation_position='top',
+                      annotation_text=f"{c['seconds']:,.0f} CPU s", annotation_font_size=11)
     said = 'dotted: where the leading arm changes' if fr.crossings else 'the leading arm does not change'
     return _below(
         fig, title=f"{sec.task}: held-out strict score against training CPU seconds ({cpu_kind(report)}), every arm"
