@@ -6,7 +6,7 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/document.html.md"""
 
 # %% ../../nbs/study/06c_document.ipynb #979b13b7
 from __future__ import annotations
-import html, re
+import html, math, re
 from .results import Report
 from .summary import with_power
 from .reference import reference_findings
@@ -103,9 +103,11 @@ def _end(fr:Frontier, i:int) -> str:
     a, *rest = sorted(fr.mean, key=lambda a: -fr.mean[a][i])
     if not rest: return f"{fr.seconds[i]:,.0f} CPU s, {a} ({fr.mean[a][i]:.3f})"
     b = rest[0]
-    apart = fr.band[a][0][i] > fr.band[b][1][i]
+    lo, hi = fr.band[a][0][i], fr.band[b][1][i]
+    bands = ('one seed, no band' if math.isnan(lo) or math.isnan(hi) else
+             f"their 95% bands over seeds {'apart' if lo > hi else 'overlap'}")
     return (f"{fr.seconds[i]:,.0f} CPU s, {a} is highest ({fr.mean[a][i]:.3f} against {b}'s {fr.mean[b][i]:.3f}; "
-            f"their 95% bands over seeds {'apart' if apart else 'overlap'})")
+            f"{bands})")
 
 def _cross_words(fr:Frontier) -> str:
     if not fr.crossings:
