@@ -42,6 +42,9 @@ STYLES = {  # key used in code: (display name, colour)
     'dense_calib':         ('DenseGRPO, calibrated until stable', '#843c39'),
     'turning_point':       ('TP-GRPO', '#9467bd'),
     'turning_point_early': ('TP-GRPO, steps 0-2', '#c5b0d5'),
+    # the learned latent value (05g_value): a colour of its own, not the palette's red that DenseGRPO wears
+    'dense_latent':        ('DenseGRPO, latent value', '#ff7f0e'),
+    'turning_point_latent': ('TP-GRPO, latent value', '#e377c2'),
 }
 
 def color(key:str, i:int=0) -> str:

@@ -1,7 +1,7 @@
 """A committed report as a newcomer opens it: Chromium at 1280x800, offline (every request to another host blocked).
 It is small (plotly.js is one shared file beside it, not inlined), its first figure is whole on the first screen and
 not repeated further down, and no legend is clipped (none scrolls, none leaves its figure)."""
-import re
+import html, json, re
 from pathlib import Path
 import pytest
 
@@ -47,3 +47,24 @@ def test_first_figure_whole_and_legends_not_clipped(chromium, folder):
     assert len(titles) == len(set(titles)), f'a figure is shown twice: {titles}'
     assert page.evaluate(LEGENDS) == []
     assert not errors and not other_hosts, (errors, other_hosts)
+
+FRONTIERS = [f for f in REPORTS if json.loads((f/'report.json').read_text()).get('budget', {}).get('frontier')]
+
+@pytest.mark.parametrize('folder', FRONTIERS, ids=lambda p: p.name)
+def test_a_frontier_report_opens_on_its_frontier_then_its_answer(folder):
+    """A budget whose report is a frontier (the pilot, the frontier study): a pilot's label, the frontier figure, the
+    answer whose numbers are the frontier's as computed from report.json, then the rest."""
+    from flowgrpo_nb.study.results import Report
+    from flowgrpo_nb.study.cpu_frontier import report_frontier
+    report = Report.from_json(json.loads((folder/'report.json').read_text()))
+    page, fr = (folder/'report.html').read_text(), report_frontier(report)
+    i = page.index
+    assert i('<h2>The answer</h2>') < i('id="headline"') < i('Which method to run') < i('<h2>Setup</h2>')
+    if (label := report.budget.get('exploratory')): assert i(html.escape(label)) < i('id="headline"')
+    assert 'against training CPU seconds' in page[i('id="headline"'):i('Which method to run')]
+    for k, end in ((0, 'small'), (-1, 'large')):
+        a = fr.leader[k]
+        assert html.escape(f"at the {end}-budget end, {fr.seconds[k]:,.0f} CPU s, {a} is highest "
+                           f"({fr.mean[a][k]:.3f}") in page
+    assert all(f"{c['seconds']:,.0f} CPU s ({c['before']} to {c['after']})" in page for c in fr.crossings)
+    assert any((folder/'figures').glob('*_frontier.json'))

@@ -42,6 +42,7 @@ from ..precision import machine_paths, machine_key, path_name
 from .results import FORMAT, FIDELITY_MEASURES, Report, heldout, run_report, STEP_TIME_RATIO
 from .summary import task_section, correct, judge, add_fidelity, FAMILIES
 from .figures import report_figures
+from .cpu_frontier import frontier_figures
 from .reference import reference_figures
 from .report import findings
 from .document import report_html, PLOTLY_JS
@@ -502,7 +503,9 @@ def write_report(report:Report, out:str|Path, png:bool=True):
     out = Path(out); (out/'figures').mkdir(parents=True, exist_ok=True)
     report.built = report.built or code_version()  # the code that concludes (rebuild_reports sets its own)
     write_json(out/'report.json', report.to_json(), 'the comparison report')
-    figs = {t: reference_figures(report, t) | report_figures(report, t) for t in report.tasks}
+    # a frontier's report: its frontier figure first (`study.cpu_frontier`)
+    figs = {t: frontier_figures(report, t) | reference_figures(report, t) | report_figures(report, t)
+            for t in report.tasks}
     for t, fs in figs.items():
         for name, f in fs.items(): write_text(out/'figures'/f'{t}_{name}.json', f.to_json(), 'the report figure')
     write_text(out/'report.html', report_html(report, figs), 'the report page')

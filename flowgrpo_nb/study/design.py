@@ -223,13 +223,14 @@ BUDGETS = {
         save_every=25, by_seed=True, train=_TRAIN | dict(fast=False),
         exploratory=('An exploratory pilot, registered nowhere: it gives the frontier study its cost ratios and '
                      'SDs, and its verdict words describe these runs; it decides nothing.'),
+        frontier=True,  # its report opens on the CPU-seconds frontier and answers which arm to run for a budget
     ),
     # the third study (which method for a CPU budget?): the pilot's recipe on fresh seeds, seed by seed; the seeds, arms
     # and each arm's steps (the longest reading it takes part in: equal CPU, equal NFE, equal steps) are the
     # pre-registration's, written by benchmarks/frontier_prereg.py from the pilot's runs before any of its own
     'frontier': dict(
         seeds='prereg', prereg='design/frontier_prereg.toml', steps=100, eval_every=25, eval_images=600, arms='prereg',
-        save_every=25, by_seed=True, train=_TRAIN | dict(fast=False),
+        save_every=25, by_seed=True, train=_TRAIN | dict(fast=False), frontier=True,
     ),
 }
 # its sizes as overrides

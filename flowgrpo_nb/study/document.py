@@ -6,11 +6,12 @@ Docs: https://flowgrpo.github.io/flowgrpo_nb/study/document.html.md"""
 
 # %% ../../nbs/study/06c_document.ipynb #979b13b7
 from __future__ import annotations
-import html, re
+import html, math, re
 from .results import Report
 from .summary import with_power
 from .reference import reference_findings
 from .design import AT_UNITS
+from .cpu_frontier import Frontier, report_frontier, cpu_kind
 from flowgrpo_nb.study.page import (
     CLAIMS_NOTE, DECIDED, arms_rows, claims_rows, html_table, prereg_html, results_rows, study_arms_rows,
     study_caption, study_rows, task_seeds, _md, markdown_table, verdict_text
@@ -18,9 +19,10 @@ from flowgrpo_nb.study.page import (
 
 
 # %% auto #0
-__all__ = ['CSS', 'READINGS', 'UNINFORMATIVE', 'PLOTLY_JS', 'HEADLINE_PX', 'QUESTION', 'setup_html', 'reading_of',
-           'reading_words', 'answer_lines', 'arm_steps', 'where_read', 'headline_figure', 'headline_px', 'fitted',
-           'headline_html', 'report_html', 'contrast_readings', 'question_answer', 'question_table']
+__all__ = ['CSS', 'PLAIN', 'FRONTIER_NOTE', 'TABLE_NOTE', 'READINGS', 'UNINFORMATIVE', 'PLOTLY_JS', 'HEADLINE_PX', 'QUESTION',
+           'setup_html', 'is_frontier', 'frontier_answer', 'frontier_head', 'reading_of', 'reading_words',
+           'answer_lines', 'arm_steps', 'where_read', 'headline_figure', 'headline_px', 'fitted', 'headline_html',
+           'report_html', 'contrast_readings', 'question_answer', 'question_table']
 
 # %% ../../nbs/study/06c_document.ipynb #ee6bc571
 CSS = (
@@ -90,6 +92,80 @@ def setup_html(report:Report) -> str:
         + '</ul><h3>Arms</h3>'
         + tables
     )
+
+# %% ../../nbs/study/06c_document.ipynb #f7c1a2b4
+def is_frontier(report:Report) -> bool:
+    "Whether a report's budget asks which arm to run for a CPU budget (`BUDGETS[...]['frontier']`)."
+    return bool((report.budget or {}).get('frontier'))
+
+def _end(fr:Frontier, i:int) -> str:
+    "Which arm is highest at grid point `i`, against the next, and whether their 95% bands over seeds are apart."
+    a, *rest = sorted(fr.mean, key=lambda a: -fr.mean[a][i])
+    if not rest: return f"{fr.seconds[i]:,.0f} CPU s, {a} ({fr.mean[a][i]:.3f})"
+    b = rest[0]
+    lo, hi = fr.band[a][0][i], fr.band[b][1][i]
+    bands = ('one seed, no band' if math.isnan(lo) or math.isnan(hi) else
+             f"their 95% bands over seeds {'apart' if lo > hi else 'overlap'}")
+    return (f"{fr.seconds[i]:,.0f} CPU s, {a} is highest ({fr.mean[a][i]:.3f} against {b}'s {fr.mean[b][i]:.3f}; "
+            f"{bands})")
+
+def _cross_words(fr:Frontier) -> str:
+    if not fr.crossings:
+        return (f"the same arm is highest from {fr.seconds[0]:,.0f} to {fr.seconds[-1]:,.0f} CPU s: the curves do not "
+                "cross")
+    at = [f"{c['seconds']:,.0f} CPU s ({c['before']} to {c['after']})" for c in fr.crossings]
+    return (f"the highest arm changes at {at[0]}" if len(at) == 1 else
+            f"the highest arm changes {len(at)} times, at " + ', '.join(at) + ': the curves cross and recross')
+
+PLAIN = {'holds': 'shown ahead', 'equivalent': 'no difference beyond the margin (equivalent)',
+         'does not hold': 'not ahead by the margin (an effect that large excluded)',
+         'undecided at this power': 'not decided at this power'}
+
+def _claim_words(report:Report, c) -> str:
+    "A judged claim in the answer: its question, its verdict plainly, its reading, and its interval over prompts too."
+    tag = dict(primary='registered, primary', secondary='registered, secondary').get(c.family,
+                                                                                  c.family or 'exploratory')
+    prompts = f"; over seeds and prompts [{c.ci_prompts[0]:+.3f}, {c.ci_prompts[1]:+.3f}]" if c.ci_prompts else ''
+    return (f"{c.id} ({tag}) — {c.claim.rstrip('?.')}? {PLAIN.get(c.verdict, c.verdict)}: "
+            f"{where_read(c, arm_steps(report, c))}, {reading_words(c)}{prompts}")
+
+def frontier_answer(report:Report, fr:Frontier|None=None, task:str|None=None) -> str|None:
+    """The one-sentence answer of a report that is a frontier (`is_frontier`; None otherwise): which arm is highest at
+    the small- and the large-budget end of the CPU seconds every run reaches (each number with its CPU seconds and the
+    CPU kind), where the highest arm changes, if it does, and what the primary claims (what the credit adds at equal
+    compute) decide, each verdict as judged — a report without a judged primary claim says that nothing is decided."""
+    if not is_frontier(report): return None
+    fr = fr or report_frontier(report, task)
+    t = task or next(iter(report.tasks))
+    main = [c for c in with_power(report.contrasts) if c.n and c.family == 'primary']
+    n = sorted(set(fr.seeds.values()))
+    credit = ('; '.join(_claim_words(report, c) for c in main) if main else
+              "no registered claim judges these runs, so what the credit adds at equal compute is not decided here: "
+              f"the curves above describe {'–'.join(map(str, n))} seeds")
+    return (f"**Which method to run for a CPU budget on {t}** (training CPU seconds on {cpu_kind(report)}, calibration "
+            f"included): at the small-budget end, {_end(fr, 0)}; at the large-budget end, {_end(fr, -1)}; "
+            f"{_cross_words(fr)}. What the credit adds at equal compute: {credit}.")
+
+FRONTIER_NOTE = (
+    "The frontier reads each run's held-out strict score linearly between its evaluations on one grid of training CPU "
+    "seconds (process CPU seconds, calibration included: the x of the CPU-seconds figure), from the first CPU second "
+    "at which every run has a trained evaluation to the budget every run reaches; the band is the 95% t interval over "
+    "seeds at each point. Which arm is highest is read on the means; whether a difference is shown is the claims' to "
+    "say"
+)
+TABLE_NOTE = ": their table follows, each claim with its interval over seeds and over seeds and held-out prompts"
+
+def frontier_head(report:Report, figures:dict) -> str:
+    """The first screen of a frontier's report.html: a pilot's label, the frontier figure whole on a 1280x800 screen,
+    the one-sentence answer (`frontier_answer`), what the frontier reads."""
+    label = [s for s in [(report.budget or {}).get('exploratory')] if s]
+    fig = fitted(headline_figure(report, figures), headline_px(len(label[0]) if label else 0))
+    said = lambda ls: f"<ul class='answer'>{''.join(f'<li>{_md(s)}</li>' for s in ls)}</ul>" if ls else ''
+    return ("<h2>The answer</h2>" + said(label)
+            + (fig.to_html(full_html=False, include_plotlyjs=False, div_id='headline') if fig is not None else '')
+            + said([frontier_answer(report)])
+            + f"<p class='note'>{html.escape(FRONTIER_NOTE + TABLE_NOTE * any(c.n for c in report.contrasts))}.</p>")
+
 
 # %% ../../nbs/study/06c_document.ipynb #11581868
 def _code(c:dict|None) -> str:
@@ -231,6 +307,7 @@ def headline_figure(report:Report, figures:dict):
     "The first screen's figure: the first task's curves on the reference's bands (the main job), else vs CPU seconds."
     t = next(iter(figures), None)
     ref = (report.budget or {}).get('reference') and t is not None
+    if is_frontier(report) and t is not None and figures[t].get('frontier') is not None: return figures[t]['frontier']
     return (figures[t].get('reference') if ref else None) or (figures[t].get('curve_seconds') if t else None)
 
 HEADLINE_PX = 540  # the first figure's height at most: under the title and the answer's first line on a 1280x800 screen
@@ -251,7 +328,9 @@ def fitted(fig, height:int=HEADLINE_PX):
 
 def headline_html(report:Report, figures:dict) -> str:
     """The first screen of report.html: the answer in plain words, then every arm's held-out score against CPU seconds;
-    for a budget with a reference (the main job), its curves on the reference's bands and what it can decide."""
+    for a budget with a reference (the main job), its curves on the reference's bands and what it can decide; a
+    frontier (`is_frontier`): the frontier figure, then its answer (`frontier_head`)."""
+    if is_frontier(report): return frontier_head(report, figures)
     t = next(iter(figures), None)
     ref = (report.budget or {}).get('reference') and t is not None
     lines = reference_findings(report, t) if ref else [s for s in [question_answer(report)] if s] + answer_lines(report)
@@ -295,14 +374,16 @@ def report_html(report:Report, figures:dict) -> str:
     # (the main job says once what its seeds decide, instead of a row per claim);
     # a pre-registered study: its claims before everything
     pre = prereg_html(report) if report.setup.get('prereg') else ''
+    # a frontier: the claims table (both intervals) right under its answer, registered or not
+    early, late = (pre or claims, '') if is_frontier(report) else (pre, '' if pre else claims)
     return (
         f"<html><head><meta charset='utf-8'><title>flowgrpo_nb comparison</title><style>{CSS}</style>"
         f"<script src='{PLOTLY_JS}' charset='utf-8'></script></head><body>"
         f"<h1>Flow-GRPO, its windows and dense credit: {_seeds(report.setup)}</h1>"
         + headline_html(report, figures)
-        + (pre or '')
+        + early
         + setup_html(report)
-        + ('' if pre else claims)
+        + late
         + f"<h2>Findings</h2><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in report.findings)}</ul>"
         + ''.join(parts)
         + _timing_html(report)

@@ -13,10 +13,10 @@ from .design import contrast_label
 from .report import _loss_steps, _x
 
 # %% auto #0
-__all__ = ['RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD', 'DECIDED', 'PREREG_NOTE',
-           'HEADLINE_HEAD', 'results_rows', 'markdown_table', 'html_table', 'arms_rows', 'study_arms_rows',
-           'verdict_text', 'claims_rows', 'study_caption', 'study_rows', 'results_markdown', 'claims_summary',
-           'task_seeds', 'prereg_text', 'prereg_html', 'claims_markdown']
+__all__ = ['RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'PROMPTS_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD', 'DECIDED',
+           'PREREG_NOTE', 'HEADLINE_HEAD', 'results_rows', 'markdown_table', 'html_table', 'arms_rows',
+           'study_arms_rows', 'verdict_text', 'claims_rows', 'study_caption', 'study_rows', 'results_markdown',
+           'claims_summary', 'task_seeds', 'prereg_text', 'prereg_html', 'claims_markdown']
 
 # %% ../../nbs/study/06b_page.ipynb #ea8a1d98
 def _diff_cell(c) -> str:
@@ -174,10 +174,17 @@ def _level(cs:list) -> str:
     c = next(c for c in cs if c.level is not None)
     return f"α/m = {c.level * c.family_size:g}/{c.family_size} = {c.level:.2g}"
 
+PROMPTS_HEAD = ['effect [95% CI over seeds]', '[95% CI over seeds and prompts]']  # a frontier report's two intervals
+
+def _prompts_cell(c) -> tuple:
+    return (f"[{c.ci_prompts[0]:+.3f}, {c.ci_prompts[1]:+.3f}]" if c.n and c.ci_prompts else '—', None)
+
 def claims_rows(report:Report) -> tuple[list, list]:
     """(header, rows) of the claims table; a claim that did not run says so; a pre-registered study's has each claim's
-    family after its id."""
+    family after its id; a budget whose report is a frontier (`BUDGETS[...]['frontier']`) has, beside the interval
+    over seeds, the one over seeds and held-out prompts."""
     rows, fam = [], any(c.family for c in report.contrasts)
+    both = bool((report.budget or {}).get('frontier'))
     for c in with_power(report.contrasts):
         ran = c.n > 0
         p = f"{c.p:.2g} ({max(c.p_holm.values()) if c.kind == 'two-sided' else c.p_holm['holds']:.2g})" if ran else '—'
@@ -186,8 +193,10 @@ def claims_rows(report:Report) -> tuple[list, list]:
                      (f"{c.margin:g}", None), (verdict_text(c), c.verdict), (str(c.n) if ran else '—', None),
                      ('—' if c.mde is None else f"{c.mde:.3f}", None),
                      ('—' if c.seeds_needed is None else str(c.seeds_needed), None)])
+        if both: rows[-1].insert(6, _prompts_cell(c))
         if fam: rows[-1].insert(1, (c.family or '—', None))
-    return (CLAIM_HEAD[:1] + ['family'] + CLAIM_HEAD[1:] if fam else CLAIM_HEAD), rows
+    head = CLAIM_HEAD[:5] + PROMPTS_HEAD + CLAIM_HEAD[6:] if both else CLAIM_HEAD
+    return (head[:1] + ['family'] + head[1:] if fam else head), rows
 
 CLAIMS_NOTE = ("Each claim is the paired difference arm − reference over seeds, read at the final evaluation or where "
                "the "
