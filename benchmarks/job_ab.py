@@ -29,17 +29,18 @@ from flowgrpo_nb.config import GRPOConfig
 # optimizer steps per rollout batch: each takes a whole minibatch of its share
 UPDATES = GRPOConfig().updates_per_rollout
 
-MODES = {'before': ['--workers', '1', '--threads', str(usable_cores()), '--set', 'skip_zero_adv=False', 'diag_every=0',
+MODES = {'before': ['--workers', '1', '--threads', '{threads}', '--set', 'skip_zero_adv=False', 'diag_every=0',
                     'fast=false'],
          'eager': ['--set', 'fast=false'], 'fast': ['--set', 'fast=true'], 'now': ['--set'], 'old': ['--set']}
 
 def run_job(mode:str, out:Path, arms:list, task:str, steps:int, batch:tuple, budget:str='quick',
-            old:str|None=None) -> dict:
+            old:str|None=None, threads:int|None=None) -> dict:
     """Wall and CPU seconds (this job's processes) of one `flowgrpo compare` run; per arm its held-out score and skipped
-    share."""
+    share. `threads`: the torch threads of mode `before` (default: one per usable core)."""
     p, g = batch
-    args = MODES[mode] + [f'steps={steps}', f'eval_every={steps}', f'prompts_per_step={p}', f'group_size={g}',
-                          f'minibatch={p * g // UPDATES}']
+    args = [a.format(threads=threads or usable_cores()) for a in MODES[mode]] + [
+        f'steps={steps}', f'eval_every={steps}', f'prompts_per_step={p}', f'group_size={g}',
+        f'minibatch={p * g // UPDATES}']
     cmd = [sys.executable, '-m', 'flowgrpo_nb.cli', 'compare', '--out', str(out), '--budget', budget, '--seeds', '0',
            '--tasks', task, '--arms', *arms, '--no-png', *args]
     env = {**os.environ, 'PYTHONPATH': old} if mode == 'old' else None
@@ -64,7 +65,8 @@ def main(
     prompts:int=4,       # prompts per step
     group:int=8,         # samples per prompt
     reps:int=2,          # repetitions of each way, alternating
-    budget:str='quick'):  # the comparison budget the runs start from (smoke: a quick check that this script works)
+    budget:str='quick',  # the comparison budget the runs start from (smoke: a quick check that this script works)
+    threads:int=None):   # torch threads of mode before (default: one per usable core; 1: a quick check)
     "Print wall and CPU seconds of the same comparison job run two ways, alternating, and their median ratio."
     arms, ways = [a.strip() for a in arms.split(',') if a.strip()], [m.strip() for m in modes.split(',')]
     bad = [a for a in arms if a not in ARMS]
@@ -74,12 +76,13 @@ def main(
         raise SystemExit(f"modes={modes!r}: allowed two of {', '.join(MODES)}, comma-separated")
     if 'old' in ways and not (old and (Path(old)/'flowgrpo_nb').is_dir()):
         raise SystemExit(f"old={old!r}: mode old needs --old DIR holding flowgrpo_nb/")
-    if reps < 1 or steps < 1: raise SystemExit(f"reps={reps}, steps={steps}: each must be at least 1")
+    if reps < 1 or steps < 1 or (threads is not None and threads < 1):
+        raise SystemExit(f"reps={reps}, steps={steps}, threads={threads}: each must be at least 1")
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for i in range(reps):
             for mode in ways:
-                r = run_job(mode, Path(d)/f'{mode}{i}', arms, task, steps, (prompts, group), budget, old)
+                r = run_job(mode, Path(d)/f'{mode}{i}', arms, task, steps, (prompts, group), budget, old, threads)
                 rows.append(dict(rep=i, mode=mode, **r))
                 print(f"rep {i} {mode:<7} wall {r['wall']:7.1f} s  CPU {r['cpu']:7.1f} s  held-out (skipped) " +
                       ' '.join(f"{a} {r['score'][a]:.3f} ({r['skipped'][a]:.0%})" for a in arms), flush=True)

@@ -6,7 +6,8 @@ gradient at the rollout's 32 rows (2 prompts x 8 samples, guided: two rows per s
 the evaluation's 512, and forward + backward at the update's 288 rows (16 samples x 9 steps x 2). Eager and fast
 calls alternate (eager, fast, eager, fast, ...) so that a slow spell of the machine falls on both; each cell is the
 median of the calls' process CPU seconds with their spread (min-max), in rows per CPU second and in GFLOP/s against
-the fp32 and bf16 matmul peaks measured in the same run (1024^3 products, best of several). The speed-up is the
+the fp32 and bf16 matmul peaks measured in the same run (1024^3 products, best of several; a dtype without native
+kernels: its rate at 256^3). The speed-up is the
 median of the paired (eager / fast) ratios.
 
 It also shows where a fast forward's time goes by kind of operator (torch.profiler), and the eager forward's linear
@@ -31,8 +32,15 @@ KINDS = dict(matmul=('addmm', 'mm', 'bmm', 'matmul', 'linear'),
              copy=('copy_', 'cat', 'contiguous', 'clone', '_to_copy'),
              elementwise=('add', 'mul', 'silu', 'sub', 'div'), convolution=('convolution',))
 
-def peak(dtype, n:int=1024, reps:int=9) -> float:
-    "Best GFLOP/s of n^3 matmuls in `dtype` on the current threads."
+def peak(dtype, n:int=1024, reps:int=9, budget:float=0.5) -> float:
+    """Best GFLOP/s of n^3 matmuls in `dtype` on the current threads. A trial at n / 4 first: where its rate would
+    make one n^3 call cost over `budget` CPU seconds (no native kernels: bf16 on an AVX2 CPU, about 2.4 s a call), the
+    trial's rate is the answer and the 12 full calls are not made."""
+    m = n // 4
+    x, y = torch.randn(m, m, dtype=dtype), torch.randn(m, m, dtype=dtype)
+    x @ y  # warm-up: oneDNN builds its kernels on the first call
+    trial = 2 * m ** 3 / _cpu(lambda: x @ y)
+    if 2 * n ** 3 / trial > budget: return trial / 1e9
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     for _ in range(3): a @ b
     return max(2 * n ** 3 / _cpu(lambda: a @ b) for _ in range(reps)) / 1e9

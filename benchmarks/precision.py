@@ -50,23 +50,25 @@ def value_agreement(method:str, budget:str, out:Path) -> tuple[int, int, float]:
 
 @call_parse
 def main(methods:str='flow_grpo,dense',  # comma-separated arms (flowgrpo_nb.study.design.ARMS)
-         steps:int=3,                     # training steps per run (the first is left out of the medians: warm-up)
+         steps:int=3,                     # training steps per run
          reps:int=2,                      # runs per method and precision, alternating fp32 / bf16
-         budget:str='quick'):           # the comparison budget whose training config runs (smoke: a quick check)
+         budget:str='quick',            # the comparison budget whose training config runs (smoke: a quick check)
+         warmup:int=1):                   # first steps of a run left out of the medians (0 with steps=1: a quick check)
     """Print per method the CPU seconds of a step and its phases in fp32 and under bf16 autocast, and the values'
     agreement."""
     ms = [m.strip() for m in methods.split(',') if m.strip()]
     bad = [m for m in ms if m not in ARMS]
-    if bad or not ms or budget not in BUDGETS or steps < 2 or reps < 1:
-        raise SystemExit(f"methods={methods!r}, budget={budget!r}, steps={steps}, reps={reps}: arms from "
-                         f"{', '.join(ARMS)}, budget one of {', '.join(BUDGETS)}, steps at least 2, reps at least 1")
+    if bad or not ms or budget not in BUDGETS or not 0 <= warmup < steps or reps < 1:
+        raise SystemExit(f"methods={methods!r}, budget={budget!r}, steps={steps}, warmup={warmup}, reps={reps}: arms "
+                         f"from {', '.join(ARMS)}, budget one of {', '.join(BUDGETS)}, warmup at least 0 and below "
+                         "steps, reps at least 1")
     torch.set_num_threads(1)
     print(f"{'method':<16} {'precision':<9} " + ' '.join(f"{p + ' CPU s':>13}" for p in PHASES) + f" {'clip frac':>9}")
     with tempfile.TemporaryDirectory() as d:
         for m in ms:
             got = {mode: [] for mode in MODES}
             for r in range(reps):
-                for mode in MODES: got[mode] += run_steps(m, mode, budget, steps, Path(d)/f'{m}_{mode}_{r}')[1:]
+                for mode in MODES: got[mode] += run_steps(m, mode, budget, steps, Path(d)/f'{m}_{mode}_{r}')[warmup:]
             med = {mode: {p: statistics.median(s[f'cpu_{p}'] for s in got[mode]) for p in PHASES} for mode in MODES}
             for mode in MODES:
                 clip = statistics.mean(s.get('clipfrac', 0.0) for s in got[mode])
@@ -79,5 +81,5 @@ def main(methods:str='flow_grpo,dense',  # comma-separated arms (flowgrpo_nb.stu
                 eq, n, dmax = value_agreement(m, budget, Path(d)/f'{m}_values')
                 print(f"{m:<16} values of one rollout ({cfg.lookahead}): {eq}/{n} equal in fp32 and bf16 (max "
                       f"|difference| {dmax:.3g})")
-    print(f"medians over {reps} run(s) × {steps - 1} step(s) per precision, 1 thread; ratio fp32 / bf16 > 1: "
-          "bf16 faster")
+    print(f"medians over {reps} run(s) × {steps - warmup} step(s) per precision (after {warmup} warm-up step(s)), "
+          "1 thread; ratio fp32 / bf16 > 1: bf16 faster")

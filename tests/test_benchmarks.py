@@ -39,8 +39,9 @@ def test_profile_json(tmp_path):
     assert 'phase' in out and '% peak' in out
 
 def test_job_ab_modes(tmp_path):
+    # one thread in the old way too: on a busy machine its two threads spin (about 5x the CPU seconds of one)
     out = bench('job_ab.py', '--budget', 'smoke', '--arms', 'flow_grpo,dense', '--steps', '1', '--prompts', '2',
-                '--group', '4', '--reps', '1')
+                '--group', '4', '--reps', '1', '--threads', '1')
     before = re.search(r'rep 0 before .*held-out \(skipped\) flow_grpo [\d.]+ \((\d+)%\) dense [\d.]+ \((\d+)%\)', out)
     now = re.search(r'rep 0 now .*held-out \(skipped\) flow_grpo [\d.]+ \((\d+)%\) dense [\d.]+ \((\d+)%\)', out)
     assert before and now, out
@@ -53,7 +54,8 @@ def test_job_ab_bad_arm():
     assert res.returncode != 0 and "arms='flow_grpo,nope'" in res.stderr and 'Traceback' not in res.stderr
 
 def test_precision_table():
-    out = bench('precision.py', '--budget', 'smoke', '--methods', 'flow_grpo,dense', '--steps', '2', '--reps', '1')
+    out = bench('precision.py', '--budget', 'smoke', '--methods', 'flow_grpo,dense', '--steps', '1', '--warmup', '0',
+                '--reps', '1')
     assert re.search(r'flow_grpo\s+fp32/bf16\s+[\d.]+×', out), out
     assert re.search(r'dense\s+values of one rollout \(ode:rest\): \d+/\d+ equal in fp32 and bf16', out), out
 
