@@ -16,7 +16,7 @@ from .results import Report
 from .figures import AXES, SCORE_RANGE, CLIPPED, _below, _section
 
 # %% auto #0
-__all__ = ['Frontier', 'frontier', 'report_frontier', 'cpu_kind', 'fig_frontier', 'frontier_figures']
+__all__ = ['Frontier', 'frontier', 'report_frontier', 'cpu_kind', 'fig_frontier', 'is_frontier', 'frontier_figures']
 
 # %% ../../nbs/study/05c_cpu_frontier.ipynb #c5f00006
 @dataclass
@@ -108,6 +108,10 @@ def fig_frontier(report:Report, task:str|None=None, fr:Frontier|None=None) -> go
         f"<br><sup>{said}; read from every run's first trained evaluation to the budget every run reaches; "
         f"{CLIPPED}</sup>", xaxis_title=AXES['seconds'], yaxis_title='strict score')
 
+def is_frontier(report:Report) -> bool:
+    "Whether a report's budget asks which arm to run for a CPU budget (`BUDGETS[...]['frontier']`)."
+    return bool((report.budget or {}).get('frontier'))
+
 def frontier_figures(report:Report, task:str|None=None) -> dict:
-    "{'frontier': the frontier figure} for a budget whose report is a frontier (`BUDGETS[...]['frontier']`), else {}."
-    return {'frontier': fig_frontier(report, task)} if (report.budget or {}).get('frontier') else {}
+    "{'frontier': the frontier figure} for a budget whose report is a frontier (`is_frontier`), else {}."
+    return {'frontier': fig_frontier(report, task)} if is_frontier(report) else {}

@@ -11,7 +11,7 @@ from .results import Report
 from .summary import with_power
 from .reference import reference_findings
 from .design import AT_UNITS
-from .cpu_frontier import Frontier, report_frontier, cpu_kind
+from .cpu_frontier import Frontier, report_frontier, cpu_kind, is_frontier
 from flowgrpo_nb.study.page import (
     CLAIMS_NOTE, DECIDED, arms_rows, claims_rows, html_table, prereg_html, results_rows, study_arms_rows,
     study_caption, study_rows, task_seeds, _md, markdown_table, verdict_text
@@ -20,9 +20,9 @@ from flowgrpo_nb.study.page import (
 
 # %% auto #0
 __all__ = ['CSS', 'PLAIN', 'FRONTIER_NOTE', 'TABLE_NOTE', 'READINGS', 'UNINFORMATIVE', 'PLOTLY_JS', 'HEADLINE_PX', 'QUESTION',
-           'setup_html', 'is_frontier', 'frontier_answer', 'frontier_head', 'reading_of', 'reading_words',
-           'answer_lines', 'arm_steps', 'where_read', 'headline_figure', 'headline_px', 'fitted', 'headline_html',
-           'report_html', 'contrast_readings', 'question_answer', 'question_table']
+           'setup_html', 'frontier_answer', 'frontier_head', 'reading_of', 'reading_words', 'answer_lines', 'arm_steps',
+           'where_read', 'headline_figure', 'headline_px', 'fitted', 'headline_html', 'report_html',
+           'contrast_readings', 'question_answer', 'question_table']
 
 # %% ../../nbs/study/06c_document.ipynb #ee6bc571
 CSS = (
@@ -94,10 +94,6 @@ def setup_html(report:Report) -> str:
     )
 
 # %% ../../nbs/study/06c_document.ipynb #f7c1a2b4
-def is_frontier(report:Report) -> bool:
-    "Whether a report's budget asks which arm to run for a CPU budget (`BUDGETS[...]['frontier']`)."
-    return bool((report.budget or {}).get('frontier'))
-
 def _end(fr:Frontier, i:int) -> str:
     "Which arm is highest at grid point `i`, against the next, and whether their 95% bands over seeds are apart."
     a, *rest = sorted(fr.mean, key=lambda a: -fr.mean[a][i])

@@ -11,6 +11,7 @@ from .results import FIDELITY_MEASURES, Report
 from .summary import REACH_BY, WINDOW_MATCH, with_power, verdict_sentence
 from .design import contrast_label
 from .report import _loss_steps, _x
+from .cpu_frontier import is_frontier
 
 # %% auto #0
 __all__ = ['RESULTS_HEAD', 'ARM_HEAD', 'STUDY_ARM_HEAD', 'CLAIM_HEAD', 'PROMPTS_HEAD', 'CLAIMS_NOTE', 'STUDY_HEAD', 'DECIDED',
@@ -181,10 +182,10 @@ def _prompts_cell(c) -> tuple:
 
 def claims_rows(report:Report) -> tuple[list, list]:
     """(header, rows) of the claims table; a claim that did not run says so; a pre-registered study's has each claim's
-    family after its id; a budget whose report is a frontier (`BUDGETS[...]['frontier']`) has, beside the interval
+    family after its id; a report that is a frontier (`is_frontier`) has, beside the interval
     over seeds, the one over seeds and held-out prompts."""
     rows, fam = [], any(c.family for c in report.contrasts)
-    both = bool((report.budget or {}).get('frontier'))
+    both = is_frontier(report)
     for c in with_power(report.contrasts):
         ran = c.n > 0
         p = f"{c.p:.2g} ({max(c.p_holm.values()) if c.kind == 'two-sided' else c.p_holm['holds']:.2g})" if ran else '—'
