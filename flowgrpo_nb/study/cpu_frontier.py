@@ -80,12 +80,6 @@ def cpu_kind(report:Report) -> str:
     return ' and '.join(said) if said else 'a CPU not recorded'
 
 # %% ../../nbs/study/05c_cpu_frontier.ipynb #c5f0000f
-def _fill(hex_colour:str, alpha:float=0.18) -> str:
-    "'#1f77b4' as 'rgba(31,119,180,0.18)': a band's fill (a colour not in hex: a light grey)."
-    h = hex_colour.lstrip('#')
-    if len(h) != 6: return f'rgba(128,128,128,{alpha})'
-    return f"rgba({int(h[:2], 16)},{int(h[2:4], 16)},{int(h[4:], 16)},{alpha})"
-
 def fig_frontier(report:Report, task:str|None=None, fr:Frontier|None=None) -> go.Figure:
     """The frontier: every arm's mean held-out strict score against training CPU seconds with its 95% band over seeds
     (within the score's range), a dotted line where the leading arm changes."""
@@ -95,7 +89,7 @@ def fig_frontier(report:Report, task:str|None=None, fr:Frontier|None=None) -> go
     for i, a in enumerate(fr.mean):
         c, (lo, hi) = color(a, i), (np.clip(b, *SCORE_RANGE) for b in fr.band[a])
         if fr.seeds[a] > 1:
-            fig.add_scatter(x=x + x[::-1], y=list(hi) + list(lo)[::-1], fill='toself', fillcolor=_fill(c),
+            fig.add_scatter(x=x + x[::-1], y=list(hi) + list(lo)[::-1], fill='toself', fillcolor=c, opacity=0.18,
                             line=dict(width=0), hoverinfo='skip', legendgroup=a, showlegend=False)
         fig.add_scatter(x=x, y=fr.mean[a], mode='lines', line=dict(color=c, width=3), legendgroup=a,
                         name=f"{display_name(a)} (mean, 95% band over {fr.seeds[a]} seeds)")
