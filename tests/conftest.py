@@ -2,6 +2,7 @@
 folder (all built locally, nothing downloaded)."""
 import pytest
 import torch
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 torch.set_num_threads(1)
 
@@ -102,7 +103,7 @@ def lock_holder():
     import subprocess, sys
     procs = []
     def hold(folder, what='a trainer'):
-        p = subprocess.Popen([sys.executable, '-c', HOLD, str(folder), what], stdout=subprocess.PIPE, text=True)
+        p = warm.Popen([sys.executable, '-c', HOLD, str(folder), what], stdout=subprocess.PIPE, text=True)
         procs.append(p)
         assert p.stdout.readline().strip() == 'held', 'the child did not take the lock'
         return p

@@ -14,6 +14,7 @@ from flowgrpo_nb.app import (generate_all, credit_view, make_app, serve, report_
                              check_address, prune_files, QUEUE_SIZE)
 from flowgrpo_nb.task import geneval_task, load_policy
 from flowgrpo_nb.checkpoint import RunFolder
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 4      # small: the CPUs are shared
@@ -408,8 +409,8 @@ def test_cli_bad_port_before_loading(monkeypatch, capsys):
         (2, 'flowgrpo app: rank=-2: allowed an integer >= 0')
 
 def test_cli_exit_code():
-    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--port', '70000'], capture_output=True,
-                       text=True, timeout=300, env=os.environ | {'OMP_NUM_THREADS': '1'})
+    r = warm.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--port', '70000'], capture_output=True,
+                 text=True, timeout=300, env=os.environ | {'OMP_NUM_THREADS': '1'})
     lines = [l for l in r.stderr.splitlines() if 'torchvision' not in l]
     assert r.returncode == 2 and lines == ['flowgrpo app: port=70000: allowed an integer in [1, 65535]'], \
         (r.returncode, r.stderr)
@@ -422,9 +423,9 @@ def test_cli_serves_and_leaves_nothing(runs, tmp_path):
     tmp = tmp_path/'tmp'; tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if k != 'GRADIO_TEMP_DIR'} | dict(TMPDIR=str(tmp), OMP_NUM_THREADS='1')
     port = free_port()
-    proc = subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--runs', str(runs), '--port', str(port),
-                             '--rank', '0'],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = warm.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'app', '--runs', str(runs), '--port', str(port),
+                       '--rank', '0'],
+                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_port(port, proc)
         private = [p for p in tmp.iterdir() if p.name.startswith('flowgrpo-app-')]

@@ -2,13 +2,14 @@
 import json, math, re, subprocess, sys
 import pytest
 from pathlib import Path
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 def bench(name:str, *args:str, timeout:int=600) -> str:
-    res = subprocess.run([sys.executable, str(ROOT/'benchmarks'/name), *args], capture_output=True, text=True,
-                         timeout=timeout,
-                         env={'OMP_NUM_THREADS': '1', 'PATH': '/usr/bin:/bin', 'HOME': str(Path.home())})
+    res = warm.run([sys.executable, str(ROOT/'benchmarks'/name), *args], capture_output=True, text=True,
+                   timeout=timeout,
+                   env={'OMP_NUM_THREADS': '1', 'PATH': '/usr/bin:/bin', 'HOME': str(Path.home())})
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout
 
@@ -49,8 +50,8 @@ def test_job_ab_modes(tmp_path):
     assert re.search(r'wall: before / now = [\d.]+x', out) and re.search(r'cpu: before / now = [\d.]+x', out)
 
 def test_job_ab_bad_arm():
-    res = subprocess.run([sys.executable, str(ROOT/'benchmarks'/'job_ab.py'), '--arms', 'flow_grpo,nope'],
-                         capture_output=True, text=True)
+    res = warm.run([sys.executable, str(ROOT/'benchmarks'/'job_ab.py'), '--arms', 'flow_grpo,nope'],
+                   capture_output=True, text=True)
     assert res.returncode != 0 and "arms='flow_grpo,nope'" in res.stderr and 'Traceback' not in res.stderr
 
 def test_precision_table():
@@ -189,8 +190,8 @@ def test_sd35_cpu_run_is_complete_and_finite():
                 and t['recipe']['gradient_checkpointing']), name
 
 def test_cpu_real_bad_input_is_one_sentence():
-    res = subprocess.run([sys.executable, str(ROOT/'benchmarks'/'gpu_bench.py'), '--cpu-real', '--group', '1'],
-                         capture_output=True, text=True)
+    res = warm.run([sys.executable, str(ROOT/'benchmarks'/'gpu_bench.py'), '--cpu-real', '--group', '1'],
+                   capture_output=True, text=True)
     assert res.returncode == 2 and 'GRPO needs groups of >= 2 samples' in res.stderr and 'Traceback' not in res.stderr
 
 def test_cpu_real_runs_at_its_smallest(tmp_path):

@@ -12,6 +12,7 @@ from flowgrpo_nb.checkpoint import (CheckpointError, MetricsLog, check_output_di
                                     latest_checkpoint, list_checkpoints, read_checkpoint, read_json,
                                     unflatten_optimizer, verify_checkpoint, write_checkpoint, write_json, FolderLock,
                                     FolderLocked, LOCK_FILE, RunFolder)
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 torch.set_num_threads(1)
 LORA = {'to_q.lora_A.weight': torch.arange(24.).reshape(4, 6) / 100, 'to_q.lora_B.weight': torch.ones(6, 4)}
@@ -369,9 +370,9 @@ def test_a_forked_child_shares_the_lock_and_leaves_its_file(tmp_path, lock_holde
     os.waitpid(pid, 0)
     assert lock.held and json.loads((tmp_path/LOCK_FILE).read_text())['pid'] == os.getpid()
     import subprocess, sys
-    r = subprocess.run([sys.executable, '-c', 'import sys; from flowgrpo_nb.checkpoint import FolderLock; '
-                                              'FolderLock(sys.argv[1])', str(tmp_path)],
-                       capture_output=True, text=True)
+    r = warm.run([sys.executable, '-c', 'import sys; from flowgrpo_nb.checkpoint import FolderLock; '
+                                        'FolderLock(sys.argv[1])', str(tmp_path)],
+                 capture_output=True, text=True)
     assert r.returncode == 1 and f'(a comparison, PID {os.getpid()}' in r.stderr
     lock.release()
 

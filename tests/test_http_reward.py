@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 import pytest, torch
 from safetensors.torch import load_file
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1', 'FLOWGRPO_REWARD_RETRIES': '2'}
@@ -15,8 +16,8 @@ STEPS = 3
 @contextmanager
 def reward_server(spec:str, port:int=0):
     "`flowgrpo reward-serve SPEC` in its own process; yields its URL; always stopped."
-    p = subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'reward-serve', spec, '--port', str(port)], cwd=ROOT,
-                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = warm.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'reward-serve', spec, '--port', str(port)], cwd=ROOT,
+                   env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()  # the server's one line, once it listens
         m = re.search(r'at (http://127\.0\.0\.1:\d+/)', line)
@@ -34,7 +35,7 @@ def train_cmd(out, reward, *extra, steps=STEPS):
             'log_with=none', *extra]
 
 def run(cmd, ok=True):
-    r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    r = warm.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert (r.returncode == 0) == ok, r.stderr[-3000:]
     return r
 
@@ -85,8 +86,8 @@ def test_server_down_is_one_sentence(tmp_path):
 
 def test_a_killed_server_stops_the_run_and_it_resumes_exactly(in_process, tmp_path):
     with reward_server('partial') as (url, server):
-        trainer = subprocess.Popen(train_cmd(tmp_path, url), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, text=True)
+        trainer = warm.Popen(train_cmd(tmp_path, url), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
         try:
             t0 = time.monotonic()
             while not (tmp_path/'checkpoints'/'ckpt-000001').exists() and trainer.poll() is None:

@@ -6,6 +6,7 @@ import pytest, torch
 from flowgrpo_nb.config import preset_config, run_config
 from flowgrpo_nb.method import BUILTIN_METHODS, method_of, method_names, methods_help
 from flowgrpo_nb.train import GRPOTrainer
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,11 +62,11 @@ def test_a_method_from_outside_trains_through_the_cli(plugin):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(ROOT)]), OMP_NUM_THREADS='1')
     cmd = [sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', 'smoke', '--method', spec, '--quiet',
            '--no-base-eval', '--out', str(folder/'cli_run'), '--set', 'steps=2', 'eval_images=0', 'log_with=none']
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    r = warm.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((folder/'cli_run'/'summary.json').read_text())['steps'] == 2
-    bad = subprocess.run(cmd[:7] + ['py:gain_sign_plugin:MISSING'] + cmd[8:], capture_output=True, text=True, env=env,
-                         timeout=600)
+    bad = warm.run(cmd[:7] + ['py:gain_sign_plugin:MISSING'] + cmd[8:], capture_output=True, text=True, env=env,
+                   timeout=600)
     assert bad.returncode != 0 and 'Traceback' not in bad.stderr, bad.stderr[-2000:]
     assert "cannot load 'MISSING' from module 'gain_sign_plugin'" in bad.stdout + bad.stderr
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from flowgrpo_nb.config import preset_config
 from flowgrpo_nb.train import GRPOTrainer
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANTED = '''from pathlib import Path
@@ -46,8 +47,8 @@ def test_the_app_shows_the_run_without_its_reward(planted):
 def test_fidelity_names_the_module_and_runs_it_only_when_asked(planted, tmp_path):
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': os.pathsep.join([str(planted/'code'),
                                                                                   os.environ.get('PYTHONPATH', '')])}
-    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'fidelity', '--run', str(planted/'runs'/'r'), '--out',
-                        str(tmp_path/'f')], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = warm.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'fidelity', '--run', str(planted/'runs'/'r'), '--out',
+                  str(tmp_path/'f')], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
     assert "would import module 'planted_reward'" in r.stderr and '--trust-code' in r.stderr, r.stderr
     assert not (planted/'code'/'MARKER').exists() and not (tmp_path/'f').exists()

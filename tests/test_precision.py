@@ -8,6 +8,7 @@ from flowgrpo_nb.precision import machine_key
 from flowgrpo_nb.config import run_config, GRPOConfig
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import ROOT, ENV, cmd, final_state, assert_same_run
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 def faked(d:Path, fast:bool) -> dict:
     """An environment whose cache says this machine runs bf16 faster (`fast`) or slower: the trainer reads it instead of
@@ -23,7 +24,7 @@ def faked(d:Path, fast:bool) -> dict:
 def run(out, env, *extra, steps=4, quiet=True):
     c = cmd(out, 'flow_grpo', *extra, steps=steps)
     if not quiet: c.remove('--quiet')
-    r = subprocess.run(c, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    r = warm.run(c, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -54,7 +55,7 @@ def test_forcing_the_other_path_on_resume_is_refused(tmp_path):
     env = faked(tmp_path, False)
     run(tmp_path/'run', env, '--set', 'fast=true', steps=2)
     c = cmd(tmp_path/'run', 'flow_grpo', '--resume', '--set', 'fast=false', steps=4)
-    r = subprocess.run(c, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = warm.run(c, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and 'fast (run: True, now: False)' in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 def test_a_config_without_the_field_reads_as_eager(tmp_path):

@@ -5,14 +5,15 @@ command's output as it comes and stops the command once its bar has moved."""
 import os, re, select, signal, subprocess, sys, time
 
 import pytest
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 
 def stream(args:list, done, limit:float=600) -> list[str]:
     """The lines (split at carriage returns too: a bar redraws its line) that `flowgrpo *args` writes on stdout and
     stderr, until `done(lines)` holds or it ends; then it is stopped (SIGTERM) and waited for."""
-    p = subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                         env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    p = warm.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', *args], stdout=subprocess.PIPE,
+                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                   env={**os.environ, 'OMP_NUM_THREADS': '1'})
     text, t0 = b'', time.monotonic()
     try:
         while time.monotonic() - t0 < limit:

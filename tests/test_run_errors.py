@@ -7,14 +7,15 @@ import pytest
 from flowgrpo_nb import cli
 from flowgrpo_nb.checkpoint import RunFolder, LOCK_FILE
 from flowgrpo_nb.config import preset_config
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
 SMOKE = ['--preset', 'flow_grpo+smoke', '--quiet', '--set', 'log_with=none', 'eval_images=0', 'save_every=1']
 
 def flowgrpo(*args, timeout=600):
-    return subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', *map(str, args)], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    return warm.run([sys.executable, '-m', 'flowgrpo_nb.cli', *map(str, args)], cwd=ROOT, env=ENV,
+                    capture_output=True, text=True, timeout=timeout)
 
 def refused(r, *words):
     "Exit status 2, one line on stderr containing `words`, no traceback."
@@ -89,8 +90,8 @@ def test_bit_flip_in_adapter_falls_back_to_previous_checkpoint(run, tmp_path):
 def test_rerun_before_first_checkpoint_starts_over(tmp_path):
     "A run killed before its first checkpoint neither blocks the next run nor leaves duplicate steps in its log."
     out = tmp_path/'r'
-    p = subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(out), *SMOKE, 'save_every=10',
-                          'steps=10'], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = warm.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(out), *SMOKE, 'save_every=10',
+                    'steps=10'], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t0 = time.time()
     while not ((out/'metrics.jsonl').exists() and len((out/'metrics.jsonl').read_text().splitlines()) >= 1):
         assert p.poll() is None and time.time() - t0 < 300
@@ -112,8 +113,8 @@ def test_full_disk_is_one_sentence_and_leaves_no_partial_checkpoint(tmp_path):
              "c._fsync_write = full\n"
              "sys.exit(cli.main(sys.argv[1:]))")
     out = tmp_path/'r'
-    r = subprocess.run([sys.executable, '-c', child, 'train', '--out', str(out), *SMOKE, 'steps=4'], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=600)
+    r = warm.run([sys.executable, '-c', child, 'train', '--out', str(out), *SMOKE, 'steps=4'], cwd=ROOT, env=ENV,
+                 capture_output=True, text=True, timeout=600)
     refused(r, 'cannot write checkpoint', 'No space left on device')
     assert not list((out/'checkpoints').glob('.tmp-*'))
     assert [c.name for c in (out/'checkpoints').glob('ckpt-*')] == ['ckpt-000001']
@@ -139,9 +140,9 @@ def test_one_trainer_per_folder_and_a_killed_ones_lock_is_taken_over(tmp_path):
     the first, killed by SIGKILL, leaves its lock file, which --resume takes over; the folder holds one run, each step
     once."""
     out = tmp_path/'r'
-    first = subprocess.Popen([sys.executable, '-c', GATED, str(tmp_path/'gate'), 'train', '--out', str(out), *SMOKE,
-                              'steps=4'], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)
+    first = warm.Popen([sys.executable, '-c', GATED, str(tmp_path/'gate'), 'train', '--out', str(out), *SMOKE,
+                        'steps=4'], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True)
     t0 = time.time()
     while not (out/'checkpoints'/'ckpt-000002').exists():  # it holds the folder, waiting before step 2
         assert first.poll() is None and time.time() - t0 < 300, first.stderr.read()[-3000:]

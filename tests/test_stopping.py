@@ -8,6 +8,7 @@ from pathlib import Path
 import psutil, pytest
 
 from flowgrpo_nb.checkpoint import FolderLock
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ARGS = ['compare', '--budget', 'smoke', '--tasks', 'geneval', '--arms', 'flow_grpo', 'dense', '--set', 'steps=8',
         'save_every=2', '--no-png']
@@ -17,9 +18,9 @@ VOLATILE = re.compile(r'second|cpu|wall|time|cost_ratio|started|findings|timing|
 def launch(out:Path, log:Path) -> subprocess.Popen:
     "`flowgrpo compare` on `out` in a process group (and session) of its own, as a shell or a scheduler starts it."
     with open(log, 'ab') as f:
-        return subprocess.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', *ARGS, '--out', str(out)], stdout=f, stderr=f,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, 'OMP_NUM_THREADS': '1'})
+        return warm.Popen([sys.executable, '-m', 'flowgrpo_nb.cli', *ARGS, '--out', str(out)], stdout=f, stderr=f,
+                          stdin=subprocess.DEVNULL, start_new_session=True,
+                          env={**os.environ, 'OMP_NUM_THREADS': '1'})
 
 def steps_logged(out:Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in out.glob('geneval/seed0/*/metrics.jsonl'))
@@ -144,8 +145,8 @@ def run_and_stop(script:str, args:list, tmp_path, ready, sig) -> tuple:
     seconds to exit)."""
     err = tmp_path/'err.txt'
     with open(err, 'w') as f:
-        proc = subprocess.Popen([sys.executable, '-c', script, str(tmp_path/'gate'), *args], cwd=ROOT, env=ENV,
-                                stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+        proc = warm.Popen([sys.executable, '-c', script, str(tmp_path/'gate'), *args], cwd=ROOT, env=ENV,
+                          stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
     rc, lines, took = stop_when(proc, ready, sig, err)
     return rc, one_sentence(lines, f'flowgrpo {args[0]}'), took
 
@@ -164,7 +165,7 @@ def test_train_stopped_names_its_checkpoint_and_the_command_resumes_it(tmp_path)
     assert line == ("flowgrpo train: stopped by Ctrl-C (SIGINT): its checkpoint of step 2 is kept in "
                     f"{out}; continue with: {shlex.join(['flowgrpo', *args, '--resume'])}"), line
     with FolderLock(out, 'the test'): pass  # released
-    r = subprocess.run(again(line), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    r = warm.run(again(line), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [json.loads(l)['step'] for l in (out/'metrics.jsonl').read_text().splitlines()] == [1, 2, 3, 4]
 
@@ -176,7 +177,7 @@ def test_pretrain_stopped_by_sigterm_names_its_checkpoint_and_the_same_command_r
     assert rc == 143 and took < 10, (rc, took)
     assert line == (f"flowgrpo pretrain: stopped by SIGTERM: its checkpoint of step 2 is kept in {run}; continue with: "
                     f"{shlex.join(['flowgrpo', *args])}"), line
-    r = subprocess.run(again(line), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    r = warm.run(again(line), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     # step 3 logged once
     assert [json.loads(l)['step'] for l in (run/'log.jsonl').read_text().splitlines()] == [1, 2, 3, 4]
@@ -193,8 +194,8 @@ def test_app_stopped_closes_the_server_and_says_so(tmp_path):
     env = ({k: v for k, v in ENV.items() if k != 'GRADIO_TEMP_DIR'}
            | dict(TMPDIR=str(tmp_path), GRADIO_ANALYTICS_ENABLED='False'))
     with open(err, 'w') as f:
-        proc = subprocess.Popen([*CLI, 'app', '--port', str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=f, start_new_session=True)
+        proc = warm.Popen([*CLI, 'app', '--port', str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                          stderr=f, start_new_session=True)
     rc, lines, took = stop_when(proc, lambda: listens(port), signal.SIGINT, err)
     assert rc == 130 and took < 10, (rc, took)
     assert one_sentence(lines, 'flowgrpo app') == \

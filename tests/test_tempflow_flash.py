@@ -14,6 +14,7 @@ from flowgrpo_nb.update import ppo_loss, ppo_surrogate
 from flowgrpo_nb.credit import group_advantages
 from flowgrpo_nb.tempflow import (TempFlowConfig, branch_logprob, tempflow_advantages, tempflow_nfe, tempflow_rollout,
                                   tempflow_weight)
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 torch.set_num_threads(1)
 close = lambda a, b, eps=1e-4: torch.testing.assert_close(torch.as_tensor(a).float(), torch.as_tensor(b).float(),
@@ -245,9 +246,9 @@ def trainer(base, tmp_path, preset, **kw):
 @pytest.mark.parametrize('method', ['tempflow', 'flash'])
 def test_flowgrpo_train_preset_runs_on_the_embedded_default(tmp_path, method):
     "`flowgrpo train --preset tempflow|flash+smoke` as a user runs it: evaluation, checkpoints, its NFE per prompt."
-    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', f'{method}+smoke', '--out',
-                        str(tmp_path), '--quiet', '--set', 'steps=2', 'log_with=none', 'eval_images=8'],
-                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    r = warm.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', f'{method}+smoke', '--out',
+                  str(tmp_path), '--quiet', '--set', 'steps=2', 'log_with=none', 'eval_images=8'],
+                 cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     first, rest = r.stdout.split('\n', 1)
     assert first.startswith('recipe tiny') and rest.startswith(f'{method}: 2 steps; geneval-partial: '), r.stdout

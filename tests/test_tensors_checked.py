@@ -6,6 +6,7 @@ import pytest, torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from flowgrpo_nb.checkpoint import _digest
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
@@ -13,8 +14,8 @@ SMOKE = ['--preset', 'flow_grpo+smoke', '--quiet', '--set', 'log_with=none', 'ev
          'ema=true', 'ema_decay=0.9']
 
 def flowgrpo(*args):
-    return subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', *map(str, args)], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600)
+    return warm.run([sys.executable, '-m', 'flowgrpo_nb.cli', *map(str, args)], cwd=ROOT, env=ENV,
+                    capture_output=True, text=True, timeout=600)
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):

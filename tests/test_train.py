@@ -4,6 +4,7 @@ import json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from safetensors.torch import load_file
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
@@ -18,8 +19,8 @@ def cmd(out, method, *extra, steps=STEPS):
     return [sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(out), *args(method, steps), *extra]
 
 def train(out, method, *extra, steps=STEPS):
-    r = subprocess.run(cmd(out, method, *extra, steps=steps), cwd=ROOT, env=ENV, capture_output=True, text=True,
-                       timeout=900)
+    r = warm.run(cmd(out, method, *extra, steps=steps), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                 timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -46,7 +47,7 @@ def assert_same_run(a:dict, b:dict):
         else: assert a[name] == b[name], name
 
 def _train_straight(root:Path):
-    procs = {m: subprocess.Popen(cmd(root/m, m), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    procs = {m: warm.Popen(cmd(root/m, m), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
              for m in METHODS}
     for m, p in procs.items():
         _, err = p.communicate(timeout=900)
@@ -86,11 +87,11 @@ def test_resume_with_the_safeguards_is_exact(tmp_path):
     assert ('live.safetensors' in sa and any(m['clipfrac'] > 0 for m in sa['metrics'])
             and all(m.get('kl') is not None for m in sa['metrics']))
     assert_same_run(sa, sb)
-    r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', steps=2), cwd=ROOT, env=ENV,
-                       capture_output=True, text=True)
+    r = warm.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', steps=2), cwd=ROOT, env=ENV,
+                 capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', '--resume', steps=4), cwd=ROOT, env=ENV,
-                       capture_output=True, text=True)
+    r = warm.run(cmd(tmp_path/'cos', 'flow_grpo', 'lr_schedule=cosine', '--resume', steps=4), cwd=ROOT, env=ENV,
+                 capture_output=True, text=True)
     assert r.returncode == 2 and 'differing fields: steps (run: 2, now: 4)' in r.stderr, r.stderr[-2000:]
 
 def test_same_command_twice_is_bitwise_equal(straight, tmp_path):
@@ -144,8 +145,8 @@ def test_log_with_wandb_offline(tmp_path):
     here)."""
     pytest.importorskip('wandb')
     env = {k: v for k, v in ENV.items() if k not in ('WANDB_MODE', 'WANDB_API_KEY')} | dict(HOME=str(tmp_path/'home'))
-    r = subprocess.run(_train_cmd(tmp_path/'run', 'log_with=wandb'), cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=900)
+    r = warm.run(_train_cmd(tmp_path/'run', 'log_with=wandb'), cwd=tmp_path, env=env, capture_output=True,
+                 text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     logs = list((tmp_path/'run'/'wandb').glob('offline-run-*/*.wandb'))
     assert len(logs) == 1, list((tmp_path/'run').rglob('*'))[:20]
@@ -158,8 +159,8 @@ def test_log_with_a_tracker_not_installed_is_one_sentence(tmp_path):
     from flowgrpo_nb.config import trackers
     have = [str(t.value) for t in get_available_trackers()]
     missing = next(t for t in trackers() if t not in have + ['none'])
-    r = subprocess.run(_train_cmd(tmp_path/'run', f'log_with={missing}'), cwd=ROOT, env=ENV, capture_output=True,
-                       text=True, timeout=300)
+    r = warm.run(_train_cmd(tmp_path/'run', f'log_with={missing}'), cwd=ROOT, env=ENV, capture_output=True,
+                 text=True, timeout=300)
     lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith('[transformers]')
              and 'torchvision' not in l]
     assert r.returncode == 2 and lines == [f"flowgrpo train: log_with={missing!r}: the {missing} package is not "

@@ -4,6 +4,7 @@ import json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from safetensors.torch import load_file
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
@@ -25,12 +26,12 @@ def folders(tmp_path_factory):
     return d
 
 def train(folders, model, method, out, *extra, steps=2):
-    return subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', f'{method}+smoke', '--out',
-                           str(out), '--model', model, '--model-path', str(folders/model), '--prompts',
-                           str(folders/'prompts'), '--reward', f'clip:{folders/"clip"}', '--quiet',
-                           '--set', f'steps={steps}', 'save_every=1', 'resolution=16', 't5=false', 'eval_images=4',
-                           'log_with=none', 'calib_iters=1', *extra], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=900)
+    return warm.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--preset', f'{method}+smoke', '--out',
+                     str(out), '--model', model, '--model-path', str(folders/model), '--prompts',
+                     str(folders/'prompts'), '--reward', f'clip:{folders/"clip"}', '--quiet',
+                     '--set', f'steps={steps}', 'save_every=1', 'resolution=16', 't5=false', 'eval_images=4',
+                     'log_with=none', 'calib_iters=1', *extra], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                    timeout=900)
 
 def assert_loads_into_the_pipeline(folders, model, ckpt, lora):
     """As a user loads it: the base folder's diffusers pipeline takes the run's LoRA with `load_lora_weights`, trained
@@ -65,9 +66,9 @@ def test_train_eval_resume(folders, tmp_path, model, method):
     assert [json.loads(l)['step'] for l in (tmp_path/'metrics.jsonl').read_text().splitlines()][-1] == 3
 
 def test_grid_reward_on_sd3_is_refused_early(folders, tmp_path):
-    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(tmp_path/'x'), '--model', 'sd3',
-                        '--model-path', str(folders/'sd3'), '--quiet'], cwd=ROOT, env=ENV, capture_output=True,
-                       text=True)
+    r = warm.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(tmp_path/'x'), '--model', 'sd3',
+                  '--model-path', str(folders/'sd3'), '--quiet'], cwd=ROOT, env=ENV, capture_output=True,
+                 text=True)
     assert r.returncode == 2 and "reward='partial' is the grid world's" in r.stderr and 'Traceback' not in r.stderr
     assert not (tmp_path/'x').exists()
 
@@ -98,11 +99,11 @@ def test_published_recipe_by_default(folders, tmp_path, model):
     --set wins."""
     from flowgrpo_nb.config import RECIPES
     small = ['prompts_per_step=1', 'group_size=2', 'minibatch=1', 'K=2', 'max_batch=2']  # sizes only, for a CPU
-    r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(tmp_path), '--model', model,
-                        '--model-path', str(folders/model), '--prompts', str(folders/'prompts'), '--reward',
-                        f'clip:{folders/"clip"}', '--quiet', '--set', 'steps=1', 'resolution=16', 't5=false',
-                        'eval_images=0', 'log_with=none', 'lr=2e-4', *small], cwd=ROOT, env=ENV, capture_output=True,
-                       text=True, timeout=900)
+    r = warm.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train', '--out', str(tmp_path), '--model', model,
+                  '--model-path', str(folders/model), '--prompts', str(folders/'prompts'), '--reward',
+                  f'clip:{folders/"clip"}', '--quiet', '--set', 'steps=1', 'resolution=16', 't5=false',
+                  'eval_images=0', 'log_with=none', 'lr=2e-4', *small], cwd=ROOT, env=ENV, capture_output=True,
+                 text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     name = {'sd3': 'sd35m_geneval', 'flux': 'flux_pickscore'}[model]
     first = r.stdout.splitlines()[0]

@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import ROOT, ENV, STEPS, cmd, train, final_state, assert_same_run, straight_runs
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 @pytest.fixture(scope='session')
 def straight(shared_cache): return straight_runs(shared_cache)
@@ -24,7 +25,7 @@ def _kill_at(out, method, when):
     being written."""
     kind, n = when
     child = cmd(out, method) if kind == 'ckpt' else [sys.executable, '-c', SLOW_WRITES, *cmd(out, method)[3:]]
-    p = subprocess.Popen(child, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = warm.Popen(child, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     root, t0 = Path(out)/'checkpoints', time.time()
     while True:
         assert p.poll() is None, p.stderr.read().decode()[-3000:]

@@ -9,6 +9,7 @@ from flowgrpo_nb import checkpoint
 from flowgrpo_nb.checkpoint import CheckpointError
 from flowgrpo_nb.study import fidelity_report as fr
 from plotly.offline import get_plotlyjs
+import warm  # python commands in a warm interpreter (tests/warm.py)
 
 RESULTS = json.loads((Path(flowgrpo_nb.__file__).parent.parent/'results'/'fidelity'/'fidelity.json').read_text())
 
@@ -55,8 +56,8 @@ def test_train_score_checks_out_before_training_and_writes_whole(tmp_path, monke
     root = Path(flowgrpo_nb.__file__).parent.parent
     (f := tmp_path/'file').write_text('')
     for out, says in [(tmp_path, 'is a folder'), (f/'score.safetensors', 'is a file')]:
-        r = subprocess.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train-score', '--out', str(out)], cwd=root,
-                           capture_output=True, text=True, timeout=300)
+        r = warm.run([sys.executable, '-m', 'flowgrpo_nb.cli', 'train-score', '--out', str(out)], cwd=root,
+                     capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and says in r.stderr and 'Traceback' not in r.stderr, r.stderr[-2000:]
     model = load_score()
     save_score(model, tmp_path/'s.safetensors', {'n': 1})
