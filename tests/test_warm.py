@@ -11,7 +11,8 @@ SHOW = ("import json, os, sys\n"
         "a = 1\n")
 ENDINGS = {'exit 3': 'raise SystemExit(3)', 'exit message': 'raise SystemExit("why")', 'exception': '1/0',
            'ctrl-c': 'raise KeyboardInterrupt', 'atexit': 'import atexit; atexit.register(print, "bye")',
-           'thread': 'import threading, time; threading.Thread(target=lambda: (time.sleep(0.3), print("late"))).start()'}
+           'thread': 'import threading, time\n'
+                     'threading.Thread(target=lambda: (time.sleep(0.3), print("late"))).start()'}
 
 def both(cmd, **kw):
     "(cold, warm) results of the same command."
