@@ -6,7 +6,9 @@
 4. `nbdev-test` on every notebook (cells flagged slow / gpu / chrome are skipped, see `tst_flags`),
    plus the chrome-flagged cells when Debian's chromium is installed; each notebook in a process of its own, forked
    from one that has imported torch and the other heavy libraries once (tools/nbtest.py);
-5. `pytest tests/` (`--dist loadfile`; the 20 slowest tests are listed).
+5. `pytest tests/` (`--dist loadfile`; the 20 slowest tests are listed); the Python commands the tests start run in
+   a warm interpreter that has imported torch & co. once per worker (tests/warm.py; FLOWGRPO_TEST_COLD=1 starts
+   each in a new one).
 
 Both test stages start the longest notebooks and test files first, so that the two workers finish together: the
 seconds each took are kept in tools/test_times.json (`--record-times` rewrites it from this run; one never recorded
